@@ -1,0 +1,61 @@
+# fleetcanary: `make run` serves metrics on :9835, `make test` runs the test suite.
+# Both set everything up on a fresh Debian machine: a virtual environment, the Python
+# packages, and prometheus/promtool (Debian packages) when missing and we are root.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU build of torch; tests need no CUDA. GPU nodes install the CUDA build instead.
+TORCH_PIN ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio wrk
+PYTEST_ARGS ?=
+
+.PHONY: run test soak bench venv os-deps clean help
+
+help:
+	@echo "make run    - serve /metrics on :9835 with the embedded default config"
+	@echo "make test   - install everything needed and run the tests"
+	@echo "make soak   - the long reliability tests in full"
+	@echo "make bench  - run the benchmarks (tables + JSON under benchmarks/results/)"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q -e ".[test,gpu]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the tests and benchmarks use. Installed when missing and root;
+# otherwise a one-line instruction (tests then fail under CI=true, as they must).
+os-deps:
+	@missing=""; for b in prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter \
+	  amtool:prometheus-alertmanager fio:fio wrk:wrk; do \
+	  cmd=$${b%%:*}; pkg=$${b##*:}; command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
+	if [ -n "$$(echo $$missing | tr -d ' ')" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "missing:$$missing - install them with: sudo apt-get install$$missing"; \
+	  fi; \
+	fi
+
+run: $(STAMP)
+	$(VENV)/bin/fleetcanary run $(if $(CONFIG),--config $(CONFIG))
+
+test: $(STAMP) os-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+soak: $(STAMP) os-deps
+	FLEETCANARY_SOAK=full $(PY) -m pytest -q -m slow tests/reliability
+
+bench: $(STAMP) os-deps
+	$(PY) benchmarks/scrape.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache benchmarks/results

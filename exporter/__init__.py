@@ -1,0 +1,1 @@
+"""fleetcanary: the daemon and the CLI."""

@@ -1,0 +1,158 @@
+"""The `fleetcanary` command line."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from probes import PROBES
+
+from . import config as configmod
+from .version import git_commit, version
+
+EXIT_CONFIG = 2
+
+DESCRIPTION = """\
+fleetcanary: a Prometheus exporter and canary benchmarker for GPU nodes.
+
+Probes (GPU memory bandwidth, P2P, health, collectives, storage, inference, host
+memory bandwidth) run on a schedule in isolated worker processes; /metrics serves
+their last results. With no --config, embedded defaults apply.
+"""
+
+EPILOG = """\
+examples:
+  fleetcanary run                          serve on :9835 with the embedded defaults
+  fleetcanary run --config /etc/fleetcanary/config.yaml
+  fleetcanary once                         run every enabled probe once, print a table
+  fleetcanary once --probe host_memory_bandwidth --json
+  fleetcanary check-config config.yaml     validate a config; exit 2 on any error
+  kill -HUP <pid>                          reload the config (a bad file keeps the old one)
+"""
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _load(path: str | None):
+    try:
+        return configmod.load(path)
+    except configmod.ConfigError as exc:
+        for line in exc.lines:
+            print(f"fleetcanary: config error: {line}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+
+
+def cmd_run(args) -> int:
+    settings = _load(args.config)
+    if args.listen_address:
+        try:
+            configmod.parse_listen_address(args.listen_address)
+        except ValueError as exc:
+            print(f"fleetcanary: config error: --listen-address: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        settings = settings.model_copy(update={"server": settings.server.model_copy(
+            update={"listen_address": args.listen_address})})
+    _setup_logging(settings.log_level)
+    from .daemon import Daemon
+
+    try:
+        daemon = Daemon(settings, config_path=args.config)
+    except OSError as exc:
+        print(f"fleetcanary: cannot listen on {settings.server.listen_address}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    return daemon.serve_forever()
+
+
+def cmd_once(args) -> int:
+    settings = _load(args.config)
+    _setup_logging("warning")
+    entries = settings.probe_entries()
+    if args.probe:
+        unknown = [p for p in args.probe if p not in PROBES]
+        if unknown:
+            print(f"fleetcanary: unknown probe {', '.join(unknown)}; known: {', '.join(PROBES)}", file=sys.stderr)
+            return EXIT_CONFIG
+        names = list(args.probe)
+    else:
+        names = [n for n, e in entries.items() if e.enabled]
+    from . import once
+
+    return once.main(settings, PROBES, names, args.json, repeat=args.repeat)
+
+
+def cmd_check_config(args) -> int:
+    settings = _load(args.file)
+    enabled = [n for n, e in settings.probe_entries().items() if e.enabled]
+    print(f"{args.file}: ok ({len(enabled)} probes enabled: {', '.join(enabled) or 'none'})")
+    return 0
+
+
+def cmd_version(args) -> int:
+    print(f"fleetcanary {version()} (commit {git_commit()})")
+    return 0
+
+
+def cmd_probes(args) -> int:
+    for name, cls in PROBES.items():
+        print(f"{name:28} every {cls.default_interval_seconds:>6g}s  "
+              f"{'exclusive=' + cls.exclusive if cls.exclusive else ''}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetcanary", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run the exporter daemon")
+    r.add_argument("--config", "-c", metavar="FILE", help="YAML config file (default: embedded defaults)")
+    r.add_argument("--listen-address", metavar="HOST:PORT", help="override server.listen_address")
+    r.set_defaults(func=cmd_run)
+
+    o = sub.add_parser("once", help="run the enabled probes once and print a table")
+    o.add_argument("--config", "-c", metavar="FILE", help="YAML config file (default: embedded defaults)")
+    o.add_argument("--probe", "-p", action="append", metavar="NAME", help="run only this probe (repeatable)")
+    o.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    o.add_argument("--repeat", type=int, default=1, metavar="N", help="run each probe N times (default 1)")
+    o.set_defaults(func=cmd_once)
+
+    c = sub.add_parser("check-config", help="validate a config file; exit 2 on any error")
+    c.add_argument("file", metavar="FILE")
+    c.set_defaults(func=cmd_check_config)
+
+    v = sub.add_parser("version", help="print the version and commit")
+    v.set_defaults(func=cmd_version)
+
+    pr = sub.add_parser("probes", help="list the probes this build has")
+    pr.set_defaults(func=cmd_probes)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_CONFIG
+    if getattr(args, "repeat", 1) is not None and getattr(args, "repeat", 1) < 1:
+        print("fleetcanary: --repeat must be at least 1", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`fleetcanary once --json | head`): stop quietly.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

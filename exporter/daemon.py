@@ -1,0 +1,208 @@
+"""The daemon: schedules probes in isolated workers, stores results, serves HTTP.
+
+The main thread only waits for signals (SIGTERM/SIGINT stop, SIGHUP reloads); the
+scheduler's threads each run one probe worker at a time; the HTTP server has its
+own threads. This process never imports torch and never calls NVML.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from probes import PROBES
+from probes.base import Probe
+
+from . import config as configmod
+from . import environment
+from .history import History, HistoryError
+from .http import MetricsServer
+from .isolation import Outcome, kill_all_workers, run_isolated
+from .scheduler import GpuBudget, Scheduler
+from .store import ResultStore
+
+log = logging.getLogger("fleetcanary.daemon")
+
+
+def class_path(cls: type[Probe]) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def probe_context(settings, budget: GpuBudget | None) -> dict[str, Any]:
+    return {
+        "node_name": settings.node_name,
+        "state_dir": settings.state_dir,
+        "gpu": {
+            "budget_ratio": settings.gpu.budget_ratio,
+            "budget_seconds_per_hour": settings.gpu.budget_ratio * 3600.0,
+            "budget_left_seconds": budget.left() if budget else {},
+            "busy_utilization_ratio": settings.gpu.busy_utilization_ratio,
+            "skip_when_compute_processes": settings.gpu.skip_when_compute_processes,
+            "expected_count": settings.gpu.expected_count,
+        },
+        "kube": {},
+    }
+
+
+def history_record(out: Outcome, node_name: str) -> dict[str, Any]:
+    return {
+        "schema": 1,
+        "probe": out.probe,
+        "node": node_name,
+        "outcome": out.outcome,
+        "reason": out.reason,
+        "detail": out.detail,
+        "started_at": out.started_at,
+        "duration_seconds": out.duration_seconds,
+        "probe_seconds": out.probe_seconds,
+        "record": out.record,
+        "environment": out.environment,
+    }
+
+
+class Daemon:
+    def __init__(self, settings, config_path: str | None = None,
+                 probe_map: dict[str, type[Probe]] | None = None) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self.probe_map = dict(probe_map or PROBES)
+        self.budget = GpuBudget(settings.gpu.budget_ratio)
+        self.store = ResultStore(self.probe_map, self._enabled(settings))
+        self.store.set_environment(environment.collect(with_gpu=False))
+        self.store.set_node_extra_labels(self._extra_node_labels(settings))
+        self.history = self._history(settings)
+        self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2))
+        host, port = configmod.parse_listen_address(settings.server.listen_address)
+        self.server = MetricsServer(self.store, host, port, health=self.healthy, ready=self.ready,
+                                    request_timeout=settings.server.request_timeout_seconds)
+        self._stopping = threading.Event()
+        self._settings_lock = threading.Lock()
+
+    # --- settings -------------------------------------------------------------
+    @staticmethod
+    def _enabled(settings) -> list[str]:
+        return [n for n, e in settings.probe_entries().items() if e.enabled]
+
+    @staticmethod
+    def _extra_node_labels(settings) -> dict[str, str]:
+        return {"pool": settings.pool, "node_name": settings.node_name}
+
+    @staticmethod
+    def _history(settings) -> History | None:
+        h = settings.history
+        return History(settings.state_dir, h.max_bytes, h.backups) if h.enabled else None
+
+    def _jobs(self) -> dict[str, tuple[float, float, str | None]]:
+        jobs = {}
+        for name, entry in self.settings.probe_entries().items():
+            if entry.enabled:
+                jobs[name] = (entry.interval_seconds, entry.effective_jitter_seconds, self.probe_map[name].exclusive)
+        return jobs
+
+    def reload(self) -> bool:
+        try:
+            new = configmod.load(self.config_path, probe_map=self.probe_map)
+        except configmod.ConfigError as exc:
+            for line in exc.lines:
+                log.error("config reload failed, keeping the running config: %s", line)
+            self.store.set_config_reload(False)
+            return False
+        with self._settings_lock:
+            if new.server.listen_address != self.settings.server.listen_address:
+                log.warning("server.listen_address changed; it takes effect at the next restart")
+            self.settings = new
+            self.budget.ratio = new.gpu.budget_ratio
+            self.history = self._history(new)
+        self.store.set_enabled(self._enabled(new))
+        self.store.set_node_extra_labels(self._extra_node_labels(new))
+        self.scheduler.set_jobs(self._jobs())
+        self.store.set_config_reload(True)
+        log.info("config reloaded: %d probes enabled", len(self._enabled(new)))
+        return True
+
+    # --- running probes ---------------------------------------------------------
+    def run_probe(self, name: str) -> Outcome | None:
+        if self._stopping.is_set():
+            return None
+        with self._settings_lock:
+            settings = self.settings
+            history = self.history
+        entry = settings.probe_entries()[name]
+        cls = self.probe_map[name]
+        out = run_isolated(name, class_path(cls), entry.params.model_dump(mode="json"),
+                           probe_context(settings, self.budget), entry.timeout_seconds,
+                           settings.worker_kill_grace_seconds)
+        for gpu, secs in (out.record.get("gpu_seconds") or {}).items():
+            try:
+                self.budget.add(str(gpu), float(secs))
+            except (TypeError, ValueError):
+                pass
+        self.store.apply(out)
+        if out.outcome in ("success", "skipped"):
+            log.debug("probe %s: %s %s (%.2fs)", name, out.outcome, out.reason, out.duration_seconds)
+        else:
+            log.warning("probe %s: %s %s: %s (%.2fs)", name, out.outcome, out.reason, out.detail[:300],
+                        out.duration_seconds)
+        if history is not None:
+            try:
+                history.append(history_record(out, settings.node_name))
+            except HistoryError as exc:
+                self.store.count_history_error()
+                log.error("results history: %s", exc)
+        return out
+
+    # --- health -------------------------------------------------------------------
+    def healthy(self) -> bool:
+        return self.scheduler.running and not self._stopping.is_set()
+
+    def ready(self) -> bool:
+        return self.healthy() and bool(self.store.exposition)
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self.server.start()
+        self.scheduler.set_jobs(self._jobs())
+        self.scheduler.start()
+        host, _ = configmod.parse_listen_address(self.settings.server.listen_address)
+        log.info("fleetcanary listening on %s:%d; probes: %s", host or "0.0.0.0", self.server.port,
+                 ", ".join(self._enabled(self.settings)) or "none")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.scheduler.shutdown()
+        kill_all_workers(self.settings.worker_kill_grace_seconds)
+        self.server.stop()
+
+    def serve_forever(self) -> int:
+        """Run until SIGTERM or SIGINT; SIGHUP reloads. Returns the exit code."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+
+        def on_signal(signum, _frame):
+            try:
+                os.write(w, b"H" if signum == signal.SIGHUP else b"T")
+            except BlockingIOError:
+                pass
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, on_signal)
+        self.start()
+        try:
+            while True:
+                cmd = os.read(r, 1)
+                if cmd == b"H":
+                    log.info("SIGHUP: reloading %s", self.config_path or "embedded defaults")
+                    self.reload()
+                else:
+                    log.info("stopping")
+                    break
+        finally:
+            t0 = time.monotonic()
+            self.stop()
+            log.info("stopped in %.2fs", time.monotonic() - t0)
+            os.close(r)
+            os.close(w)
+        return 0

@@ -1,0 +1,118 @@
+"""The HTTP server: /metrics, /healthz, /readyz, /results.
+
+/metrics serves the bytes rendered at the last result update plus a small dynamic
+part (process CPU, memory and file descriptors), so a scrape costs no probe work.
+Gzip is served when asked: the cached gzip member of the static part and a fresh
+member for the dynamic part, concatenated (RFC 1952 allows several members; Go's
+and Python's readers take them as one stream).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("fleetcanary.http")
+
+LANDING = b"""<html><head><title>fleetcanary</title></head><body><h1>fleetcanary</h1>
+<p><a href="/metrics">/metrics</a> - probe results from scheduled runs</p>
+<p><a href="/results">/results</a> - the latest result record per probe (JSON)</p>
+<p><a href="/healthz">/healthz</a> - liveness, <a href="/readyz">/readyz</a> - readiness</p>
+</body></html>
+"""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+    allow_reuse_address = True
+
+
+class MetricsServer:
+    def __init__(self, store, host: str, port: int, health, ready, request_timeout: float = 10.0) -> None:
+        self.store = store
+        self.health = health
+        self.ready = ready
+        self._proc_registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self._proc_registry)
+        self._gz_version = -1
+        self._gz_static = b""
+        self._gz_lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = request_timeout
+
+            def log_message(self, fmt, *args):  # access logs off; errors go through log
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (extra or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_HEAD(self):
+                self.do_GET()
+
+            def do_GET(self):
+                path = self.path.split("?", 1)[0]
+                try:
+                    if path == "/metrics":
+                        gz = "gzip" in (self.headers.get("Accept-Encoding") or "")
+                        body = server.metrics_body(gz)
+                        self._send(200, body, CONTENT_TYPE_LATEST, {"Content-Encoding": "gzip"} if gz else None)
+                    elif path == "/healthz":
+                        ok = server.health()
+                        self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+                    elif path == "/readyz":
+                        ok = server.ready()
+                        self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n", "text/plain")
+                    elif path == "/results":
+                        body = json.dumps(server.store.latest_records(), default=str, indent=1).encode()
+                        self._send(200, body, "application/json")
+                    elif path == "/":
+                        self._send(200, LANDING, "text/html")
+                    else:
+                        self._send(404, b"not found\n", "text/plain")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _refuse(self):
+                self._send(405, b"method not allowed\n", "text/plain", {"Allow": "GET, HEAD"})
+
+            do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+        self.httpd = _Server((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
+
+    def metrics_body(self, gz: bool) -> bytes:
+        static = self.store.exposition
+        dynamic = generate_latest(self._proc_registry)
+        if not gz:
+            return static + dynamic
+        version = self.store.version
+        with self._gz_lock:
+            if version != self._gz_version:
+                self._gz_static = gzip.compress(self.store.exposition, compresslevel=6)
+                self._gz_version = version
+            cached = self._gz_static
+        return cached + gzip.compress(dynamic, compresslevel=1)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,230 @@
+"""Worker isolation: each probe run is a child process in its own process group.
+
+At the deadline the whole group gets SIGTERM, then SIGKILL after a grace period.
+When the worker's leader exits on its own, the group is still swept with SIGKILL
+(before the leader is reaped, so its PID, which is the group ID, cannot be reused),
+which removes any grandchild it left behind. A hung driver call, a stalled
+collective, a segfault or an OOM kill therefore ends as ``timeout`` or ``crash``
+and the daemon goes on.
+
+Output is drained by threads: the result pipe is read up to MAX_RESULT_BYTES, and
+stdout/stderr keep only a tail, so a probe that floods its output costs bounded
+memory and no disk.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .worker import RESULT_FD_ENV
+
+MAX_RESULT_BYTES = 32 << 20
+OUTPUT_TAIL_BYTES = 4096
+OUTCOMES = ("success", "failure", "timeout", "crash", "skipped")
+CRASH_REASONS = ("exception", "killed_by_signal", "exit_nonzero", "bad_result", "result_too_large", "spawn_failed")
+
+
+_live_lock = threading.Lock()
+_live_groups: set[int] = set()
+
+
+def live_worker_groups() -> set[int]:
+    with _live_lock:
+        return set(_live_groups)
+
+
+def kill_all_workers(grace_seconds: float) -> None:
+    """SIGTERM every live worker group, then SIGKILL what is left after the grace period.
+
+    The threads running those workers then see them exit and finish on their own."""
+    groups = live_worker_groups()
+    for pgid in groups:
+        _killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while live_worker_groups() & groups and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pgid in live_worker_groups() & groups:
+        _killpg(pgid, signal.SIGKILL)
+
+
+@dataclass
+class Outcome:
+    probe: str
+    outcome: str                     # one of OUTCOMES
+    reason: str = ""                 # skip reason, failure reason, crash reason or "deadline"
+    detail: str = ""
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    duration_seconds: float = 0.0    # wall time of the worker as seen by the daemon
+    probe_seconds: float | None = None  # time inside probe.run, as measured by the worker
+    exit_status: int | None = None
+    output_tail: str = ""
+    started_at: float = 0.0          # unix time
+
+
+class _Drain(threading.Thread):
+    """Reads a pipe to EOF; keeps the head up to ``limit`` or only a tail."""
+
+    def __init__(self, fd: int, limit: int, keep_tail: bool) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.limit, self.keep_tail = fd, limit, keep_tail
+        self.data = bytearray()
+        self.total = 0
+
+    def run(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    break
+                self.total += len(chunk)
+                if self.keep_tail:
+                    self.data += chunk
+                    if len(self.data) > self.limit:
+                        del self.data[: len(self.data) - self.limit]
+                elif len(self.data) < self.limit:
+                    self.data += chunk[: self.limit - len(self.data)]
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_exit_no_reap(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait until the leader has exited, without reaping it. True if it exited."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    pidfd = None
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            try:
+                info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return True
+            if info is not None:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if pidfd is not None:
+                select.select([pidfd], [], [], remaining)
+            else:  # pre-5.3 kernels: poll the child's state
+                time.sleep(min(0.05, remaining))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    # The worker must import exactly what this process imports (tests register probe
+    # classes from their own modules), so it inherits our module search path.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_isolated(name: str, class_path: str, params: dict[str, Any], context: dict[str, Any],
+                 timeout_seconds: float, kill_grace_seconds: float = 2.0,
+                 env: dict[str, str] | None = None, collect_gpu_facts: bool = True) -> Outcome:
+    started = time.time()
+    t0 = time.monotonic()
+    context = dict(context, deadline_monotonic=t0 + timeout_seconds)
+    job = json.dumps({"name": name, "class": class_path, "params": params, "context": context,
+                      "collect_gpu_facts": collect_gpu_facts}).encode()
+    r_res, w_res = os.pipe()
+    r_out, w_out = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter.worker"],
+            stdin=subprocess.PIPE, stdout=w_out, stderr=w_out, pass_fds=(w_res,),
+            env=worker_env({RESULT_FD_ENV: str(w_res), **(env or {})}),
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        for fd in (r_res, w_res, r_out, w_out):
+            os.close(fd)
+        return Outcome(name, "crash", "spawn_failed", str(exc), started_at=started)
+    os.close(w_res)
+    os.close(w_out)
+    with _live_lock:
+        _live_groups.add(proc.pid)
+    res_drain = _Drain(r_res, MAX_RESULT_BYTES + 1, keep_tail=False)
+    out_drain = _Drain(r_out, OUTPUT_TAIL_BYTES, keep_tail=True)
+    res_drain.start()
+    out_drain.start()
+    try:
+        proc.stdin.write(job)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+    timed_out = not _wait_exit_no_reap(proc, timeout_seconds)
+    pgid = proc.pid
+    if timed_out:
+        _killpg(pgid, signal.SIGTERM)
+        if not _wait_exit_no_reap(proc, kill_grace_seconds):
+            _killpg(pgid, signal.SIGKILL)
+            _wait_exit_no_reap(proc, 30.0)
+    # Sweep anything left in the group (a child the probe forked) while the leader,
+    # still unreaped, keeps the group ID from being reused.
+    _killpg(pgid, signal.SIGKILL)
+    status = proc.wait()
+    with _live_lock:
+        _live_groups.discard(pgid)
+    # Grandchildren that held our pipes are dead now; the drains reach EOF.
+    res_drain.join(timeout=5)
+    out_drain.join(timeout=5)
+    duration = time.monotonic() - t0
+    tail = bytes(out_drain.data).decode("utf-8", "replace")
+    base = dict(duration_seconds=duration, exit_status=status, output_tail=tail, started_at=started)
+
+    if timed_out:
+        return Outcome(name, "timeout", "deadline", f"no result within {timeout_seconds:g}s", **base)
+    raw = bytes(res_drain.data)
+    if status < 0 and not raw:
+        try:
+            signame = signal.Signals(-status).name
+        except ValueError:
+            signame = str(-status)
+        return Outcome(name, "crash", "killed_by_signal", f"worker killed by {signame}", **base)
+    if len(raw) > MAX_RESULT_BYTES:
+        return Outcome(name, "crash", "result_too_large", f"result over {MAX_RESULT_BYTES} bytes", **base)
+    if not raw:
+        return Outcome(name, "crash", "exit_nonzero" if status else "bad_result",
+                       f"worker exited {status} without a result", **base)
+    try:
+        res = json.loads(raw)
+        if not isinstance(res, dict) or res.get("status") not in OUTCOMES:
+            raise ValueError("not a result object")
+        samples = res.get("samples", [])
+        if not isinstance(samples, list):
+            raise ValueError("samples is not a list")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Outcome(name, "crash", "bad_result", f"unreadable worker result: {exc}"[:200], **base)
+    return Outcome(
+        name, res["status"], str(res.get("reason", "")), str(res.get("detail", ""))[:2000],
+        samples=samples, record=res.get("record") or {}, environment=res.get("environment") or {},
+        probe_seconds=res.get("duration_seconds"), **base,
+    )

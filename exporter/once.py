@@ -1,0 +1,99 @@
+"""`fleetcanary once`: run the enabled probes once, in isolated workers, and report.
+
+Progress goes to stderr; the table (or JSON with --json) goes to stdout. Every run
+is also appended to the results history, as the daemon would.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from .daemon import class_path, history_record, probe_context
+from .history import History, HistoryError
+from .isolation import Outcome, run_isolated
+from .units import human
+
+
+def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=None) -> list[Outcome]:
+    outcomes = []
+    total = len(names) * repeat
+    history = History(settings.state_dir, settings.history.max_bytes, settings.history.backups) \
+        if settings.history.enabled else None
+    i = 0
+    for r in range(repeat):
+        for name in names:
+            i += 1
+            entry = settings.probe_entries()[name]
+            if progress:
+                progress(f"[{i}/{total}] {name} (deadline {entry.timeout_seconds:g}s) ...", end=False)
+            out = run_isolated(name, class_path(probe_map[name]), entry.params.model_dump(mode="json"),
+                               probe_context(settings, None), entry.timeout_seconds,
+                               settings.worker_kill_grace_seconds)
+            if progress:
+                why = f" ({out.reason})" if out.reason else ""
+                progress(f" {out.outcome}{why} in {out.duration_seconds:.1f}s", end=True)
+            if history is not None:
+                try:
+                    history.append(history_record(out, settings.node_name))
+                except HistoryError as exc:
+                    if progress:
+                        progress(f"warning: results history not written: {exc}", end=True)
+            outcomes.append(out)
+    return outcomes
+
+
+def rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    out = []
+    for o in outcomes:
+        figs = o.record.get("figures") or []
+        if o.outcome != "success" or not figs:
+            out.append({"probe": o.probe, "figure": "-", "unit": "", "median": None, "mad": None, "cv": None,
+                        "n": 0, "status": o.outcome + (f" ({o.reason})" if o.reason else ""),
+                        "detail": o.detail})
+            continue
+        for f in figs:
+            labels = ",".join(f"{k}={v}" for k, v in (f.get("labels") or {}).items())
+            d = f.get("dispersion") or {}
+            out.append({"probe": o.probe, "figure": f["name"] + (f" {{{labels}}}" if labels else ""),
+                        "unit": f["unit"], "median": f.get("median"), "mad": d.get("mad"), "cv": d.get("cv"),
+                        "n": int(d.get("n", 0)), "status": "success", "detail": ""})
+    return out
+
+
+def table(rs: list[dict[str, Any]]) -> str:
+    header = ("probe", "figure", "median", "dispersion (MAD, CV)", "n", "status")
+    lines = [header]
+    for r in rs:
+        if r["median"] is None:
+            disp = "-"
+        else:
+            disp = f"±{human(r['mad'], r['unit'])}, {100 * (r['cv'] or 0):.1f}%"
+        lines.append((r["probe"], r["figure"], human(r["median"], r["unit"]), disp, str(r["n"] or "-"), r["status"]))
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    text = [fmt.format(*row).rstrip() for row in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1) -> int:
+    def progress(msg: str, end: bool) -> None:
+        if not as_json or sys.stderr.isatty():
+            sys.stderr.write(msg + ("\n" if end else ""))
+            sys.stderr.flush()
+
+    t0 = time.monotonic()
+    outcomes = run_probes(settings, probe_map, names, repeat, progress)
+    rs = rows(outcomes)
+    if as_json:
+        json.dump({"runs": [history_record(o, settings.node_name) for o in outcomes], "table": rs,
+                   "wall_seconds": time.monotonic() - t0}, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(table(rs))
+        broken = [r for r in rs if r["detail"] and not r["status"].startswith("skipped")]
+        for r in broken:
+            print(f"{r['probe']}: {r['detail']}")
+    return 1 if any(o.outcome in ("failure", "timeout", "crash") for o in outcomes) else 0

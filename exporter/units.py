@@ -1,0 +1,27 @@
+"""Human formatting of figures by unit, for tables."""
+from __future__ import annotations
+
+import math
+
+
+def human(value: float | None, unit: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if unit == "bytes_per_second":
+        for div, suffix in ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+            if abs(value) >= div:
+                return f"{value / div:.2f} {suffix}"
+        return f"{value:.0f} B/s"
+    if unit == "seconds":
+        for mult, suffix in ((1.0, "s"), (1e3, "ms"), (1e6, "us")):
+            if abs(value) * mult >= 1:
+                return f"{value * mult:.3g} {suffix}"
+        return f"{value * 1e9:.3g} ns"
+    if unit == "bytes":
+        for div, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+            if abs(value) >= div:
+                return f"{value / div:.2f} {suffix}"
+        return f"{value:.0f} B"
+    if unit == "ratio":
+        return f"{value * 100:.1f}%"
+    return f"{value:.4g} {unit}".strip()

@@ -1,0 +1,87 @@
+"""The worker: runs one probe in a child process and writes its result as JSON.
+
+Started by ``exporter.isolation`` as ``python -m exporter.worker`` in a new process
+group. The job arrives as JSON on stdin; the result goes to the file descriptor in
+FLEETCANARY_RESULT_FD, so nothing a probe prints can corrupt it. stdout and stderr
+are drained by the parent and only their tail is kept.
+
+This is the only place where torch, NVML and network targets are touched.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+RESULT_FD_ENV = "FLEETCANARY_RESULT_FD"
+
+
+def _load_class(path: str):
+    module, _, qual = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe: NaN/inf become None so the result stays standard JSON."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def execute(job: dict[str, Any]) -> dict[str, Any]:
+    from probes.base import ProbeContext, ProbeError, ProbeSkipped
+
+    from . import environment
+
+    t0 = time.monotonic()
+    throttle_before = environment.cpu_throttling()
+    out: dict[str, Any] = {"probe": job["name"]}
+    cls = _load_class(job["class"])
+    probe = cls()
+    config = cls.Config.model_validate(job.get("params", {}))
+    ctx = ProbeContext(**job["context"])
+    try:
+        result = probe.run(config, ctx)
+        out["status"] = "success"
+        out["samples"] = [{"metric": s.metric, "labels": s.labels, "value": s.value} for s in result.samples]
+        out["record"] = result.record()
+    except ProbeSkipped as exc:
+        out.update(status="skipped", reason=exc.reason, detail=exc.detail)
+    except ProbeError as exc:
+        reason = exc.reason if exc.reason in cls.all_failure_reasons() else "other"
+        out.update(status="failure", reason=reason, detail=exc.detail or str(exc))
+    except Exception as exc:  # noqa: BLE001 - a probe bug is classified as a crash, never raised
+        out.update(status="crash", reason="exception", detail=f"{type(exc).__name__}: {exc}",
+                   traceback=traceback.format_exc(limit=8))
+    duration = time.monotonic() - t0
+    env = environment.collect(with_gpu=job.get("collect_gpu_facts", True))
+    env.update(environment.throttling_delta(throttle_before, environment.cpu_throttling()))
+    out["environment"] = env
+    out["duration_seconds"] = duration
+    return _clean(out)
+
+
+def main() -> int:
+    fd = int(os.environ[RESULT_FD_ENV])
+    job = json.load(sys.stdin)
+    result = execute(job)
+    data = json.dumps(result, allow_nan=False).encode()
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

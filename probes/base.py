@@ -1,0 +1,212 @@
+"""The probe contract.
+
+A probe is a class with a ``name``, a pydantic ``Config`` (extra="forbid", a default
+for every field, the unit in the field name or its description), a static tuple of
+``MetricSpec``, an optional ``exclusive`` class and ``run(config, ctx)``.
+
+``run`` executes inside a short-lived worker process, never in the daemon. It
+returns a ``ProbeResult``: samples for its declared metrics plus a record (figures
+with their raw repeats, median and dispersion, the parameters, what it touched).
+It never imports prometheus_client: the exporter renders.
+
+Not applicable here -> raise ``ProbeSkipped(reason)`` with a reason from
+``SKIP_REASONS``. Broken -> raise ``ProbeError(reason, detail)`` with a reason the
+probe declares in ``failure_reasons``. Anything else is a crash.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+# Why a probe did not run. Fixed and small: it becomes a label value.
+SKIP_REASONS: tuple[str, ...] = (
+    "no_gpu",            # no NVIDIA driver/GPU visible to this node
+    "single_gpu",        # the probe needs two or more GPUs
+    "not_configured",    # the probe has no targets configured
+    "gpu_busy",          # a compute process or utilization over threshold on a target GPU
+    "gpu_allocated",     # Kubernetes has allocated a target GPU to a pod
+    "budget",            # the per-hour GPU-time budget is spent
+    "dependency_missing",  # an optional package (torch) is not installed
+    "low_disk_space",    # free space under the configured floor
+    "unsupported",       # the hardware or platform lacks the feature
+)
+
+# Failure reasons every probe may use in addition to its own ``failure_reasons``.
+COMMON_FAILURE_REASONS: tuple[str, ...] = ("other",)
+
+MetricType = Literal["gauge", "counter", "histogram"]
+
+
+class ProbeSkipped(Exception):
+    """The probe does not apply here now. ``reason`` is one of SKIP_REASONS."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in SKIP_REASONS:
+            raise ValueError(f"unknown skip reason {reason!r}; use one of {SKIP_REASONS}")
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class ProbeError(Exception):
+    """The probe ran and found something broken. ``reason`` is a bounded label value."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric a probe may emit. ``name`` is the full name, with the fleetcanary_ prefix."""
+
+    name: str
+    type: MetricType
+    help: str
+    unit: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith("fleetcanary_"):
+            raise ValueError(f"metric {self.name} must start with fleetcanary_")
+        if self.type == "counter" and not self.name.endswith("_total"):
+            raise ValueError(f"counter {self.name} must end with _total")
+        if self.type == "histogram" and not self.buckets:
+            raise ValueError(f"histogram {self.name} needs buckets")
+
+
+@dataclass
+class Sample:
+    """One value for a declared metric.
+
+    gauge: the value replaces the previous one. counter: the value is an increment.
+    histogram: the value is one observation.
+    """
+
+    metric: str
+    labels: dict[str, str]
+    value: float
+
+
+def dispersion(values: list[float]) -> dict[str, float]:
+    """Median and robust dispersion of repeats: MAD, CV, min, max, count."""
+    if not values:
+        raise ValueError("no values")
+    med = statistics.median(values)
+    mad = statistics.median([abs(v - med) for v in values])
+    mean = statistics.fmean(values)
+    stdev = statistics.stdev(values) if len(values) > 1 else 0.0
+    cv = stdev / mean if mean else 0.0
+    return {
+        "median": med,
+        "mad": mad,
+        "cv": cv,
+        "min": min(values),
+        "max": max(values),
+        "mean": mean,
+        "n": float(len(values)),
+    }
+
+
+@dataclass
+class Figure:
+    """A measured figure: raw repeats kept beside the reduced value."""
+
+    name: str                  # e.g. "copy", "d2d", "all_reduce"
+    unit: str                  # e.g. "bytes_per_second", "seconds"
+    repeats: list[float]
+    labels: dict[str, str] = field(default_factory=dict)
+    higher_is_better: bool = True
+    median: float = math.nan
+    dispersion: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.repeats:
+            self.dispersion = dispersion(self.repeats)
+            self.median = self.dispersion["median"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "labels": dict(self.labels),
+            "higher_is_better": self.higher_is_better,
+            "median": self.median,
+            "dispersion": self.dispersion,
+            "repeats": list(self.repeats),
+        }
+
+
+@dataclass
+class ProbeResult:
+    samples: list[Sample] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    touched: dict[str, Any] = field(default_factory=dict)   # GPUs, paths, targets used
+    gpu_seconds: dict[str, float] = field(default_factory=dict)  # gpu index -> seconds
+    extra: dict[str, Any] = field(default_factory=dict)     # probe-specific record fields
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "figures": [f.to_dict() for f in self.figures],
+            "parameters": self.parameters,
+            "touched": self.touched,
+            "gpu_seconds": self.gpu_seconds,
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+class ProbeConfig(BaseModel):
+    """Base for every probe's Config: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class ProbeContext:
+    """What the worker hands a probe besides its config."""
+
+    node_name: str
+    state_dir: str
+    deadline_monotonic: float          # time.monotonic() value the run must end before
+    gpu: dict[str, Any] = field(default_factory=dict)  # daemon-side GPU gating settings
+    kube: dict[str, Any] = field(default_factory=dict)  # allocation facts, when known
+
+
+class Probe:
+    """Base class. Subclasses set the ClassVars and implement ``run``."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[ProbeConfig]] = ProbeConfig
+    metrics: ClassVar[tuple[MetricSpec, ...]] = ()
+    exclusive: ClassVar[str | None] = None      # "gpu": never overlaps another "gpu" probe
+    failure_reasons: ClassVar[tuple[str, ...]] = ()
+    # Defaults for the schedule, overridable in config.
+    default_interval_seconds: ClassVar[float] = 300.0
+    default_timeout_seconds: ClassVar[float] = 60.0
+    default_enabled: ClassVar[bool] = True
+
+    def run(self, config: ProbeConfig, ctx: ProbeContext) -> ProbeResult:  # pragma: no cover
+        raise TypeError(f"{type(self).__name__} must implement run()")
+
+    @classmethod
+    def spec(cls, metric: str) -> MetricSpec:
+        for s in cls.metrics:
+            if s.name == metric:
+                return s
+        raise KeyError(f"{cls.name} declares no metric {metric}")
+
+    @classmethod
+    def all_failure_reasons(cls) -> tuple[str, ...]:
+        return tuple(cls.failure_reasons) + COMMON_FAILURE_REASONS
+
+
+def figure_sample(fig: Figure, metric: str, labels: dict[str, str] | None = None) -> Sample:
+    """The gauge sample a figure publishes: its median."""
+    return Sample(metric, dict(labels if labels is not None else fig.labels), fig.median)
