@@ -60,7 +60,7 @@ def cmd_run(args) -> int:
     from .daemon import Daemon
 
     try:
-        daemon = Daemon(settings, config_path=args.config)
+        daemon = Daemon(settings, config_path=args.config, reap_everything=True)
     except OSError as exc:
         print(f"fleetcanary: cannot listen on {settings.server.listen_address}: {exc.strerror or exc}",
               file=sys.stderr)

@@ -103,12 +103,15 @@ class ProbeEntryBase(Strict):
     def _check_schedule(self) -> "ProbeEntryBase":
         interval = getattr(self, "interval_seconds")
         timeout = getattr(self, "timeout_seconds")
+        problems = []
         if timeout >= interval:
-            raise ValueError(f"timeout_seconds ({timeout:g}) must be shorter than interval_seconds ({interval:g})")
+            problems.append(f"timeout_seconds ({timeout:g}) must be shorter than interval_seconds ({interval:g})")
         if self.jitter_seconds >= interval:
-            raise ValueError(f"jitter_seconds ({self.jitter_seconds:g}) must be shorter than interval_seconds ({interval:g})")
+            problems.append(f"jitter_seconds ({self.jitter_seconds:g}) must be shorter than interval_seconds ({interval:g})")
         if self.jitter_seconds < 0 and self.jitter_seconds != -1:
-            raise ValueError("jitter_seconds must be >= 0, or -1 for 10% of the interval")
+            problems.append("jitter_seconds must be >= 0, or -1 for 10% of the interval")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property

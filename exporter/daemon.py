@@ -20,7 +20,7 @@ from . import config as configmod
 from . import environment
 from .history import History, HistoryError
 from .http import MetricsServer
-from .isolation import Outcome, kill_all_workers, run_isolated
+from .isolation import Outcome, become_subreaper, kill_all_workers, reap_orphans, run_isolated
 from .scheduler import GpuBudget, Scheduler
 from .store import ResultStore
 
@@ -65,7 +65,9 @@ def history_record(out: Outcome, node_name: str) -> dict[str, Any]:
 
 class Daemon:
     def __init__(self, settings, config_path: str | None = None,
-                 probe_map: dict[str, type[Probe]] | None = None) -> None:
+                 probe_map: dict[str, type[Probe]] | None = None, reap_everything: bool = False) -> None:
+        """reap_everything: this process starts no children but workers (true for `run`)."""
+        self.reap_everything = reap_everything
         self.settings = settings
         self.config_path = config_path
         self.probe_map = dict(probe_map or PROBES)
@@ -163,6 +165,7 @@ class Daemon:
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
+        become_subreaper(self.reap_everything)
         self.server.start()
         self.scheduler.set_jobs(self._jobs())
         self.scheduler.start()
@@ -174,6 +177,7 @@ class Daemon:
         self._stopping.set()
         self.scheduler.shutdown()
         kill_all_workers(self.settings.worker_kill_grace_seconds)
+        reap_orphans()
         self.server.stop()
 
     def serve_forever(self) -> int:

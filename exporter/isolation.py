@@ -36,6 +36,83 @@ _live_lock = threading.Lock()
 _live_groups: set[int] = set()
 
 
+_subreaper = False
+_reap_everything = False
+
+
+def become_subreaper(reap_everything: bool = False) -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux PR_SET_CHILD_SUBREAPER).
+
+    Then a probe's grandchild that escaped its process group (setsid, double fork) or
+    outlived its killed parent is re-parented to us instead of to PID 1, and
+    ``reap_orphans`` kills and reaps it. In a container where PID 1 does not reap,
+    this also keeps zombies from piling up.
+
+    reap_everything: every child that is not a live worker is a leftover (true for the
+    daemon and `once`, which start no other processes). Otherwise only children outside
+    our own session are: workers and what they fork run in sessions of their own, while an
+    embedding program's ordinary children (a test's fixtures) share ours and are left alone."""
+    global _subreaper, _reap_everything
+    _reap_everything = reap_everything
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        _subreaper = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        _subreaper = False
+    return _subreaper
+
+
+def _children_of_self() -> list[int]:
+    me = os.getpid()
+    out = []
+    try:
+        text = open(f"/proc/{me}/task/{me}/children").read()
+        return [int(p) for p in text.split()]
+    except OSError:
+        pass
+    for entry in os.listdir("/proc"):  # kernels without the children file
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == me:
+                    out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def reap_orphans() -> int:
+    """Kill and reap our children that are not live workers: re-parented leftovers of
+    finished probes. Never blocks; a process stuck in the kernel is retried next time."""
+    if not _subreaper:
+        return 0
+    n = 0
+    with _live_lock:
+        live = set(_live_groups)
+        own_session = os.getsid(0)
+        for pid in _children_of_self():
+            if pid in live:
+                continue
+            if not _reap_everything:
+                try:
+                    if os.getsid(pid) == own_session:
+                        continue
+                except ProcessLookupError:
+                    continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    n += 1
+            except ChildProcessError:
+                pass
+    return n
+
+
 def live_worker_groups() -> set[int]:
     with _live_lock:
         return set(_live_groups)
@@ -155,6 +232,7 @@ def run_isolated(name: str, class_path: str, params: dict[str, Any], context: di
                       "collect_gpu_facts": collect_gpu_facts}).encode()
     r_res, w_res = os.pipe()
     r_out, w_out = os.pipe()
+    _live_lock.acquire()  # reap_orphans must not see this child before it is registered
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "exporter.worker"],
@@ -163,13 +241,14 @@ def run_isolated(name: str, class_path: str, params: dict[str, Any], context: di
             start_new_session=True, close_fds=True,
         )
     except OSError as exc:
+        _live_lock.release()
         for fd in (r_res, w_res, r_out, w_out):
             os.close(fd)
         return Outcome(name, "crash", "spawn_failed", str(exc), started_at=started)
+    _live_groups.add(proc.pid)
+    _live_lock.release()
     os.close(w_res)
     os.close(w_out)
-    with _live_lock:
-        _live_groups.add(proc.pid)
     res_drain = _Drain(r_res, MAX_RESULT_BYTES + 1, keep_tail=False)
     out_drain = _Drain(r_out, OUTPUT_TAIL_BYTES, keep_tail=True)
     res_drain.start()
@@ -193,6 +272,7 @@ def run_isolated(name: str, class_path: str, params: dict[str, Any], context: di
     status = proc.wait()
     with _live_lock:
         _live_groups.discard(pgid)
+    reap_orphans()
     # Grandchildren that held our pipes are dead now; the drains reach EOF.
     res_drain.join(timeout=5)
     out_drain.join(timeout=5)

@@ -12,11 +12,12 @@ from typing import Any
 
 from .daemon import class_path, history_record, probe_context
 from .history import History, HistoryError
-from .isolation import Outcome, run_isolated
+from .isolation import Outcome, become_subreaper, run_isolated
 from .units import human
 
 
 def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=None) -> list[Outcome]:
+    become_subreaper(reap_everything=True)
     outcomes = []
     total = len(names) * repeat
     history = History(settings.state_dir, settings.history.max_bytes, settings.history.backups) \

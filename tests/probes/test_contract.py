@@ -1,0 +1,54 @@
+"""Every probe in the map honours the contract in probes/base.py."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from probes import PROBES
+from probes.base import SKIP_REASONS, MetricSpec, ProbeSkipped
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = re.compile(r"^fleetcanary_[a-z0-9_]+$")
+BASE_UNITS = {"bytes", "seconds", "bytes_per_second", "ratio", "info", "total", "celsius", "watts", "ops_per_second",
+              "tokens_per_second", "count", "hertz", "operations_per_second", "boolean"}
+
+
+@pytest.mark.parametrize("name", list(PROBES))
+def test_probe_declares_a_valid_contract(name):
+    cls = PROBES[name]
+    assert cls.name == name
+    cls.Config()  # every field has a default
+    with pytest.raises(ValidationError):
+        cls.Config(definitely_not_a_field=1)
+    assert cls.metrics, "a probe declares its metrics"
+    for spec in cls.metrics:
+        assert isinstance(spec, MetricSpec) and NAME.match(spec.name)
+        assert spec.unit in BASE_UNITS, spec
+        assert spec.help.endswith(".")
+        assert all(re.match(r"^[a-z_]+$", label) for label in spec.labels)
+        assert "node" not in spec.labels, "node comes from relabeling, not the exporter"
+    assert cls.exclusive in (None, "gpu")
+    assert cls.default_timeout_seconds < cls.default_interval_seconds
+
+
+@pytest.mark.parametrize("name", list(PROBES))
+def test_probe_module_imports_nothing_heavy_at_module_level(name):
+    src = Path(ROOT / (PROBES[name].__module__.replace(".", "/") + ".py")).read_text()
+    for node in ast.parse(src).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            assert not (mod or "").startswith(("torch", "pynvml", "prometheus_client", "requests")), mod
+
+
+def test_skip_reasons_are_a_fixed_set():
+    with pytest.raises(ValueError):
+        ProbeSkipped("because I said so")
+    assert ProbeSkipped("no_gpu").reason == "no_gpu"
+    assert len(SKIP_REASONS) == len(set(SKIP_REASONS)) <= 12
+
+
+def test_metric_names_are_unique_across_probes():
+    names = [s.name for cls in PROBES.values() for s in cls.metrics]
+    assert len(names) == len(set(names))

@@ -1,0 +1,54 @@
+"""A real Prometheus server on 127.0.0.1 for tests."""
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.parse
+from pathlib import Path
+
+import yaml
+
+from .helpers import free_port, http_get, require_binary, wait_for
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, scrape_targets: list[str], rule_files: list[str] | None = None,
+                 scrape_interval: str = "1s", evaluation_interval: str = "1s") -> None:
+        binary = require_binary("prometheus")
+        self.port = free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        cfg = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
+            "rule_files": rule_files or [],
+            "scrape_configs": [{"job_name": "fleetcanary", "static_configs": [{"targets": scrape_targets}],
+                                "relabel_configs": [{"target_label": "node", "replacement": "test-node"}]}],
+        }
+        self.config = workdir / "prometheus.yml"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.log = open(workdir / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={self.config}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(lambda: self.proc.poll() is None and http_get(self.url + "/-/ready", timeout=2)[0] == 200,
+                 timeout=60, what="prometheus ready")
+
+    def query(self, expr: str) -> list[dict]:
+        code, _, body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        data = json.loads(body)
+        if code != 200 or data.get("status") != "success":
+            raise AssertionError(f"query {expr!r} failed: {data}")
+        return data["data"]["result"]
+
+    def targets_up(self) -> bool:
+        return any(float(r["value"][1]) == 1.0 for r in self.query('up{job="fleetcanary"}'))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
