@@ -147,7 +147,8 @@ def _settings_model(probe_items: tuple[tuple[str, type[Probe]], ...]) -> type[Ba
         pool: str = Field("", description="Pool this node belongs to (env FLEETCANARY_POOL); a node_info label.")
         state_dir: str = Field(default_factory=default_state_dir,
                                description="Directory for results history and probe scratch files.")
-        log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
+        log_level: str = Field("info", pattern="^(debug|info|warning|error)$",
+                               description="Log level: debug, info, warning or error. Logs go to stderr.")
         server: ServerConfig = Field(default_factory=ServerConfig)
         history: HistoryConfig = Field(default_factory=HistoryConfig)
         gpu: GpuConfig = Field(default_factory=GpuConfig)

@@ -13,6 +13,7 @@ import platform
 
 from probes.base import SKIP_REASONS
 
+from .environment import STABLE_FIELDS
 from .version import git_commit, version
 
 SCHEDULED = "From the last scheduled run; a scrape never triggers a probe."
@@ -35,7 +36,8 @@ EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_history_write_errors_total", "counter", "Result records that could not be appended to the history file.", ()),
     ("fleetcanary_start_time_seconds", "gauge", "Unix time the exporter started.", ()),
     ("fleetcanary_build_info", "gauge", "Build identity; value 1.", ("version", "commit", "python_version")),
-    ("fleetcanary_node_info", "gauge", "The stable part of this node's environment record; value 1. The node label comes from relabeling.", ()),
+    ("fleetcanary_node_info", "gauge", "The stable part of this node's environment record; value 1. The node label comes from relabeling.",
+     STABLE_FIELDS + ("pool", "node_name")),
 )
 
 
