@@ -113,7 +113,10 @@ class ResultStore:
                         if value < 0:
                             st.invalid_samples += 1
                             continue
-                        self.counters[name][key] = self.counters[name].get(key, 0.0) + value
+                        if cls.spec(name).cumulative:
+                            self.counters[name][key] = value
+                        else:
+                            self.counters[name][key] = self.counters[name].get(key, 0.0) + value
                     else:
                         buckets = cls.spec(name).buckets or ()
                         h = self.histograms[name].get(key)

@@ -7,10 +7,16 @@ for configuration and metric specs, and it never loads those.
 from __future__ import annotations
 
 from .base import Probe
+from .gpu_bandwidth import GpuBandwidth
+from .gpu_health import GpuHealth
+from .gpu_p2p import GpuP2P
 from .host_memory_bandwidth import HostMemoryBandwidth
 
 PROBES: dict[str, type[Probe]] = {
     HostMemoryBandwidth.name: HostMemoryBandwidth,
+    GpuHealth.name: GpuHealth,
+    GpuBandwidth.name: GpuBandwidth,
+    GpuP2P.name: GpuP2P,
 }
 
 __all__ = ["PROBES", "Probe"]

@@ -71,6 +71,9 @@ class MetricSpec:
     unit: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
+    # counter only: the value is the device's own running total (ECC errors, NVLink
+    # replays), set as read, rather than an increment added to the exporter's total.
+    cumulative: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.startswith("fleetcanary_"):
@@ -85,8 +88,8 @@ class MetricSpec:
 class Sample:
     """One value for a declared metric.
 
-    gauge: the value replaces the previous one. counter: the value is an increment.
-    histogram: the value is one observation.
+    gauge: the value replaces the previous one. counter: the value is an increment
+    (or, for a ``cumulative`` spec, the device's running total). histogram: one observation.
     """
 
     metric: str

@@ -1,0 +1,140 @@
+"""GPU memory bandwidth per GPU: device-to-device, host-to-device and device-to-host copies.
+
+Byte counting, as nvbandwidth and the CUDA samples do: a device-to-device copy reads
+and writes device memory, so it counts 2 x size; host-to-device and device-to-host
+count size once (the bytes crossing PCIe or C2C). Host buffers are pinned, so the
+copies are DMA transfers that show link health rather than pageable staging.
+
+Each direction: ``warmup`` untimed copies, then ``repeats`` copies each timed with
+CUDA events; the median is published and the repeats kept in the record. Buffers are
+at least 4x the GPU's L2 cache so the device-to-device figure is HBM, not L2.
+The same code runs on device "cpu" for tests, where all three are memcpy.
+"""
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from .base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, figure_sample
+
+METRIC = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
+DIRECTIONS = ("d2d", "h2d", "d2h")
+DEFAULT_L2_BYTES = 64 << 20  # when torch cannot tell
+
+
+class Config(ProbeConfig):
+    device: Literal["auto", "cpu"] = Field(
+        "auto", description="auto: CUDA GPUs (skip with no_gpu without one); cpu: the same code on the CPU, for tests.")
+    d2d_bytes: int = Field(1 << 30, ge=1 << 20, description="Device-to-device buffer, bytes (raised to 4x L2 if below).")
+    host_bytes: int = Field(256 << 20, ge=1 << 20, description="Host<->device buffer, bytes (pinned host memory).")
+    warmup: int = Field(2, ge=0, le=20, description="Untimed copies per direction.")
+    repeats: int = Field(10, ge=1, le=200, description="Timed copies per direction; the median is published.")
+    directions: tuple[Literal["d2d", "h2d", "d2h"], ...] = Field(DIRECTIONS, description="Directions to measure.")
+    busy_policy: Literal["node", "gpu"] = Field(
+        "node", description="node: any busy GPU skips the run; gpu: measure the idle GPUs only.")
+    expected_gpu_seconds: float = Field(
+        1.0, gt=0, description="GPU seconds one run is assumed to cost, for the budget check before it runs.")
+
+
+class GpuBandwidth(Probe):
+    name = "gpu_bandwidth"
+    Config = Config
+    exclusive = "gpu"
+    failure_reasons = ("nvml_error", "cuda_error", "verification_failed", "out_of_memory")
+    default_interval_seconds = 900.0
+    default_timeout_seconds = 120.0
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec(METRIC, "gauge",
+                   "GPU memory copy bandwidth, median of the timed repeats. d2d counts bytes read plus bytes "
+                   "written (2 x buffer); h2d and d2h count the buffer once (pinned host memory).",
+                   "bytes_per_second", ("gpu", "direction")),
+    )
+
+    def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
+        from . import gpu_gate, torch_util
+
+        kind = torch_util.resolve_device_kind(config.device) if config.device == "cpu" else None
+        gate = None
+        if config.device == "auto":
+            session = gpu_gate.open_session()
+            with session:
+                gate = gpu_gate.gate(session, session.handles(), ctx.gpu, ctx.kube, config.expected_gpu_seconds,
+                                     config.busy_policy)
+            kind = torch_util.resolve_device_kind("auto")
+            indices = [g.index for g in gate.usable]
+        else:
+            indices = [0]
+        torch = torch_util.import_torch()
+
+        res = ProbeResult(parameters={"device": kind, "warmup": config.warmup, "repeats": config.repeats,
+                                      "byte_counting": "d2d: read+write (2x size); h2d, d2h: size once",
+                                      "timer": "cuda events" if kind == "cuda" else "perf_counter"},
+                          touched={"gpus": indices, "invasive": True, **(gate.record() if gate else {})})
+        per_gpu = {}
+        for idx in indices:
+            device = torch.device(kind, idx) if kind == "cuda" else torch.device("cpu")
+            try:
+                figs, gpu_seconds, sizes = self._measure(torch, torch_util, device, config)
+            except torch.cuda.OutOfMemoryError as exc:
+                raise ProbeError("out_of_memory", f"GPU {idx}: {exc}".splitlines()[0]) from None
+            except RuntimeError as exc:
+                if "CUDA" in str(exc) or "cuda" in str(exc):
+                    raise ProbeError("cuda_error", f"GPU {idx}: {str(exc).splitlines()[0]}") from None
+                raise
+            for f in figs:
+                f.labels = {"gpu": str(idx), "direction": f.name}
+                res.figures.append(f)
+                res.samples.append(figure_sample(f, METRIC))
+            res.gpu_seconds[str(idx)] = gpu_seconds
+            per_gpu[str(idx)] = {"gpu_seconds": gpu_seconds, **sizes}
+        res.extra["per_gpu"] = per_gpu
+        return res
+
+    @staticmethod
+    def _measure(torch, tu, device, config: Config):
+        l2 = tu.l2_cache_bytes(torch, device)
+        d2d_bytes = max(config.d2d_bytes, 4 * (l2 or DEFAULT_L2_BYTES)) if device.type == "cuda" else config.d2d_bytes
+        sizes = {"d2d_bytes": d2d_bytes, "host_bytes": config.host_bytes, "l2_cache_bytes": l2}
+        pinned = device.type == "cuda"
+        figs, gpu_seconds = [], 0.0
+        ctx_mgr = torch.cuda.device(device) if device.type == "cuda" else _Null()
+        with ctx_mgr:
+            for direction in config.directions:
+                if direction == "d2d":
+                    src = torch.empty(d2d_bytes, dtype=torch.uint8, device=device)
+                    dst = torch.empty_like(src)
+                    counted = 2 * d2d_bytes
+                elif direction == "h2d":
+                    src = torch.empty(config.host_bytes, dtype=torch.uint8, pin_memory=pinned)
+                    dst = torch.empty(config.host_bytes, dtype=torch.uint8, device=device)
+                    counted = config.host_bytes
+                else:
+                    src = torch.empty(config.host_bytes, dtype=torch.uint8, device=device)
+                    dst = torch.empty(config.host_bytes, dtype=torch.uint8, pin_memory=pinned)
+                    counted = config.host_bytes
+                tu.fill_random(torch, src)
+                copy = lambda: dst.copy_(src, non_blocking=True)  # noqa: E731
+                times = []
+                for i in range(config.warmup + config.repeats):
+                    t = tu.time_op(torch, device, copy)
+                    gpu_seconds += t
+                    if i >= config.warmup:
+                        times.append(t)
+                # Check the copy landed: compare a strided sample of both buffers.
+                step = max(src.numel() // 4096, 1)
+                if not torch.equal(src[::step].cpu(), dst[::step].cpu()):
+                    raise ProbeError("verification_failed", f"{direction} copy on {device} differs from its source")
+                figs.append(Figure(direction, "bytes_per_second", [counted / t for t in times]))
+                del src, dst
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        return figs, gpu_seconds, sizes
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False

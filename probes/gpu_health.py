@@ -1,0 +1,167 @@
+"""GPU health from non-invasive NVML reads: PCIe link, throttling, ECC, row remapping,
+NVLink, critical XIDs, GPUs visible against expected, persistence and MIG mode.
+
+It creates no CUDA context and runs beside jobs, so it is not gated and runs often.
+XID events are caught by an event wait with a timeout inside the worker: the probe
+watches for ``xid_wait_seconds`` of every run, and the watched time is published, so
+the coverage of the XID counter is known (between runs, the kernel log and DCGM
+remain the complete source).
+
+Current PCIe generation drops at idle on most GPUs (link power management), so the
+generation is a fact to compare under load; the width does not drop at idle and a
+narrower width than the maximum is a real downtrain.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from . import nvml
+from .base import MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeResult, Sample
+from .gpu_gate import open_session
+
+P = "fleetcanary_gpu_"
+
+
+class Config(ProbeConfig):
+    xid_wait_seconds: float = Field(2.0, ge=0, le=30, description="Seconds each run waits for critical XID events.")
+    expected_gpus: int | None = Field(
+        None, ge=0, description="GPUs this node should have. None: gpu.expected_count, then the node label.")
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+class GpuHealth(Probe):
+    name = "gpu_health"
+    Config = Config
+    failure_reasons = ("nvml_error",)
+    default_interval_seconds = 60.0
+    default_timeout_seconds = 30.0
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec(P + "info", "gauge", "GPU identity from NVML; value 1.", "info",
+                   ("gpu", "uuid", "model", "pci_bus_id", "serial", "vbios")),
+        MetricSpec("fleetcanary_gpus_visible", "gauge", "GPUs NVML enumerates on this node, lost ones included.", "count"),
+        MetricSpec("fleetcanary_gpus_healthy", "gauge", "GPUs NVML can query (not lost).", "count"),
+        MetricSpec("fleetcanary_gpus_expected", "gauge",
+                   "GPUs this node should have, from config or the node label; absent when unknown.", "count"),
+        MetricSpec(P + "lost", "gauge", "1 if NVML enumerates the GPU but cannot query it (fell off the bus).",
+                   "boolean", ("gpu",)),
+        MetricSpec(P + "pcie_link_generation", "gauge", "Current PCIe link generation (drops at idle on most GPUs).",
+                   "count", ("gpu",)),
+        MetricSpec(P + "pcie_link_generation_max", "gauge", "Maximum PCIe link generation of the GPU and its slot.",
+                   "count", ("gpu",)),
+        MetricSpec(P + "pcie_link_width", "gauge", "Current PCIe link width (lanes).", "count", ("gpu",)),
+        MetricSpec(P + "pcie_link_width_max", "gauge", "Maximum PCIe link width (lanes).", "count", ("gpu",)),
+        MetricSpec(P + "clock_throttle_active", "gauge",
+                   "1 if the clock throttle (clocks event) reason is active now, per reason from a fixed set.",
+                   "boolean", ("gpu", "reason")),
+        MetricSpec(P + "ecc_errors_total", "counter",
+                   "ECC errors as counted by the device; counter volatile (since driver load) or aggregate (lifetime).",
+                   "total", ("gpu", "type", "counter"), cumulative=True),
+        MetricSpec(P + "remapped_rows_total", "counter", "Rows remapped by the device, by cause.", "total",
+                   ("gpu", "cause"), cumulative=True),
+        MetricSpec(P + "remapped_rows_pending", "gauge", "1 if a row remapping awaits a GPU reset.", "boolean", ("gpu",)),
+        MetricSpec(P + "remapped_rows_failed", "gauge", "1 if a row remapping failed; the GPU needs service.",
+                   "boolean", ("gpu",)),
+        MetricSpec(P + "nvlink_up", "gauge", "1 if the NVLink link is active.", "boolean", ("gpu", "link")),
+        MetricSpec(P + "nvlink_errors_total", "counter", "NVLink error counters as counted by the device.",
+                   "total", ("gpu", "link", "counter"), cumulative=True),
+        MetricSpec(P + "xid_errors_total", "counter", "Critical XID events caught during this exporter's event waits.",
+                   "total", ("gpu", "xid")),
+        MetricSpec(P + "xid_watch_seconds_total", "counter", "Seconds spent waiting for XID events: the XID coverage.",
+                   "seconds"),
+        MetricSpec(P + "persistence_mode", "gauge", "1 if persistence mode is enabled.", "boolean", ("gpu",)),
+        MetricSpec(P + "mig_mode", "gauge", "1 if MIG mode is enabled; absent where MIG is unsupported.",
+                   "boolean", ("gpu",)),
+        MetricSpec(P + "power_limit_watts", "gauge", "Enforced power limit.", "watts", ("gpu",)),
+    )
+
+    def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
+        import time
+
+        samples: list[Sample] = []
+        add = lambda m, labels, v: samples.append(Sample(m, labels, float(v)))  # noqa: E731
+        session = open_session()
+        with session:
+            try:
+                handles = session.handles()
+            except session.lib.NVMLError as exc:
+                from .base import ProbeError
+
+                raise ProbeError("nvml_error", f"cannot enumerate GPUs: {exc}") from None
+            gpus = []
+            for g in handles:
+                gi = str(g.index)
+                add(P + "lost", {"gpu": gi}, 1 if g.lost else 0)
+                if g.lost:
+                    gpus.append({"index": g.index, "lost": True, "error": g.error})
+                    continue
+                ident = session.identity(g)
+                add(P + "info", {"gpu": gi, "uuid": ident["uuid"], "model": ident["model"],
+                                 "pci_bus_id": ident["pci_bus_id"], "serial": ident["serial"],
+                                 "vbios": ident["vbios"]}, 1)
+                pcie = session.pcie(g)
+                for key, metric in (("gen_current", "pcie_link_generation"), ("gen_max", "pcie_link_generation_max"),
+                                    ("width_current", "pcie_link_width"), ("width_max", "pcie_link_width_max")):
+                    if _num(pcie[key]) is not None:
+                        add(P + metric, {"gpu": gi}, pcie[key])
+                reasons = session.throttle_reasons(g)
+                if isinstance(reasons, list):
+                    for r in nvml.THROTTLE_REASONS.values():
+                        add(P + "clock_throttle_active", {"gpu": gi, "reason": r}, 1 if r in reasons else 0)
+                ecc = session.ecc_errors(g)
+                for key, v in ecc.items():
+                    if _num(v) is not None:
+                        etype, counter = key.split("_")
+                        add(P + "ecc_errors_total", {"gpu": gi, "type": etype, "counter": counter}, v)
+                rows = session.remapped_rows(g)
+                if _num(rows["pending"]) is not None:
+                    add(P + "remapped_rows_total", {"gpu": gi, "cause": "correctable"}, rows["correctable"])
+                    add(P + "remapped_rows_total", {"gpu": gi, "cause": "uncorrectable"}, rows["uncorrectable"])
+                    add(P + "remapped_rows_pending", {"gpu": gi}, rows["pending"])
+                    add(P + "remapped_rows_failed", {"gpu": gi}, rows["failed"])
+                links = session.nvlinks(g)
+                for link in links:
+                    li = str(link["link"])
+                    add(P + "nvlink_up", {"gpu": gi, "link": li}, link["up"])
+                    for cname, v in link["errors"].items():
+                        if _num(v) is not None:
+                            add(P + "nvlink_errors_total", {"gpu": gi, "link": li, "counter": cname}, v)
+                pm = session.persistence_mode(g)
+                if pm != nvml.UNKNOWN:
+                    add(P + "persistence_mode", {"gpu": gi}, 1 if pm == "enabled" else 0)
+                mig = session.mig_mode(g)
+                if mig in ("enabled", "disabled"):
+                    add(P + "mig_mode", {"gpu": gi}, 1 if mig == "enabled" else 0)
+                power = session.power_limit_watts(g)
+                if _num(power) is not None:
+                    add(P + "power_limit_watts", {"gpu": gi}, power)
+                gpus.append({**ident, "pcie": pcie, "throttle_reasons": reasons, "ecc": ecc, "remapped_rows": rows,
+                             "nvlinks": links, "persistence_mode": pm, "mig_mode": mig, "power_limit_watts": power})
+
+            healthy = [g for g in handles if not g.lost]
+            t0 = time.monotonic()
+            wait_ms = int(min(config.xid_wait_seconds, max(ctx.deadline_monotonic - time.monotonic() - 2.0, 0)) * 1000)
+            events = session.wait_xid_events(healthy, wait_ms) if wait_ms > 0 and healthy else []
+            watched = time.monotonic() - t0 if wait_ms > 0 and healthy else 0.0
+            critical = [e for e in events if e["xid"] in nvml.CRITICAL_XIDS]
+            for e in events:
+                add(P + "xid_errors_total", {"gpu": str(e["gpu"]), "xid": str(e["xid"])}, 1)
+            add(P + "xid_watch_seconds_total", {}, watched)
+
+        add("fleetcanary_gpus_visible", {}, len(handles))
+        add("fleetcanary_gpus_healthy", {}, len(healthy))
+        expected = config.expected_gpus
+        if expected is None:
+            expected = (ctx.gpu or {}).get("expected_count")
+        if expected is None:
+            expected = (ctx.kube or {}).get("expected_gpus")
+        if expected is not None:
+            add("fleetcanary_gpus_expected", {}, expected)
+        return ProbeResult(samples=samples, touched={"gpus": [g.index for g in handles], "invasive": False},
+                           parameters={"xid_wait_seconds": config.xid_wait_seconds, "expected_gpus": expected},
+                           extra={"gpus": gpus, "xid_events": events, "critical_xid_events": critical,
+                                  "xid_watch_seconds": watched})

@@ -1,0 +1,274 @@
+"""A fake NVML backend built from recorded device facts (JSON), for tests and demos.
+
+It implements the subset of the ``pynvml`` API that ``probes.nvml.Session`` calls,
+with the same error behaviour: NVMLError carrying NVML's return codes (3 = not
+supported, 15 = GPU is lost), so the code under test cannot tell it from the real
+library. ``scripts/record-nvml-facts`` writes such a file from a real GPU node.
+
+Facts format (every device field optional; absent means "not supported")::
+
+    {"driver_version": "550.90.07", "cuda_driver_version": 12040,
+     "devices": [{"uuid": "GPU-...", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0",
+                  "memory_total": 85520809984, "power_limit_mw": 700000,
+                  "clocks": {"sm": 1980, "mem": 2619, "sm_max": 1980, "mem_max": 2619},
+                  "persistence": 1, "mig": [0, 0],
+                  "pcie": {"gen_current": 5, "gen_max": 5, "gen_gpu_max": 5, "width_current": 16, "width_max": 16},
+                  "throttle_mask": 0, "utilization": 0, "processes": [],
+                  "ecc": {"corrected_volatile": 0, "uncorrected_volatile": 0, "corrected_aggregate": 0, "uncorrected_aggregate": 0},
+                  "remapped_rows": [0, 0, false, false],
+                  "nvlinks": [{"state": 1, "remote_bus_id": "...", "remote_type": 2,
+                               "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}}],
+                  "lost": false}],
+     "topology": {"0,1": 10},       # common-ancestor level per unordered pair; default "topology_default"
+     "topology_default": 40, "p2p_default": 0,
+     "xid_events": [{"gpu": 3, "xid": 79}]}
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+    def __str__(self) -> str:
+        return {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+                NVML_ERROR_TIMEOUT: "Timeout", NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+                NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded"}.get(self.value, f"NVML error {self.value}")
+
+
+@dataclass
+class _Pci:
+    busId: str
+
+
+@dataclass
+class _Mem:
+    total: int
+    free: int
+    used: int
+
+
+@dataclass
+class _Util:
+    gpu: int
+    memory: int
+
+
+@dataclass
+class _Proc:
+    pid: int
+    usedGpuMemory: int
+
+
+@dataclass
+class _Event:
+    device: Any
+    eventType: int
+    eventData: int
+
+
+class _Handle:
+    def __init__(self, index: int, facts: dict) -> None:
+        self.index = index
+        self.facts = facts
+
+
+class FakeNvml:
+    NVMLError = NVMLError
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
+    nvmlEventTypeXidCriticalError = 8
+
+    def __init__(self, facts: dict) -> None:
+        self.facts = facts
+        self.devices = [_Handle(i, d) for i, d in enumerate(facts.get("devices", []))]
+        self._events = [dict(e) for e in facts.get("xid_events", [])]
+        self.initialised = False
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "FakeNvml":
+        return cls(json.loads(Path(path).read_text()))
+
+    # --- lifecycle --------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        if self.facts.get("init_error"):
+            raise NVMLError(int(self.facts["init_error"]))
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    # --- helpers ------------------------------------------------------------------
+    def _dev(self, h: _Handle, key: str | None = None) -> Any:
+        if not self.initialised:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        if h.facts.get("lost"):
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if key is None:
+            return h.facts
+        if key not in h.facts:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return h.facts[key]
+
+    # --- system -----------------------------------------------------------------------
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.facts.get("driver_version", "")
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        if "cuda_driver_version" not in self.facts:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(self.facts["cuda_driver_version"])
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> _Handle:
+        if not 0 <= i < len(self.devices):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return self.devices[i]
+
+    # --- identity ---------------------------------------------------------------------
+    def nvmlDeviceGetUUID(self, h):
+        return self._dev(h, "uuid")
+
+    def nvmlDeviceGetName(self, h):
+        return self._dev(h, "name")
+
+    def nvmlDeviceGetSerial(self, h):
+        return self._dev(h, "serial")
+
+    def nvmlDeviceGetVbiosVersion(self, h):
+        return self._dev(h, "vbios")
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return _Pci(self._dev(h, "pci_bus_id"))
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        total = int(self._dev(h, "memory_total"))
+        return _Mem(total, total, 0)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return int(self._dev(h, "power_limit_mw"))
+
+    def nvmlDeviceGetClockInfo(self, h, ctype):
+        c = self._dev(h, "clocks")
+        return int(c["sm" if ctype == 1 else "mem"])
+
+    def nvmlDeviceGetMaxClockInfo(self, h, ctype):
+        c = self._dev(h, "clocks")
+        return int(c["sm_max" if ctype == 1 else "mem_max"])
+
+    def nvmlDeviceGetPersistenceMode(self, h):
+        return int(self._dev(h, "persistence"))
+
+    def nvmlDeviceGetMigMode(self, h):
+        return list(self._dev(h, "mig"))
+
+    # --- health -------------------------------------------------------------------------
+    def _pcie(self, h, key):
+        p = self._dev(h, "pcie")
+        if key not in p:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(p[key])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
+        return self._pcie(h, "gen_current")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
+        return self._pcie(h, "gen_max")
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h):
+        return self._pcie(h, "gen_gpu_max")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return self._pcie(h, "width_current")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
+        return self._pcie(h, "width_max")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return int(self._dev(h, "throttle_mask"))
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    def nvmlDeviceGetTotalEccErrors(self, h, etype, counter):
+        ecc = self._dev(h, "ecc")
+        key = f"{'corrected' if etype == 0 else 'uncorrected'}_{'volatile' if counter == 0 else 'aggregate'}"
+        return int(ecc[key])
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        corr, unc, pending, failed = self._dev(h, "remapped_rows")
+        return int(corr), int(unc), int(bool(pending)), int(bool(failed))
+
+    def _link(self, h, link):
+        links = self._dev(h, "nvlinks")
+        if not 0 <= link < len(links) or links[link] is None:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return links[link]
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        return int(self._link(h, link)["state"])
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
+        names = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
+        return int(self._link(h, link).get("errors", {}).get(names[counter], 0))
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
+        return _Pci(self._link(h, link).get("remote_bus_id", ""))
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return int(self._link(h, link).get("remote_type", 0))
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return _Util(int(self._dev(h, "utilization")), 0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [_Proc(int(p), 0) for p in self._dev(h, "processes")]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+        self._dev(a)
+        self._dev(b)
+        topo = self.facts.get("topology", {})
+        key = f"{min(a.index, b.index)},{max(a.index, b.index)}"
+        return int(topo.get(key, self.facts.get("topology_default", 40)))
+
+    def nvmlDeviceGetP2PStatus(self, a, b, caps):
+        self._dev(a)
+        self._dev(b)
+        p2p = self.facts.get("p2p", {})
+        return int(p2p.get(f"{a.index},{b.index}", self.facts.get("p2p_default", 0)))
+
+    # --- events ---------------------------------------------------------------------------
+    def nvmlEventSetCreate(self):
+        return {"handles": []}
+
+    def nvmlDeviceRegisterEvents(self, h, types, evset):
+        self._dev(h)
+        evset["handles"].append(h)
+
+    def nvmlEventSetWait_v2(self, evset, timeout_ms):
+        registered = {h.index for h in evset["handles"]}
+        for i, e in enumerate(self._events):
+            if e["gpu"] in registered:
+                self._events.pop(i)
+                return _Event(self.devices[e["gpu"]], self.nvmlEventTypeXidCriticalError, int(e["xid"]))
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, evset):
+        evset["handles"].clear()

@@ -1,0 +1,108 @@
+"""gpu_bandwidth: real copies on device "cpu", byte counting, and every gating skip via fake NVML."""
+import pytest
+
+from probes import gpu_gate, nvml, torch_util
+from probes.base import ProbeSkipped
+from probes.gpu_bandwidth import METRIC, Config, GpuBandwidth
+from tests.probes.gpu_support import ctx, fake, value
+
+SMALL = dict(device="cpu", d2d_bytes=4 << 20, host_bytes=2 << 20, warmup=1, repeats=3)
+
+
+def test_cpu_copies_produce_all_directions_with_median_and_dispersion(tmp_path):
+    r = GpuBandwidth().run(Config(**SMALL), ctx(tmp_path))
+    figs = {f.name: f for f in r.figures}
+    assert set(figs) == {"d2d", "h2d", "d2h"}
+    for d, f in figs.items():
+        assert len(f.repeats) == 3 and f.median > 0
+        assert f.labels == {"gpu": "0", "direction": d}
+        assert value(r, METRIC, gpu="0", direction=d) == f.median
+        assert {"mad", "cv", "min", "max"} <= set(f.dispersion)
+    assert r.parameters["device"] == "cpu" and r.parameters["timer"] == "perf_counter"
+    assert r.gpu_seconds["0"] > 0
+    assert r.extra["per_gpu"]["0"]["d2d_bytes"] == 4 << 20
+
+
+def test_byte_counting_d2d_read_plus_write_h2d_d2h_once(tmp_path, monkeypatch):
+    calls = []
+
+    def fixed(torch, device, fn):
+        fn()
+        calls.append(1)
+        return 0.01
+
+    monkeypatch.setattr(torch_util, "time_op", fixed)
+    r = GpuBandwidth().run(Config(**SMALL), ctx(tmp_path))
+    figs = {f.name: f.median for f in r.figures}
+    assert figs["d2d"] == pytest.approx(2 * (4 << 20) / 0.01)
+    assert figs["h2d"] == pytest.approx((2 << 20) / 0.01)
+    assert figs["d2h"] == pytest.approx((2 << 20) / 0.01)
+    assert len(calls) == 3 * (1 + 3)  # warm-up and repeats per direction
+    assert r.gpu_seconds["0"] == pytest.approx(0.12)  # warm-up counts as GPU time too
+
+
+def test_no_gpu_here_skips_with_no_gpu(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLEETCANARY_FAKE_NVML", raising=False)
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuBandwidth().run(Config(), ctx(tmp_path))
+    assert ei.value.reason == "no_gpu"
+
+
+def test_a_job_on_the_node_skips_with_gpu_busy(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_busy")
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuBandwidth().run(Config(), ctx(tmp_path))
+    assert ei.value.reason == "gpu_busy"
+    assert "[0, 1, 2, 3]" in ei.value.detail
+
+
+def test_allocated_gpus_skip_with_gpu_allocated(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuBandwidth().run(Config(), ctx(tmp_path, kube={"allocated_gpus": ["3"]}))
+    assert ei.value.reason == "gpu_allocated"
+
+
+def test_spent_budget_skips_with_budget(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    left = {str(i): 0.2 for i in range(8)}
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuBandwidth().run(Config(expected_gpu_seconds=1.0), ctx(tmp_path, gpu={"budget_left_seconds": left}))
+    assert ei.value.reason == "budget"
+
+
+def test_idle_healthy_node_passes_the_gate_then_torch_finds_no_cuda(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuBandwidth().run(Config(), ctx(tmp_path))
+    assert (ei.value.reason, ei.value.detail) == ("no_gpu", "torch sees no CUDA device")
+
+
+def test_gpu_policy_measures_only_the_idle_gpus(monkeypatch):
+    fake(monkeypatch, "h100_8gpu_busy")
+    with nvml.open_session() as s:
+        g = gpu_gate.gate(s, s.handles(), {"busy_utilization_ratio": 0.05}, {}, 1.0, policy="gpu")
+    assert [h.index for h in g.usable] == [4, 5, 6, 7]
+    assert g.skipped == {0: "gpu_busy", 1: "gpu_busy", 2: "gpu_busy", 3: "gpu_busy"}
+
+
+def test_utilization_alone_marks_a_gpu_busy(monkeypatch, tmp_path):
+    import json
+
+    facts = json.loads((fake(monkeypatch, "h100_8gpu_healthy")).read_text())
+    facts["devices"][5]["utilization"] = 40
+    p = tmp_path / "util.json"
+    p.write_text(json.dumps(facts))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(p))
+    with nvml.open_session() as s:
+        g = gpu_gate.gate(s, s.handles(), {"busy_utilization_ratio": 0.5}, {}, 1.0, policy="gpu")
+        assert 5 in [h.index for h in g.usable]
+        g = gpu_gate.gate(s, s.handles(), {"busy_utilization_ratio": 0.3}, {}, 1.0, policy="gpu")
+        assert g.skipped == {5: "gpu_busy"}
+
+
+def test_lost_gpu_is_not_touched(monkeypatch):
+    fake(monkeypatch, "h100_8gpu_gpu_lost")
+    with nvml.open_session() as s:
+        g = gpu_gate.gate(s, s.handles(), {}, {}, 1.0)
+    assert 4 not in [h.index for h in g.usable] and g.skipped == {4: "unsupported"}

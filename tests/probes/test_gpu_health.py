@@ -1,0 +1,118 @@
+"""gpu_health against fake NVML built from recorded node facts: every metric, every skip."""
+import pytest
+
+from exporter.daemon import class_path
+from exporter.isolation import run_isolated
+from exporter.store import ResultStore
+from probes.base import ProbeError, ProbeSkipped
+from probes.gpu_health import Config, GpuHealth
+from probes.nvml import THROTTLE_REASONS
+from tests.probes.gpu_support import FIXTURES, ctx, fake, samples, value
+
+P = "fleetcanary_gpu_"
+
+
+def run(tmp_path, **cfg):
+    return GpuHealth().run(Config(xid_wait_seconds=0.2, **cfg), ctx(tmp_path))
+
+
+def test_degraded_h100_node_shows_every_fault(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_degraded")
+    r = run(tmp_path, expected_gpus=8)
+    # identity and counts
+    infos = [k for k in samples(r) if k[0] == P + "info"]
+    assert len(infos) == 8
+    assert dict(infos[0][1])["model"] == "NVIDIA H100 80GB HBM3"
+    assert value(r, "fleetcanary_gpus_visible") == 8
+    assert value(r, "fleetcanary_gpus_healthy") == 8
+    assert value(r, "fleetcanary_gpus_expected") == 8
+    # the downtrained link on GPU 2, the healthy one on GPU 1
+    assert value(r, P + "pcie_link_width", gpu="2") == 8 and value(r, P + "pcie_link_width_max", gpu="2") == 16
+    assert value(r, P + "pcie_link_width", gpu="1") == 16
+    assert value(r, P + "pcie_link_generation", gpu="2") == 5 and value(r, P + "pcie_link_generation_max", gpu="2") == 5
+    # NVLink 7 of GPU 5 is down, with its error counters; the rest are up
+    assert value(r, P + "nvlink_up", gpu="5", link="7") == 0
+    assert value(r, P + "nvlink_up", gpu="5", link="6") == 1
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="7", counter="crc_flit") == 88211
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="7", counter="replay") == 1423
+    assert sum(1 for k in samples(r) if k[0] == P + "nvlink_up") == 8 * 18
+    # throttling on GPU 3, idle-only elsewhere
+    assert value(r, P + "clock_throttle_active", gpu="3", reason="hw_slowdown") == 1
+    assert value(r, P + "clock_throttle_active", gpu="3", reason="sw_thermal_slowdown") == 1
+    assert value(r, P + "clock_throttle_active", gpu="0", reason="hw_slowdown") == 0
+    assert value(r, P + "clock_throttle_active", gpu="0", reason="gpu_idle") == 1
+    assert sum(1 for k in samples(r) if k[0] == P + "clock_throttle_active") == 8 * len(THROTTLE_REASONS)
+    # ECC and the pending remapped row on GPU 6
+    assert value(r, P + "ecc_errors_total", gpu="6", type="uncorrected", counter="volatile") == 1
+    assert value(r, P + "ecc_errors_total", gpu="0", type="corrected", counter="aggregate") == 3
+    assert value(r, P + "remapped_rows_pending", gpu="6") == 1
+    assert value(r, P + "remapped_rows_total", gpu="6", cause="uncorrectable") == 1
+    assert value(r, P + "remapped_rows_failed", gpu="6") == 0
+    assert value(r, P + "remapped_rows_pending", gpu="0") == 0
+    # critical XIDs caught by the event wait
+    assert value(r, P + "xid_errors_total", gpu="6", xid="63") == 1
+    assert value(r, P + "xid_errors_total", gpu="6", xid="94") == 1
+    assert 0 <= value(r, P + "xid_watch_seconds_total") <= 1.0
+    assert [e["xid"] for e in r.extra["critical_xid_events"]] == [63, 94]
+    # modes and power
+    assert value(r, P + "persistence_mode", gpu="4") == 1
+    assert value(r, P + "mig_mode", gpu="4") == 0
+    assert value(r, P + "power_limit_watts", gpu="4") == 700
+    assert all(s.labels.get("gpu") != "" for s in r.samples)
+    assert r.touched == {"gpus": list(range(8)), "invasive": False}
+
+
+def test_gpu_fell_off_the_bus(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_gpu_lost")
+    r = run(tmp_path, expected_gpus=8)
+    assert value(r, P + "lost", gpu="4") == 1
+    assert value(r, P + "lost", gpu="3") == 0
+    assert value(r, "fleetcanary_gpus_visible") == 8
+    assert value(r, "fleetcanary_gpus_healthy") == 7
+    assert value(r, "fleetcanary_gpus_expected") == 8
+    assert len([k for k in samples(r) if k[0] == P + "info"]) == 7
+    assert value(r, P + "pcie_link_width", gpu="4") is None
+    assert r.extra["gpus"][4] == {"index": 4, "lost": True, "error": "GPU is lost"}
+
+
+def test_expected_count_comes_from_the_daemon_then_the_node_label(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    c = ctx(tmp_path, gpu={"expected_count": 8})
+    assert value(GpuHealth().run(Config(xid_wait_seconds=0), c), "fleetcanary_gpus_expected") == 8
+    c = ctx(tmp_path, kube={"expected_gpus": 4})
+    assert value(GpuHealth().run(Config(xid_wait_seconds=0), c), "fleetcanary_gpus_expected") == 4
+    r = GpuHealth().run(Config(xid_wait_seconds=0), ctx(tmp_path))
+    assert value(r, "fleetcanary_gpus_expected") is None
+    assert value(r, P + "xid_watch_seconds_total") == 0
+
+
+def test_no_driver_skips_with_no_gpu(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLEETCANARY_FAKE_NVML", raising=False)
+    with pytest.raises(ProbeSkipped) as ei:
+        run(tmp_path)
+    assert ei.value.reason == "no_gpu"
+
+
+def test_broken_nvml_is_a_failure_not_a_skip(tmp_path, monkeypatch):
+    p = tmp_path / "broken.json"
+    p.write_text('{"init_error": 999, "devices": []}')
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(p))
+    with pytest.raises(ProbeError) as ei:
+        run(tmp_path)
+    assert ei.value.reason == "nvml_error"
+
+
+def test_health_metrics_render_in_the_exposition_from_a_worker(tmp_path):
+    """Through a real worker process and the store: cumulative device counters are set, not summed."""
+    env = {"FLEETCANARY_FAKE_NVML": str(FIXTURES / "h100_8gpu_degraded.json")}
+    store = ResultStore({"gpu_health": GpuHealth}, ["gpu_health"])
+    for _ in range(2):
+        out = run_isolated("gpu_health", class_path(GpuHealth), {"xid_wait_seconds": 0.1},
+                           {"node_name": "", "state_dir": str(tmp_path), "gpu": {}, "kube": {}}, 30, env=env)
+        assert out.outcome == "success", out
+        store.apply(out)
+    text = store.exposition.decode()
+    assert 'fleetcanary_gpu_nvlink_errors_total{counter="crc_flit",gpu="5",link="7"} 88211.0' in text
+    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 2.0' in text  # events add up across runs
+    assert out.environment["gpu_model"] == "NVIDIA H100 80GB HBM3" and out.environment["gpu_count"] == 8
+    assert out.environment["driver_version"] == "550.90.07" and out.environment["cuda_driver_version"] == "12.4"

@@ -1,0 +1,70 @@
+"""gpu_p2p: the full ordered-pair matrix with real copies on device "cpu" and topology from fake NVML."""
+import pytest
+
+from probes.base import ProbeSkipped
+from probes.gpu_p2p import ACCESS, BIDI, BW, LINK, Config, GpuP2P
+from tests.probes.gpu_support import ctx, fake, samples, value
+
+SMALL = dict(device="cpu", bytes=1 << 20, warmup=0, repeats=2)
+
+
+def test_eight_gpu_hgx_matrix_with_nvlink_links(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    r = GpuP2P().run(Config(**SMALL), ctx(tmp_path))
+    bws = [k for k in samples(r) if k[0] == BW]
+    assert len(bws) == 8 * 7
+    assert all(v > 0 for k, v in samples(r).items() if k[0] == BW)
+    assert value(r, LINK, src_gpu="0", dst_gpu="7", link="nvlink") == 1
+    assert value(r, ACCESS, src_gpu="3", dst_gpu="2") == 1
+    assert r.extra["matrix"]["0->1"]["link"] == "nvlink"
+    assert set(r.gpu_seconds) == {str(i) for i in range(8)}
+
+
+def test_without_nvlink_the_pcie_topology_level_is_the_link(tmp_path, monkeypatch):
+    import json
+
+    facts = json.loads(fake(monkeypatch, "h100_8gpu_healthy").read_text())
+    for d in facts["devices"]:
+        d["nvlinks"] = []
+    p = tmp_path / "pcie.json"
+    p.write_text(json.dumps(facts))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(p))
+    r = GpuP2P().run(Config(**SMALL), ctx(tmp_path))
+    assert value(r, LINK, src_gpu="0", dst_gpu="1", link="pcie_multi_switch") == 1
+    assert value(r, LINK, src_gpu="0", dst_gpu="3", link="numa_node") == 1
+    assert value(r, LINK, src_gpu="0", dst_gpu="4", link="cross_socket") == 1
+
+
+def test_lost_gpu_leaves_the_matrix_of_the_rest(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_gpu_lost")
+    r = GpuP2P().run(Config(**SMALL), ctx(tmp_path))
+    pairs = {(dict(k[1])["src_gpu"], dict(k[1])["dst_gpu"]) for k in samples(r) if k[0] == BW}
+    assert len(pairs) == 7 * 6 and not any("4" in p for p in pairs)
+
+
+def test_bidirectional_counts_both_directions(tmp_path):
+    r = GpuP2P().run(Config(**SMALL, cpu_devices=3, bidirectional=True), ctx(tmp_path))
+    assert len([k for k in samples(r) if k[0] == BIDI]) == 3
+    assert len([k for k in samples(r) if k[0] == BW]) == 6
+    assert value(r, LINK, src_gpu="0", dst_gpu="1", link="unknown") == 1
+
+
+def test_single_gpu_node_skips_with_single_gpu(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_1gpu")
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuP2P().run(Config(), ctx(tmp_path))
+    assert ei.value.reason == "single_gpu"
+
+
+def test_busy_node_skips(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_busy")
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuP2P().run(Config(), ctx(tmp_path))
+    assert ei.value.reason == "gpu_busy"
+
+
+def test_no_gpu_here(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLEETCANARY_FAKE_NVML", raising=False)
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuP2P().run(Config(), ctx(tmp_path))
+    assert ei.value.reason == "no_gpu"
