@@ -116,3 +116,18 @@ def test_health_metrics_render_in_the_exposition_from_a_worker(tmp_path):
     assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 2.0' in text  # events add up across runs
     assert out.environment["gpu_model"] == "NVIDIA H100 80GB HBM3" and out.environment["gpu_count"] == 8
     assert out.environment["driver_version"] == "550.90.07" and out.environment["cuda_driver_version"] == "12.4"
+
+
+def test_recorded_h200_facts_replay(tmp_path, monkeypatch):
+    """Facts recorded on a real H200 by scripts/record-nvml-facts: a single SXM GPU in a VM,
+    no NVLink visible, PCIe Gen5 x16, idle clocks."""
+    fake(monkeypatch, "h200_1gpu_recorded")
+    r = run(tmp_path, expected_gpus=1)
+    assert value(r, "fleetcanary_gpus_visible") == 1 and value(r, "fleetcanary_gpus_healthy") == 1
+    assert value(r, P + "pcie_link_generation", gpu="0") == 5 and value(r, P + "pcie_link_width", gpu="0") == 16
+    assert not [k for k in samples(r) if k[0] == P + "nvlink_up"]
+    assert value(r, P + "clock_throttle_active", gpu="0", reason="gpu_idle") == 1
+    assert value(r, P + "remapped_rows_pending", gpu="0") == 0
+    assert value(r, P + "power_limit_watts", gpu="0") == 700
+    info = [dict(k[1]) for k in samples(r) if k[0] == P + "info"][0]
+    assert info["model"] == "NVIDIA H200" and info["pci_bus_id"] == "00000000:00:06.0"

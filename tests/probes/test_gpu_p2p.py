@@ -68,3 +68,10 @@ def test_no_gpu_here(tmp_path, monkeypatch):
     with pytest.raises(ProbeSkipped) as ei:
         GpuP2P().run(Config(), ctx(tmp_path))
     assert ei.value.reason == "no_gpu"
+
+
+def test_recorded_single_h200_skips(tmp_path, monkeypatch):
+    fake(monkeypatch, "h200_1gpu_recorded")
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuP2P().run(Config(device="cpu"), ctx(tmp_path))
+    assert ei.value.reason == "single_gpu"
