@@ -114,5 +114,8 @@ class MetricsServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        # shutdown() waits for serve_forever() to notice; it would block forever if the
+        # server was never started.
+        if self._thread.is_alive():
+            self.httpd.shutdown()
         self.httpd.server_close()

@@ -41,7 +41,7 @@ def _clean(v: Any) -> Any:
 
 
 def execute(job: dict[str, Any]) -> dict[str, Any]:
-    from probes.base import ProbeContext, ProbeError, ProbeSkipped
+    from probes.base import ProbeContext, ProbeError, ProbeSkipped, ProbeTimeout
 
     from . import environment
 
@@ -59,6 +59,8 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         out["record"] = result.record()
     except ProbeSkipped as exc:
         out.update(status="skipped", reason=exc.reason, detail=exc.detail)
+    except ProbeTimeout as exc:
+        out.update(status="timeout", reason=exc.reason, detail=exc.detail or str(exc))
     except ProbeError as exc:
         reason = exc.reason if exc.reason in cls.all_failure_reasons() else "other"
         out.update(status="failure", reason=reason, detail=exc.detail or str(exc))

@@ -7,6 +7,7 @@ for configuration and metric specs, and it never loads those.
 from __future__ import annotations
 
 from .base import Probe
+from .collectives import Collectives
 from .gpu_bandwidth import GpuBandwidth
 from .gpu_health import GpuHealth
 from .gpu_p2p import GpuP2P
@@ -17,6 +18,7 @@ PROBES: dict[str, type[Probe]] = {
     GpuHealth.name: GpuHealth,
     GpuBandwidth.name: GpuBandwidth,
     GpuP2P.name: GpuP2P,
+    Collectives.name: Collectives,
 }
 
 __all__ = ["PROBES", "Probe"]

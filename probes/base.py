@@ -61,6 +61,11 @@ class ProbeError(Exception):
         self.detail = detail
 
 
+class ProbeTimeout(ProbeError):
+    """The probe's own bounded wait ran out (a collective timed out): the run ends as a
+    ``timeout``, the same outcome as a deadline kill, with ``reason`` saying which wait."""
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """A metric a probe may emit. ``name`` is the full name, with the fleetcanary_ prefix."""

@@ -168,3 +168,19 @@ def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
     pids = [int(x) for f in pid_dir.iterdir() for x in f.read_text().split()]
     assert len(pids) >= 8
     wait_for(lambda: not any(pid_alive(x) for x in pids), timeout=5, what="no faulty probe process left")
+
+
+def test_gpu_seconds_feed_the_metric_and_the_hourly_budget(tmp_path):
+    cfg = {"state_dir": str(tmp_path), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
+           "probes": {"gpu_bandwidth": {"params": {"device": "cpu", "d2d_bytes": 4 << 20, "host_bytes": 2 << 20,
+                                                   "repeats": 2}}}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    out = d.run_probe("gpu_bandwidth")
+    assert out.outcome == "success", out
+    spent = out.record["gpu_seconds"]["0"]
+    assert spent > 0
+    assert d.budget.left()["0"] == 18.0 - spent
+    assert f'fleetcanary_gpu_probe_seconds_total{{gpu="0"}} {spent!r}' in d.store.exposition.decode()
+    d.server.stop()
