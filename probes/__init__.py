@@ -12,6 +12,8 @@ from .gpu_bandwidth import GpuBandwidth
 from .gpu_health import GpuHealth
 from .gpu_p2p import GpuP2P
 from .host_memory_bandwidth import HostMemoryBandwidth
+from .object_storage import ObjectStorage
+from .storage import Storage
 
 PROBES: dict[str, type[Probe]] = {
     HostMemoryBandwidth.name: HostMemoryBandwidth,
@@ -19,6 +21,8 @@ PROBES: dict[str, type[Probe]] = {
     GpuBandwidth.name: GpuBandwidth,
     GpuP2P.name: GpuP2P,
     Collectives.name: Collectives,
+    Storage.name: Storage,
+    ObjectStorage.name: ObjectStorage,
 }
 
 __all__ = ["PROBES", "Probe"]

@@ -1,0 +1,89 @@
+"""A test object server on 127.0.0.1 (HTTP, or HTTPS with a certificate the test makes).
+
+Behaviour per request, from the query string:
+  size=N          body bytes (default 1 MiB)          delay_ms=D    sleep before the response
+  rate=B          throttle the body to B bytes/second  status=S      answer with status S
+  stall=1         send headers, then no body           retry_after=N add Retry-After
+Honours Range: bytes=0-N. Records each request's path (without the query) for checks.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        parts = urlsplit(self.path)
+        q = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        self.server.requests.append({"path": parts.path, "headers": dict(self.headers)})
+        if "delay_ms" in q:
+            time.sleep(int(q["delay_ms"]) / 1000)
+        status = int(q.get("status", 200))
+        size = int(q.get("size", 1 << 20))
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes=0-") and status == 200:
+            size = min(size, int(rng.split("-")[1]) + 1)
+            status = 206
+        self.send_response(status)
+        self.send_header("Content-Length", str(size if status < 300 else 0))
+        self.send_header("Content-Type", "application/octet-stream")
+        if "retry_after" in q:
+            self.send_header("Retry-After", q["retry_after"])
+        self.end_headers()
+        self.wfile.flush()
+        if status >= 300:
+            return
+        if q.get("stall") == "1":
+            self.server.stop_event.wait(60)
+            return
+        rate = float(q.get("rate", 0))
+        chunk = 64 << 10
+        block = b"\xa5" * chunk
+        sent, t0 = 0, time.perf_counter()
+        try:
+            while sent < size:
+                n = min(chunk, size - sent)
+                self.wfile.write(block[:n])
+                sent += n
+                if rate:
+                    ahead = sent / rate - (time.perf_counter() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+class ObjectServer:
+    def __init__(self, tls_cert=None) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.requests = []
+        self.httpd.stop_event = threading.Event()
+        if tls_cert is not None:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls_cert.configure_cert(ctx)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self.scheme = "https" if tls_cert is not None else "http"
+        self.base = f"{self.scheme}://127.0.0.1:{self.port}"
+        self._t = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._t.start()
+
+    @property
+    def requests(self):
+        return self.httpd.requests
+
+    def close(self) -> None:
+        self.httpd.stop_event.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
