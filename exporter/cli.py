@@ -28,6 +28,8 @@ examples:
   fleetcanary once --probe host_memory_bandwidth --json
   fleetcanary check-config config.yaml     validate a config; exit 2 on any error
   kill -HUP <pid>                          reload the config (a bad file keeps the old one)
+  fleetcanary simulate-llm --itl-ms 10     a reference LLM server on 127.0.0.1:8000
+  fleetcanary loadtest http://127.0.0.1:8000/v1 --mode concurrency --slo-itl-p99 0.05
 """
 
 
@@ -130,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("probes", help="list the probes this build has")
     pr.set_defaults(func=cmd_probes)
+
+    from . import llm_simulator, loadtest
+
+    sim = sub.add_parser("simulate-llm", help="run the reference OpenAI-compatible streaming server")
+    llm_simulator.add_arguments(sim)
+    sim.set_defaults(func=llm_simulator.main)
+
+    lt = sub.add_parser("loadtest", help="find the highest request rate an LLM endpoint sustains within an SLO",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    loadtest.add_arguments(lt)
+    lt.set_defaults(func=loadtest.main)
     return p
 
 

@@ -98,6 +98,9 @@ class ResultStore:
                 st.failures[out.reason] = st.failures.get(out.reason, 0) + 1
             if out.outcome == "success":
                 st.last_success_ts = st.last_run_ts
+            if out.outcome in ("success", "failure") and out.samples:
+                # A failed run may carry what it measured (which target failed, a quality
+                # check at 0): published with the failure.
                 gauges: dict[str, dict[LabelKey, float]] = {}
                 cls = self.probes[out.probe]
                 for s in out.samples:

@@ -64,6 +64,9 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
     except ProbeError as exc:
         reason = exc.reason if exc.reason in cls.all_failure_reasons() else "other"
         out.update(status="failure", reason=reason, detail=exc.detail or str(exc))
+        if exc.result is not None:
+            out["samples"] = [{"metric": s.metric, "labels": s.labels, "value": s.value} for s in exc.result.samples]
+            out["record"] = exc.result.record()
     except Exception as exc:  # noqa: BLE001 - a probe bug is classified as a crash, never raised
         out.update(status="crash", reason="exception", detail=f"{type(exc).__name__}: {exc}",
                    traceback=traceback.format_exc(limit=8))

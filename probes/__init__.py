@@ -12,6 +12,7 @@ from .gpu_bandwidth import GpuBandwidth
 from .gpu_health import GpuHealth
 from .gpu_p2p import GpuP2P
 from .host_memory_bandwidth import HostMemoryBandwidth
+from .inference import Inference
 from .object_storage import ObjectStorage
 from .storage import Storage
 
@@ -23,6 +24,7 @@ PROBES: dict[str, type[Probe]] = {
     Collectives.name: Collectives,
     Storage.name: Storage,
     ObjectStorage.name: ObjectStorage,
+    Inference.name: Inference,
 }
 
 __all__ = ["PROBES", "Probe"]

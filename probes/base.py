@@ -53,12 +53,17 @@ class ProbeSkipped(Exception):
 
 
 class ProbeError(Exception):
-    """The probe ran and found something broken. ``reason`` is a bounded label value."""
+    """The probe ran and found something broken. ``reason`` is a bounded label value.
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    ``result``: what the run did measure (per-target success gauges, failure counters,
+    quality checks). It is published with the failure, so the evidence of what broke
+    reaches the metrics; the run still counts as a failure."""
+
+    def __init__(self, reason: str, detail: str = "", result: "ProbeResult | None" = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.result = result
 
 
 class ProbeTimeout(ProbeError):

@@ -215,7 +215,7 @@ class ObjectStorage(Probe):
         res.extra["failures"] = {k: {"reason": r, "detail": d} for k, (r, d) in failures.items()}
         if failures and len(failures) == len(config.targets):
             name, (reason, detail) = next(iter(failures.items()))
-            raise ProbeError(reason, f"{name}: {detail}")
+            raise ProbeError(reason, f"{name}: {detail}", result=res)
         return res
 
     @staticmethod

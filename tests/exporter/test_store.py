@@ -64,3 +64,14 @@ def test_gpu_seconds_accumulate_per_gpu():
     v = parse(store)
     assert v["fleetcanary_gpu_probe_seconds_total[('gpu', '0')]"] == 0.75
     assert v["fleetcanary_gpu_probe_seconds_total[('gpu', '1')]"] == 1.5
+
+
+def test_a_failed_run_publishes_the_evidence_it_carries():
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    store.apply(Outcome("ok", "failure", "other", samples=[
+        {"metric": "fleetcanary_test_fault_value", "labels": {"mode": "target_down"}, "value": 0.0}]))
+    v = parse(store)
+    assert v["fleetcanary_test_fault_value[('mode', 'target_down')]"] == 0.0
+    assert v["fleetcanary_probe_success[('probe', 'ok')]"] == 0.0
+    assert "fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]" not in v

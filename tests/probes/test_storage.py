@@ -130,3 +130,11 @@ def test_no_targets_skips(tmp_path):
 def test_relative_paths_are_refused():
     with pytest.raises(ValueError):
         Target(name="x", path="relative/dir")
+
+
+def test_a_single_failing_target_fails_the_run_but_publishes_its_counter(tmp_path):
+    with pytest.raises(ProbeError) as ei:
+        Storage().run(Config(targets=(target(tmp_path / "gone", name="gone"),)), ctx(tmp_path))
+    r = ei.value.result
+    assert value(r, P + "success", target="gone") == 0
+    assert value(r, P + "failures_total", target="gone", reason="path_missing") == 1

@@ -1,0 +1,267 @@
+"""Inference canary for OpenAI-compatible LLM endpoints: TTFT, ITL, E2E, output
+tokens per second, quality and output stability, from a few requests per run.
+
+Per target and run:
+- golden prompts at temperature 0 with an expected answer (a regex): quality;
+- one streaming request with stream_options.include_usage: TTFT, ITL, E2E, tokens/s,
+  and output stability (the greedy output's hash against the first one seen for the
+  same model, kept in the state directory);
+- one non-streaming request: E2E;
+- a pair of requests sharing a long prefix, unique to the run: the TTFT of the second
+  against the first shows whether the prefix cache works.
+
+Timing definitions are those of probes/llm_client.py. A request that returns but
+fails its quality check counts as outcome quality_fail, and quality-failed requests
+are never observed into the latency histograms: performance without quality does
+not enter the figures.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from . import llm_client
+from .base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+
+P = "fleetcanary_inference_"
+LABELS = ("target", "model")
+# MLPerf Inference LLM limits (Llama 2 70B / Llama 3.1 8B / 405B: interactive TTFT 0.45-0.5 s,
+# TPOT 30-40 ms; server TTFT 2-6 s, TPOT 100-200 ms) are bucket edges, so the SLO ratios are exact.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.45, 0.5, 1.0, 2.0, 4.0, 6.0, 10.0, 30.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.175, 0.2, 0.5, 1.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+MARGIN = 0.5  # seconds of the deadline kept for the worker to report
+FILLER = ("Fleet canaries measure what users feel: the first token, the pace of the rest, and whether the "
+          "answer is still right. ")
+
+
+class Golden(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    check: str = Field(..., pattern=r"^[a-z0-9_]{1,40}$", description="Label value of this quality check.")
+    prompt: str = Field(..., min_length=1, description="Prompt sent at temperature 0.")
+    expect: str = Field(..., description="Regular expression the answer must match.")
+    max_tokens: int = Field(16, ge=1, le=4096, description="Output token limit.")
+
+    @field_validator("expect")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
+
+
+DEFAULT_GOLDEN = (
+    Golden(check="arithmetic", prompt="What is 17 + 25? Reply with the number only.", expect=r"\b42\b"),
+    Golden(check="capital", prompt="What is the capital of France? Answer in one word.", expect=r"(?i)\bparis\b"),
+)
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_.:-]{1,64}$", description="Label value for this endpoint.")
+    base_url: str = Field(..., description="OpenAI-compatible base URL, e.g. http://vllm:8000/v1.")
+    model: str = Field(..., min_length=1, max_length=128, description="Model name sent in requests; a label value.")
+    api: Literal["chat", "completions"] = Field("chat", description="chat/completions or completions.")
+    token_env: str | None = Field(None, description="Environment variable holding the bearer token.")
+    token_file: str | None = Field(None, description="File holding the bearer token.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers (values never logged).")
+    ca_file: str | None = Field(None, description="CA bundle for TLS verification.")
+    verify_tls: bool = Field(True, description="Verify the server certificate.")
+    connect_timeout_seconds: float = Field(5.0, gt=0, le=60, description="TCP and TLS connect timeout.")
+    read_timeout_seconds: float = Field(30.0, gt=0, le=600, description="Longest silence in a stream (a stall).")
+    request_timeout_seconds: float = Field(120.0, gt=0, le=3600, description="Whole-request timeout.")
+    golden: tuple[Golden, ...] = Field(DEFAULT_GOLDEN, description="Quality checks.")
+    stream_prompt: str = Field("Write a short paragraph about GPU clusters.", description="The streaming request.")
+    stream_max_tokens: int = Field(64, ge=2, le=8192, description="Output tokens of the streaming request.")
+    non_streaming: bool = Field(True, description="Send the non-streaming request.")
+    prefix_cache_pair: bool = Field(True, description="Send the shared-prefix pair.")
+    prefix_words: int = Field(1024, ge=16, le=100_000, description="Words of the shared prefix.")
+    extra_body: dict = Field(default_factory=dict, description="Extra request body fields (e.g. vLLM's ignore_eos).")
+
+    @model_validator(mode="after")
+    def _token_source(self) -> "Target":
+        if self.token_env and self.token_file:
+            raise ValueError("give at most one of token_env, token_file")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError("base_url must start with http:// or https://")
+        return self
+
+
+class Config(ProbeConfig):
+    targets: tuple[Target, ...] = Field((), description="Endpoints to probe. None configured: the probe skips.")
+
+
+def read_token(t: Target) -> str | None:
+    if t.token_env:
+        v = os.environ.get(t.token_env)
+        if not v:
+            raise ProbeError("other", f"target {t.name}: environment variable {t.token_env} is not set")
+        return v.strip()
+    if t.token_file:
+        try:
+            return Path(t.token_file).read_text().strip()
+        except OSError as exc:
+            raise ProbeError("other", f"target {t.name}: cannot read token_file: {exc.strerror}") from None
+    return None
+
+
+class Inference(Probe):
+    name = "inference"
+    Config = Config
+    failure_reasons = ("http_4xx", "http_429", "http_5xx", "connect_error", "timeout", "stream_error", "empty",
+                       "quality_fail")
+    default_interval_seconds = 60.0
+    default_timeout_seconds = 50.0
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec(P + "time_to_first_token_seconds", "histogram", "Send to the first chunk with content, reasoning "
+                   "content or tool calls (role-only and empty chunks excluded); streaming canary requests.",
+                   "seconds", LABELS, TTFT_BUCKETS),
+        MetricSpec(P + "inter_token_latency_seconds", "histogram", "(E2E - TTFT) / (output tokens - 1), tokens from "
+                   "usage.completion_tokens or else the chunk count.", "seconds", LABELS, ITL_BUCKETS),
+        MetricSpec(P + "request_duration_seconds", "histogram", "Send to the last content chunk (streaming) or the "
+                   "whole response (non-streaming).", "seconds", LABELS, E2E_BUCKETS),
+        MetricSpec(P + "requests_total", "counter", "Canary requests by outcome: success, http_4xx, http_429, "
+                   "http_5xx, connect_error, timeout, stream_error, empty, quality_fail.", "total",
+                   ("target", "model", "outcome")),
+        MetricSpec(P + "output_tokens_total", "counter", "Output tokens received by successful canary requests.",
+                   "total", LABELS),
+        MetricSpec(P + "output_tokens_per_second", "gauge", "Output tokens per second of the streaming request "
+                   "(tokens / E2E).", "tokens_per_second", LABELS),
+        MetricSpec(P + "quality_pass", "gauge", "1 if the golden prompt's answer matched its expected pattern.",
+                   "boolean", ("target", "check")),
+        MetricSpec(P + "output_stable", "gauge", "1 if the greedy output is unchanged since it was first seen for "
+                   "this model; 0 if it changed.", "boolean", ("target",)),
+        MetricSpec(P + "prefix_cache_ttft_ratio", "gauge", "TTFT of the second request of a shared-prefix pair over "
+                   "the first's; well under 1 when the prefix cache works.", "ratio", ("target",)),
+        MetricSpec(P + "retry_after_seconds", "gauge", "Retry-After of the last 429/503 answer.", "seconds",
+                   ("target",)),
+        MetricSpec(P + "success", "gauge", "1 if every canary request of the target succeeded in the last run.",
+                   "boolean", ("target",)),
+    )
+
+    def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
+        if not config.targets:
+            raise ProbeSkipped("not_configured", "no inference targets")
+        res = ProbeResult(touched={"targets": []})
+        failures = {}
+        for t in config.targets:
+            res.touched["targets"].append({"target": t.name, "model": t.model, "api": t.api,
+                                           "host": t.base_url.split("/")[2].rsplit("@", 1)[-1]})
+            outcome, detail = self._target(t, ctx, res)
+            res.samples.append(Sample(P + "success", {"target": t.name}, 1.0 if outcome == "success" else 0.0))
+            if outcome != "success":
+                failures[t.name] = (outcome, detail)
+        res.extra["failures"] = {k: {"outcome": o, "detail": d} for k, (o, d) in failures.items()}
+        if failures and len(failures) == len(config.targets):
+            name, (outcome, detail) = next(iter(failures.items()))
+            raise ProbeError(outcome, f"{name}: {detail}", result=res)
+        return res
+
+    def _target(self, t: Target, ctx: ProbeContext, res: ProbeResult) -> tuple[str, str]:
+        ep = llm_client.Endpoint(base_url=t.base_url, api=t.api, token=read_token(t), headers=dict(t.headers),
+                                 ca_file=t.ca_file, verify_tls=t.verify_tls, connect_timeout=t.connect_timeout_seconds,
+                                 read_timeout=t.read_timeout_seconds,
+                                 total_timeout=min(t.request_timeout_seconds,
+                                                   max(ctx.deadline_monotonic - time.monotonic() - MARGIN, 0.5)))
+        labels = {"target": t.name, "model": t.model}
+        requests: list[dict] = []
+        worst = ("success", "")
+
+        def note(kind: str, r: llm_client.RequestResult, outcome: str | None = None) -> None:
+            nonlocal worst
+            outcome = outcome or r.outcome
+            res.samples.append(Sample(P + "requests_total", {**labels, "outcome": outcome}, 1))
+            if r.retry_after is not None:
+                res.samples.append(Sample(P + "retry_after_seconds", {"target": t.name}, r.retry_after))
+            rec = {"kind": kind, **r.record(), "outcome": outcome}
+            requests.append(rec)
+            if outcome != "success" and worst[0] == "success":
+                worst = (outcome, f"{kind}: {r.detail or outcome}")
+            if outcome == "success":
+                res.samples.append(Sample(P + "output_tokens_total", labels, r.output_tokens))
+                if r.stream and r.ttft is not None:
+                    res.samples.append(Sample(P + "time_to_first_token_seconds", labels, r.ttft))
+                    if r.itl is not None:
+                        res.samples.append(Sample(P + "inter_token_latency_seconds", labels, r.itl))
+                if r.e2e is not None:
+                    res.samples.append(Sample(P + "request_duration_seconds", labels, r.e2e))
+
+        def call(prompt: str, max_tokens: int, stream: bool) -> llm_client.RequestResult:
+            if time.monotonic() > ctx.deadline_monotonic - MARGIN:
+                return llm_client.RequestResult(outcome="timeout", detail="no time left in the probe's deadline")
+            body = llm_client.build_body(t.api, t.model, prompt, max_tokens, stream, 0.0, t.extra_body)
+            return llm_client.request(ep, body)
+
+        # 1. golden prompts: quality
+        for g in t.golden:
+            r = call(g.prompt, g.max_tokens, True)
+            passed = r.outcome == "success" and re.search(g.expect, r.text) is not None
+            if r.outcome == "success":
+                res.samples.append(Sample(P + "quality_pass", {"target": t.name, "check": g.check},
+                                          1.0 if passed else 0.0))
+            note(f"golden:{g.check}", r, None if r.outcome != "success" else ("success" if passed else "quality_fail"))
+            requests[-1]["quality"] = {"check": g.check, "pass": passed}
+        # 2. the streaming request: latency, tokens/s and stability
+        r = call(t.stream_prompt, t.stream_max_tokens, True)
+        note("stream", r)
+        if r.outcome == "success":
+            tps = r.tokens_per_second()
+            if tps:
+                res.samples.append(Sample(P + "output_tokens_per_second", labels, tps))
+                res.figures.append(Figure("output_tokens_per_second", "tokens_per_second", [tps], dict(labels)))
+            res.figures.append(Figure("ttft", "seconds", [r.ttft], dict(labels), higher_is_better=False))
+            if r.itl is not None:
+                res.figures.append(Figure("itl", "seconds", [r.itl], dict(labels), higher_is_better=False))
+                res.figures.append(Figure("chunk_gap", "seconds", r.gaps or [r.itl], dict(labels),
+                                          higher_is_better=False))
+            stable = _stability(ctx.state_dir, t, r.text)
+            res.samples.append(Sample(P + "output_stable", {"target": t.name}, 1.0 if stable else 0.0))
+            res.extra.setdefault("stability", {})[t.name] = stable
+        # 3. non-streaming
+        if t.non_streaming:
+            note("non_stream", call(t.stream_prompt, t.stream_max_tokens, False))
+        # 4. shared-prefix pair, unique to this run so the first request is cold
+        if t.prefix_cache_pair:
+            prefix = f"[canary {uuid.uuid4().hex}] " + " ".join((FILLER * (t.prefix_words // 15 + 1)).split()[
+                :t.prefix_words])
+            a = call(prefix + " Question one: summarise.", 4, True)
+            note("prefix_first", a)
+            b = call(prefix + " Question two: summarise again.", 4, True)
+            note("prefix_second", b)
+            if a.ttft and b.ttft:
+                res.samples.append(Sample(P + "prefix_cache_ttft_ratio", {"target": t.name}, b.ttft / a.ttft))
+        res.extra.setdefault("requests", {})[t.name] = requests
+        return worst
+
+
+def _stability(state_dir: str, t: Target, text: str) -> bool:
+    """Compare the greedy output with the first one seen for this target, model and prompt."""
+    d = Path(state_dir) / "inference"
+    key = hashlib.sha256(f"{t.name}\0{t.model}\0{t.stream_prompt}\0{t.stream_max_tokens}".encode()).hexdigest()[:24]
+    path = d / f"{key}.json"
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    try:
+        first = json.loads(path.read_text())["output_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        first = None
+    if first is None:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"target": t.name, "model": t.model, "output_sha256": digest,
+                                       "first_seen": time.time()}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+        return True
+    return first == digest

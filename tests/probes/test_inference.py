@@ -1,0 +1,189 @@
+"""inference: the canary against the reference server over real HTTP, every stream edge case."""
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from probes import llm_client
+from probes.base import ProbeError, ProbeSkipped
+from probes.inference import Config, Golden, Inference, Target
+from tests.probes.gpu_support import ctx, samples, value
+from tests.support.llm import RawStreamServer, sim, sim_headers  # noqa: F401 - fixture
+
+P = "fleetcanary_inference_"
+
+
+def target(base, **kw):
+    return Target(name="llm", base_url=base, model="sim-model", prefix_words=64, stream_max_tokens=16, **kw)
+
+
+def run(tmp_path, *targets):
+    return Inference().run(Config(targets=tuple(targets)), ctx(tmp_path))
+
+
+def obs(r, metric):
+    return [s.value for s in r.samples if s.metric == metric]
+
+
+def outcomes(r):
+    return [dict(s.labels)["outcome"] for s in r.samples if s.metric == P + "requests_total"]
+
+
+def test_healthy_endpoint_all_figures(tmp_path, sim):
+    base, simulator = sim
+    r = run(tmp_path, target(base))
+    assert set(outcomes(r)) == {"success"} and len(outcomes(r)) == 2 + 1 + 1 + 2
+    assert value(r, P + "quality_pass", target="llm", check="arithmetic") == 1
+    assert value(r, P + "quality_pass", target="llm", check="capital") == 1
+    ttft = obs(r, P + "time_to_first_token_seconds")
+    assert len(ttft) == 5 and all(0.019 < t < 0.2 for t in ttft[:4])  # streaming: 2 golden + 1 + pair
+    assert ttft[4] < ttft[3]  # the second of the pair hits the prefix cache
+    itl = obs(r, P + "inter_token_latency_seconds")
+    assert any(0.0015 < x < 0.02 for x in itl)
+    assert len(obs(r, P + "request_duration_seconds")) == 6
+    assert value(r, P + "output_tokens_per_second", target="llm", model="sim-model") > 0
+    assert value(r, P + "output_stable", target="llm") == 1
+    assert value(r, P + "prefix_cache_ttft_ratio", target="llm") < 0.8  # the simulator's prefix cache
+    stream = [q for q in r.extra["requests"]["llm"] if q["kind"] == "stream"][0]
+    assert stream["token_count_source"] == "usage" and stream["output_tokens"] == 16 and stream["done"]
+    assert len(stream["gaps"]) == 15 and stream["done_seconds"] >= stream["e2e"]
+
+
+def test_role_only_first_chunk_does_not_count_as_first_token(sim):
+    base, _ = sim
+    ep = llm_client.Endpoint(base, headers=sim_headers(ttft_ms=80, role_chunk=True))
+    r = llm_client.request(ep, llm_client.build_body("chat", "m", "story", 8, True))
+    assert r.outcome == "success" and r.ttft >= 0.079
+
+
+def test_token_count_falls_back_to_chunks_without_usage(sim):
+    base, _ = sim
+    ep = llm_client.Endpoint(base, headers=sim_headers(usage=False))
+    r = llm_client.request(ep, llm_client.build_body("chat", "m", "story", 10, True))
+    assert r.token_count_source == "chunks" and r.output_tokens == 10
+    ep = llm_client.Endpoint(base, headers=sim_headers(tokens_per_chunk=4))
+    r = llm_client.request(ep, llm_client.build_body("chat", "m", "story", 12, True))
+    assert r.token_count_source == "usage" and r.output_tokens == 12 and len(r.chunk_times) == 3
+    assert r.itl == pytest.approx((r.e2e - r.ttft) / 11)
+
+
+@pytest.mark.parametrize("over,outcome", [
+    ({"crlf": True}, "success"),
+    ({"split_events": True}, "success"),
+    ({"coalesce": 4}, "success"),
+    ({"comments": True}, "success"),
+    ({"no_done": True}, "success"),
+    ({"error_event_after": 2}, "stream_error"),
+    ({"data_error_after": 2}, "stream_error"),
+    ({"non_json_after": 1}, "stream_error"),
+    ({"empty": True}, "empty"),
+    ({"stall_after_tokens": 2}, "timeout"),
+    ({"status": 429, "retry_after": 9}, "http_429"),
+    ({"status": 503, "retry_after": 2}, "http_5xx"),
+    ({"status": 400}, "http_4xx"),
+    ({"error_rate": 1.0}, "http_5xx"),
+])
+def test_every_stream_edge_case_is_classified(sim, over, outcome):
+    base, _ = sim
+    ep = llm_client.Endpoint(base, headers=sim_headers(**over), read_timeout=0.5)
+    r = llm_client.request(ep, llm_client.build_body("chat", "m", "story", 8, True))
+    assert r.outcome == outcome, (r.outcome, r.detail)
+    if "retry_after" in over:
+        assert r.retry_after == over["retry_after"]
+    if over == {"no_done": True}:
+        assert not r.done and r.close_seconds is not None and "without [DONE]" in r.detail
+    if over == {"comments": True}:
+        assert r.comments > 0
+    if outcome == "success":
+        assert r.output_tokens == 8 and r.text.count(" ") == 7
+
+
+def test_connect_error_and_completions_api(sim):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = llm_client.request(llm_client.Endpoint(f"http://127.0.0.1:{port}/v1"), {"model": "m", "stream": True})
+    assert r.outcome == "connect_error"
+    base, _ = sim
+    ep = llm_client.Endpoint(base, api="completions")
+    r = llm_client.request(ep, llm_client.build_body("completions", "m", "What is 2 + 3?", 4, True))
+    assert r.outcome == "success" and r.text.strip() == "5"
+
+
+def test_wrong_answers_fail_quality_and_stay_out_of_the_latency_figures(tmp_path, sim):
+    base, _ = sim
+    with pytest.raises(ProbeError) as ei:
+        run(tmp_path, target(base, headers=sim_headers(wrong_answers=True)))
+    assert ei.value.reason == "quality_fail"
+    r = ei.value.result  # the evidence is published with the failure
+    assert value(r, P + "quality_pass", target="llm", check="arithmetic") == 0
+    assert value(r, P + "success", target="llm") == 0
+    assert outcomes(r).count("quality_fail") == 2
+    assert len(obs(r, P + "time_to_first_token_seconds")) == 3  # only the stream and the pair
+
+
+def test_output_stability_flags_a_changed_greedy_output(tmp_path, sim):
+    base, _ = sim
+    assert value(run(tmp_path, target(base)), P + "output_stable", target="llm") == 1
+    changed = target(base, headers=sim_headers(seed=1))  # same prompt, same output: still stable
+    assert value(run(tmp_path, changed), P + "output_stable", target="llm") == 1
+    state = list((Path(tmp_path) / "inference").iterdir())
+    assert len(state) == 1
+    data = json.loads(state[0].read_text())
+    data["output_sha256"] = "0" * 64  # as if the model had answered differently before
+    state[0].write_text(json.dumps(data))
+    assert value(run(tmp_path, target(base)), P + "output_stable", target="llm") == 0
+
+
+def test_all_targets_failing_fails_the_probe_with_the_outcome(tmp_path, sim):
+    base, _ = sim
+    with pytest.raises(ProbeError) as ei:
+        run(tmp_path, target(base, headers=sim_headers(status=503)))
+    assert ei.value.reason == "http_5xx"
+
+
+def test_no_targets_skips(tmp_path):
+    with pytest.raises(ProbeSkipped):
+        Inference().run(Config(), ctx(tmp_path))
+
+
+def test_token_from_env_is_sent_and_required(tmp_path, sim, monkeypatch):
+    base, simulator = sim
+    simulator.settings.api_key = "sk-test-0123456789"
+    monkeypatch.setenv("LLM_TOKEN", "sk-test-0123456789")
+    r = run(tmp_path, target(base, token_env="LLM_TOKEN"))
+    assert set(outcomes(r)) == {"success"}
+    with pytest.raises(ProbeError) as ei:
+        run(tmp_path, target(base))
+    assert ei.value.reason == "http_4xx"
+    assert "sk-test" not in json.dumps(r.record(), default=str)
+
+
+def test_golden_regex_must_compile():
+    with pytest.raises(ValueError):
+        Golden(check="x", prompt="p", expect="(unclosed")
+
+
+@pytest.fixture(scope="module")
+def raw():
+    s = RawStreamServer()
+    yield s
+    s.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=300) | st.lists(st.sampled_from([
+    b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n", b": c\n\n", b"event: error\n\n",
+    b'data: {"error":{"message":"x"}}\n\n', b"data: nope\n\n", b"\r\n", b"data: {}\n\n", b'data: []\n\n',
+    b'data: {"choices":[{"delta":null}]}\n\n', b'data: {"choices":"x"}\n\n', b'data: {"usage":{"completion_tokens":"7"}}\n\n']),
+    max_size=8).map(b"".join))
+def test_fuzz_any_stream_ends_in_a_classified_outcome(raw, body):
+    raw.body = body
+    r = llm_client.request(llm_client.Endpoint(f"http://127.0.0.1:{raw.port}/v1", read_timeout=2),
+                           llm_client.build_body("chat", "m", "p", 4, True))
+    assert r.outcome in llm_client.OUTCOMES
