@@ -149,3 +149,12 @@ def test_run_with_bad_config_exits_2_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "exporter.cli", "run", "--config", str(p)],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and "timeout_seconds" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_shipped_example_config_is_valid():
+    r = check_config(str(ROOT / "config.example.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "8 probes enabled" in r.stdout or "probes enabled" in r.stdout
+    s = configmod.load(ROOT / "config.example.yaml", env={})
+    assert s.probe_entries()["storage"].params.targets[0].name == "local-nvme"
+    assert s.gpu.expected_count == 8
