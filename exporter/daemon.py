@@ -73,6 +73,7 @@ class Daemon:
         self.probe_map = dict(probe_map or PROBES)
         self.budget = GpuBudget(settings.gpu.budget_ratio)
         self.store = ResultStore(self.probe_map, self._enabled(settings))
+        self.store.set_enabled(self._enabled(settings), self._intervals(settings))
         self.store.set_environment(environment.collect(with_gpu=False))
         self.store.set_node_extra_labels(self._extra_node_labels(settings))
         self.history = self._history(settings)
@@ -87,6 +88,10 @@ class Daemon:
     @staticmethod
     def _enabled(settings) -> list[str]:
         return [n for n, e in settings.probe_entries().items() if e.enabled]
+
+    @staticmethod
+    def _intervals(settings) -> dict[str, float]:
+        return {n: e.interval_seconds for n, e in settings.probe_entries().items()}
 
     @staticmethod
     def _extra_node_labels(settings) -> dict[str, str]:
@@ -118,7 +123,7 @@ class Daemon:
             self.settings = new
             self.budget.ratio = new.gpu.budget_ratio
             self.history = self._history(new)
-        self.store.set_enabled(self._enabled(new))
+        self.store.set_enabled(self._enabled(new), self._intervals(new))
         self.store.set_node_extra_labels(self._extra_node_labels(new))
         self.scheduler.set_jobs(self._jobs())
         self.store.set_config_reload(True)

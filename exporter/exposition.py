@@ -28,6 +28,7 @@ EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_probe_skips_total", "counter", "Skipped probe runs by reason.", ("probe", "reason")),
     ("fleetcanary_probe_failures_total", "counter", "Failed probe runs by the probe's failure reason.", ("probe", "reason")),
     ("fleetcanary_probe_enabled", "gauge", "1 if the probe is enabled in the running config.", ("probe",)),
+    ("fleetcanary_probe_interval_seconds", "gauge", "The probe's configured interval; staleness alerts use it.", ("probe",)),
     ("fleetcanary_probe_invalid_samples_total", "counter", "Samples a probe returned that its metric specs do not declare; dropped.", ("probe",)),
     ("fleetcanary_gpu_probe_seconds_total", "counter", "GPU time spent by invasive probes, per GPU, seconds.", ("gpu",)),
     ("fleetcanary_config_last_reload_successful", "gauge", "1 if the last config load or reload succeeded; 0 keeps the previous config running.", ()),
@@ -56,11 +57,14 @@ class _StoreCollector:
         skips = CounterMetricFamily("fleetcanary_probe_skips", EXPORTER_METRICS[5][2], labels=["probe", "reason"])
         fails = CounterMetricFamily("fleetcanary_probe_failures", EXPORTER_METRICS[6][2], labels=["probe", "reason"])
         enabled = GaugeMetricFamily("fleetcanary_probe_enabled", EXPORTER_METRICS[7][2], labels=["probe"])
-        invalid = CounterMetricFamily("fleetcanary_probe_invalid_samples", EXPORTER_METRICS[8][2], labels=["probe"])
+        interval = GaugeMetricFamily("fleetcanary_probe_interval_seconds", EXPORTER_METRICS[8][2], labels=["probe"])
+        invalid = CounterMetricFamily("fleetcanary_probe_invalid_samples", EXPORTER_METRICS[9][2], labels=["probe"])
         for name in probes:
             st = s.state[name]
             cls = s.probes[name]
             enabled.add_metric([name], 1.0 if name in s.enabled else 0.0)
+            if name in s.intervals:
+                interval.add_metric([name], s.intervals[name])
             for outcome, n in st.runs.items():
                 runs.add_metric([name, outcome], n)
             # Pre-declare every reason at 0, so rate() and increase() see the first one.
@@ -75,7 +79,7 @@ class _StoreCollector:
                 last.add_metric([name], st.last_run_ts or 0.0)
             if st.last_success_ts is not None:
                 last_ok.add_metric([name], st.last_success_ts)
-        yield from (success, dur, last, last_ok, runs, skips, fails, enabled, invalid)
+        yield from (success, dur, last, last_ok, runs, skips, fails, enabled, interval, invalid)
 
         # Probe families, from their declared specs.
         for name in probes:
@@ -98,23 +102,23 @@ class _StoreCollector:
                         fam.add_metric([v2 for _, v2 in key], buckets, h.total)
                 yield fam
 
-        gpu = CounterMetricFamily("fleetcanary_gpu_probe_seconds", EXPORTER_METRICS[9][2], labels=["gpu"])
+        gpu = CounterMetricFamily("fleetcanary_gpu_probe_seconds", EXPORTER_METRICS[10][2], labels=["gpu"])
         for g, secs in sorted(s.gpu_seconds.items()):
             gpu.add_metric([g], secs)
         yield gpu
-        yield GaugeMetricFamily("fleetcanary_config_last_reload_successful", EXPORTER_METRICS[10][2], value=s.config_reload_ok)
-        yield GaugeMetricFamily("fleetcanary_config_last_reload_success_timestamp_seconds", EXPORTER_METRICS[11][2],
+        yield GaugeMetricFamily("fleetcanary_config_last_reload_successful", EXPORTER_METRICS[11][2], value=s.config_reload_ok)
+        yield GaugeMetricFamily("fleetcanary_config_last_reload_success_timestamp_seconds", EXPORTER_METRICS[12][2],
                                 value=s.config_reload_ts)
-        reloads = CounterMetricFamily("fleetcanary_config_reloads", EXPORTER_METRICS[12][2], labels=["result"])
+        reloads = CounterMetricFamily("fleetcanary_config_reloads", EXPORTER_METRICS[13][2], labels=["result"])
         for result, n in s.config_reloads.items():
             reloads.add_metric([result], n)
         yield reloads
-        yield CounterMetricFamily("fleetcanary_history_write_errors", EXPORTER_METRICS[13][2], value=s.history_write_errors)
-        yield GaugeMetricFamily("fleetcanary_start_time_seconds", EXPORTER_METRICS[14][2], value=s.start_time)
+        yield CounterMetricFamily("fleetcanary_history_write_errors", EXPORTER_METRICS[14][2], value=s.history_write_errors)
+        yield GaugeMetricFamily("fleetcanary_start_time_seconds", EXPORTER_METRICS[15][2], value=s.start_time)
         build = InfoMetricFamily("fleetcanary_build", "Build identity; value 1.")
         build.add_metric([], {"version": version(), "commit": git_commit(), "python_version": platform.python_version()})
         yield build
-        node = InfoMetricFamily("fleetcanary_node", EXPORTER_METRICS[16][2])
+        node = InfoMetricFamily("fleetcanary_node", EXPORTER_METRICS[17][2])
         node.add_metric([], s.node_labels())
         yield node
 

@@ -57,6 +57,7 @@ class ResultStore:
         self._lock = threading.Lock()
         self.probes = probes
         self.enabled = list(enabled)
+        self.intervals: dict[str, float] = {}
         self.state: dict[str, ProbeState] = {n: ProbeState() for n in probes}
         self.counters: dict[str, dict[LabelKey, float]] = defaultdict(dict)
         self.histograms: dict[str, dict[LabelKey, Histogram]] = defaultdict(dict)
@@ -147,9 +148,11 @@ class ResultStore:
                 self.config_reload_ts = time.time()
         self.rerender()
 
-    def set_enabled(self, enabled: list[str]) -> None:
+    def set_enabled(self, enabled: list[str], intervals: dict[str, float] | None = None) -> None:
         with self._lock:
             self.enabled = list(enabled)
+            if intervals is not None:
+                self.intervals = dict(intervals)
         self.rerender()
 
     def count_history_error(self) -> None:

@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""Generate the promtool tests for the peer-outlier alerts (alerts/tests/peers.test.yml).
+
+For every family of alerts/build.py, on a fleet of peers scraped every minute:
+- a degraded member fires at the right evaluation time with the expected labels and
+  annotations, and stays silent one minute before its `for:` has elapsed;
+- a pool of 4 (fewer than 5 peers) with the same degradation stays silent;
+- one junk run (a single run at half the value) stays silent;
+- +-3% noise on every member stays silent.
+The hard-failure and history alerts have hand-written tests beside it.
+"""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+HEALTHY = {"gpu_memory_bandwidth": 3.0e12, "gpu_p2p_bandwidth": 3.5e11, "collective_bus_bandwidth": 3.0e11,
+           "host_memory_bandwidth": 1.0e11, "storage_read": 2.0e9, "storage_first_byte": 0.002,
+           "inference_ttft": None}
+ENTITY_VALUES = {"gpu": "0", "direction": "d2d", "src_gpu": "0", "dst_gpu": "1", "collective": "all_reduce",
+                 "size_bytes": "67108864", "ranks": "8", "backend": "nccl", "op": "triad", "target": "nvme",
+                 "cache": "cold", "model": "llama"}
+
+
+def series_for_runs(runs: list[float], per_run: int) -> str:
+    return " ".join(f"{v:g}x{per_run - 1}" for v in runs)
+
+
+def fleet(f: build.Family, n_nodes: int, values: dict[int, list[float]], minutes: int) -> list[dict]:
+    per_run = f.interval_minutes if f.interval_minutes > 1 else 1
+    runs = minutes // per_run
+    out = []
+    for i in range(1, n_nodes + 1):
+        node = f"n{i}"
+        out.append({"series": f'fleetcanary_node_info{{node="{node}", pool="pool-a", cpu_model="Xeon 8480", '
+                              f'driver_version="550.90.07"}}', "values": f"1x{minutes}"})
+        if f.join in ("gpu_model", "node_model"):
+            out.append({"series": f'fleetcanary_gpu_info{{node="{node}", gpu="0", model="H100", uuid="GPU-{i}"}}',
+                        "values": f"1x{minutes}"})
+        labels = ", ".join(f'{k}="{ENTITY_VALUES[k]}"' for k in f.entity if k != "node")
+        if f.key == "inference_ttft":
+            # All observations of a run in one bucket: 0.05 < TTFT <= 0.1 (or 0.2 < TTFT <= 0.45 when slow).
+            slow = values[i][0] > 1
+            for le in build_ttft_buckets():
+                inc = 1 if (le >= 0.45 if slow else le >= 0.1) else 0
+                out.append({"series": f'fleetcanary_inference_time_to_first_token_seconds_bucket{{node="{node}", '
+                                      f'{labels}, le="{le:g}"}}', "values": f"0+{inc}x{minutes}"})
+            out.append({"series": f'fleetcanary_inference_time_to_first_token_seconds_bucket{{node="{node}", '
+                                  f'{labels}, le="+Inf"}}', "values": f"0+1x{minutes}"})
+            continue
+        runs_v = values[i][:runs] + [values[i][-1]] * max(0, runs - len(values[i]))
+        out.append({"series": f"{f.metric}{{node=\"{node}\", {labels}}}", "values": series_for_runs(runs_v, per_run)})
+    return out
+
+
+def build_ttft_buckets():
+    from probes.inference import TTFT_BUCKETS
+
+    return TTFT_BUCKETS
+
+
+def alert_name(f: build.Family) -> str:
+    return build.peer_alert(f)["alert"]
+
+
+def expected(f: build.Family, node: str, value_pct: str) -> dict:
+    a = build.peer_alert(f)
+    labels = {"severity": a["labels"]["severity"], "family": f.key, "node": node, "pool": "pool-a"}
+    for k in f.entity:
+        if k != "node":
+            labels[k] = ENTITY_VALUES[k]
+    if "model" in f.group and f.key != "inference_ttft":
+        labels["model"] = "H100"
+    if "cpu_model" in f.group:
+        labels["cpu_model"] = "Xeon 8480"
+    ent = ", ".join(f"{x} {labels[x]}" for x in f.entity)
+    desc = a["annotations"]["description"]
+    desc = desc.split(": ", 1)[1].replace("{{ $value | humanizePercentage }}", value_pct)
+    return {"exp_labels": labels, "exp_annotations": {"summary": a["annotations"]["summary"],
+                                                      "description": f"{ent}: {desc}",
+                                                      "runbook_url": a["annotations"]["runbook_url"]}}
+
+
+def tests_for(f: build.Family) -> list[dict]:
+    a = build.peer_alert(f)
+    for_m = int(a["for"].rstrip("m"))
+    per_run = max(f.interval_minutes, 1)
+    minutes = for_m + 4 * per_run + 120
+    base = 1.0
+    bad = 0.8 if f.higher_is_better else 1.25
+    name = alert_name(f)
+    rng = random.Random(f.key)
+    out = []
+    vals = {i: [base] for i in range(1, 7)}
+    vals[6] = [bad]
+    fire_at = for_m + 1
+    if f.key == "inference_ttft":
+        fire_at = for_m + 2  # the rate window needs two samples
+        pct = None
+    else:
+        pct = "20%" if f.higher_is_better else "25%"
+    healthy = HEALTHY[f.key]
+    scale = (lambda v: v * healthy) if healthy else (lambda v: v)
+    case = {"interval": "1m", "input_series": fleet(f, 6, {i: [scale(x) for x in v] for i, v in vals.items()}, minutes),
+            "alert_rule_test": [{"eval_time": f"{fire_at - 2}m", "alertname": name, "exp_alerts": []}]}
+    if pct:
+        case["alert_rule_test"].append({"eval_time": f"{fire_at}m", "alertname": name,
+                                        "exp_alerts": [expected(f, "n6", pct)]})
+    out.append(case)
+    # fewer than 5 peers
+    vals4 = {i: [base] for i in range(1, 5)}
+    vals4[4] = [bad]
+    out.append({"interval": "1m", "input_series": fleet(f, 4, {i: [scale(x) for x in v] for i, v in vals4.items()},
+                                                         minutes),
+                "alert_rule_test": [{"eval_time": f"{minutes - 5}m", "alertname": name, "exp_alerts": []}]})
+    if f.key != "inference_ttft":
+        # one junk run
+        runs = minutes // per_run
+        junk = {i: [base] * runs for i in range(1, 7)}
+        junk[6] = [base] * 3 + [0.5 if f.higher_is_better else 2.0] + [base] * (runs - 4)
+        out.append({"interval": "1m", "input_series": fleet(f, 6, {i: [scale(x) for x in v] for i, v in junk.items()},
+                                                             minutes),
+                    "alert_rule_test": [{"eval_time": f"{m}m", "alertname": name, "exp_alerts": []}
+                                        for m in range(per_run * 4, minutes, max(per_run, 15))][:12]})
+        # +-3% noise
+        noise = {i: [base * rng.uniform(0.97, 1.03) for _ in range(runs)] for i in range(1, 7)}
+        out.append({"interval": "1m", "input_series": fleet(f, 6, {i: [scale(x) for x in v] for i, v in noise.items()},
+                                                             minutes),
+                    "alert_rule_test": [{"eval_time": f"{m}m", "alertname": name, "exp_alerts": []}
+                                        for m in range(for_m, minutes, max(per_run, 15))][:12]})
+    return out
+
+
+def render() -> str:
+    doc = {"rule_files": ["../fleetcanary.rules.yml", "../fleetcanary.alerts.yml"], "evaluation_interval": "1m",
+           "tests": [t for f in build.FAMILIES for t in tests_for(f)]}
+    return ("# Generated by alerts/build_tests.py; do not edit.\n" +
+            yaml.safe_dump(doc, sort_keys=False, width=200))
+
+
+
+
+
+# --------------------------------------------------------------------------- hard failures
+def _render(text: str, labels: dict[str, str], value: str) -> str:
+    import re
+
+    text = re.sub(r"\{\{ \$value[^}]*\}\}", value, text)
+    return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), text)
+
+
+def _alert(name: str) -> dict:
+    for g in build.build()[1]["groups"]:
+        for r in g["rules"]:
+            if r["alert"] == name:
+                return r
+    raise KeyError(name)
+
+
+def exp(name: str, labels: dict[str, str], value: str) -> dict:
+    a = _alert(name)
+    ann = {k: _render(v, labels, value) for k, v in a["annotations"].items()}
+    return {"exp_labels": {**a["labels"], **labels}, "exp_annotations": ann}
+
+
+def case(name: str, series: list[tuple[str, str]], silent_at: str | None, fire_at: str, labels: dict[str, str],
+         value: str) -> dict:
+    checks = []
+    if silent_at:
+        checks.append({"eval_time": silent_at, "alertname": name, "exp_alerts": []})
+    checks.append({"eval_time": fire_at, "alertname": name, "exp_alerts": [exp(name, labels, value)]})
+    return {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": checks}
+
+
+def silent(name: str, series: list[tuple[str, str]], at: str) -> dict:
+    return {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": []}]}
+
+
+def hard_cases() -> list[dict]:
+    n = 'node="n1"'
+    ttft_buckets = [(f'fleetcanary_inference_time_to_first_token_seconds_bucket{{{n}, target="llm", model="m", '
+                     f'le="{le}"}}', f"0+{inc}x60") for le, inc in (("1", 0), ("2", 0), ("4", 1), ("+Inf", 1))]
+    itl_buckets = [(f'fleetcanary_inference_inter_token_latency_seconds_bucket{{{n}, target="llm", model="m", '
+                    f'le="{le}"}}', f"0+{inc}x60") for le, inc in (("0.1", 0), ("0.2", 0), ("0.5", 1), ("+Inf", 1))]
+    return [
+        case("FleetCanaryProbeFailing", [(f'fleetcanary_probe_runs_total{{{n}, probe="storage", outcome="failure"}}',
+                                          "0+0.1x120")],
+             "20m", "75m", {"node": "n1", "probe": "storage"}, "6"),
+        case("FleetCanaryProbeStale", [(f'fleetcanary_probe_last_success_timestamp_seconds{{{n}, probe="gpu_health"}}',
+                                        "0x60"),
+                                       (f'fleetcanary_probe_interval_seconds{{{n}, probe="gpu_health"}}', "60x60"),
+                                       (f'fleetcanary_probe_enabled{{{n}, probe="gpu_health"}}', "1x60"),
+                                       (f'fleetcanary_probe_runs_total{{{n}, probe="gpu_health", outcome="skipped"}}',
+                                        "0x60")],
+             "10m", "30m", {"node": "n1", "probe": "gpu_health"}, "30m 0s"),
+        silent("FleetCanaryProbeStale", [(f'fleetcanary_probe_last_success_timestamp_seconds{{{n}, probe="gpu_bandwidth"}}',
+                                          "0x60"),
+                                         (f'fleetcanary_probe_interval_seconds{{{n}, probe="gpu_bandwidth"}}', "60x60"),
+                                         (f'fleetcanary_probe_enabled{{{n}, probe="gpu_bandwidth"}}', "1x60"),
+                                         (f'fleetcanary_probe_runs_total{{{n}, probe="gpu_bandwidth", outcome="skipped"}}',
+                                          "0+1x60")], "40m"),
+        case("FleetCanaryGPUsMissing", [(f"fleetcanary_gpus_healthy{{{n}}}", "7x30"),
+                                        (f"fleetcanary_gpus_expected{{{n}}}", "8x30")], "4m", "6m", {"node": "n1"},
+             "7"),
+        silent("FleetCanaryGPUsMissing", [(f"fleetcanary_gpus_healthy{{{n}}}", "8x30"),
+                                          (f"fleetcanary_gpus_expected{{{n}}}", "8x30")], "20m"),
+        case("FleetCanaryGPULost", [(f'fleetcanary_gpu_lost{{{n}, gpu="4"}}', "1x30")], "1m", "3m",
+             {"node": "n1", "gpu": "4"}, "1"),
+        case("FleetCanaryPCIeLinkWidthDegraded", [(f'fleetcanary_gpu_pcie_link_width{{{n}, gpu="2"}}', "8x30"),
+                                                  (f'fleetcanary_gpu_pcie_link_width_max{{{n}, gpu="2"}}', "16x30")],
+             "14m", "16m", {"node": "n1", "gpu": "2"}, "8"),
+        case("FleetCanaryPCIeLinkGenerationDegraded",
+             [(f'fleetcanary_gpu_pcie_link_generation{{{n}, gpu="1"}}', "3x40"),
+              (f'fleetcanary_gpu_pcie_link_generation_max{{{n}, gpu="1"}}', "5x40"),
+              (f'fleetcanary_gpu_clock_throttle_active{{{n}, gpu="1", reason="gpu_idle"}}', "0x40")],
+             "29m", "31m", {"node": "n1", "gpu": "1"}, "3"),
+        silent("FleetCanaryPCIeLinkGenerationDegraded",
+               [(f'fleetcanary_gpu_pcie_link_generation{{{n}, gpu="1"}}', "1x40"),
+                (f'fleetcanary_gpu_pcie_link_generation_max{{{n}, gpu="1"}}', "5x40"),
+                (f'fleetcanary_gpu_clock_throttle_active{{{n}, gpu="1", reason="gpu_idle"}}', "1x40")], "35m"),
+        case("FleetCanaryNVLinkDown", [(f'fleetcanary_gpu_nvlink_up{{{n}, gpu="5", link="7"}}', "0x30")], "4m", "6m",
+             {"node": "n1", "gpu": "5", "link": "7"}, "0"),
+        case("FleetCanaryGPUCriticalXid", [(f'fleetcanary_gpu_xid_errors_total{{{n}, gpu="6", xid="79"}}',
+                                            "0x10 1x50")], "9m", "12m", {"node": "n1", "gpu": "6", "xid": "79"},
+             "1.0714285714285714"),
+        case("FleetCanaryGPUUncorrectableECC",
+             [(f'fleetcanary_gpu_ecc_errors_total{{{n}, gpu="6", type="uncorrected", counter="volatile"}}',
+               "0x10 2x70")], "9m", "80m", {"node": "n1", "gpu": "6", "type": "uncorrected", "counter": "volatile"},
+             "2"),
+        case("FleetCanaryGPURowRemapPending", [(f'fleetcanary_gpu_remapped_rows_pending{{{n}, gpu="6"}}', "1x30")],
+             "4m", "6m", {"node": "n1", "gpu": "6"}, "1"),
+        case("FleetCanaryGPURowRemapFailed", [(f'fleetcanary_gpu_remapped_rows_failed{{{n}, gpu="6"}}', "0 1x30")],
+             "0m", "2m", {"node": "n1", "gpu": "6"}, "1"),
+        case("FleetCanaryCollectiveWrongResult",
+             [(f'fleetcanary_probe_failures_total{{{n}, probe="collectives", reason="wrong_result"}}', "0x10 1x200")],
+             "9m", "130m", {"node": "n1", "probe": "collectives", "reason": "wrong_result"}, "1"),
+        case("FleetCanaryInferenceErrors",
+             [(f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="success"}}', "0+1x60"),
+              (f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="http_5xx"}}', "0+1x60")],
+             "10m", "40m", {"node": "n1", "target": "llm", "model": "m"}, "50%"),
+        case("FleetCanaryInferenceTTFTSLOBreach", ttft_buckets, "10m", "50m",
+             {"node": "n1", "target": "llm", "model": "m"}, "3.9s"),
+        case("FleetCanaryInferenceITLSLOBreach", itl_buckets, "10m", "50m",
+             {"node": "n1", "target": "llm", "model": "m"}, "485ms"),
+        case("FleetCanaryInferenceQualityFailing",
+             [(f'fleetcanary_inference_quality_pass{{{n}, target="llm", check="arithmetic"}}', "0x30")],
+             "9m", "11m", {"node": "n1", "target": "llm", "check": "arithmetic"}, "0"),
+        case("FleetCanaryInferenceOutputChanged", [(f'fleetcanary_inference_output_stable{{{n}, target="llm"}}',
+                                                    "0x40")], "29m", "31m", {"node": "n1", "target": "llm"}, "0"),
+        case("FleetCanaryExporterDown", [(f'up{{{n}, job="fleetcanary", instance="10.0.0.1:9835"}}', "0x30")],
+             "4m", "6m", {"node": "n1", "job": "fleetcanary", "instance": "10.0.0.1:9835"}, "0"),
+        case("FleetCanaryConfigReloadFailed", [(f"fleetcanary_config_last_reload_successful{{{n}}}", "0x30")],
+             "4m", "6m", {"node": "n1"}, "0"),
+    ]
+
+
+def history_cases() -> list[dict]:
+    """Every history family on one node over 3 days, then a 15% drop (a 15% rise for latency
+    would not apply: history families are all higher-is-better); with and without a driver
+    change at the drop."""
+    day = 1440
+    drop_at = 3 * day
+    total = drop_at + 240
+    fams = [f for f in build.FAMILIES if f.history]
+    common = [('fleetcanary_gpu_info{node="n1", gpu="0", model="H100", uuid="GPU-1"}', f"1x{total}")]
+    for f in fams:
+        labels = ", ".join(f'{k}="{ENTITY_VALUES[k]}"' for k in f.entity if k != "node")
+        h = HEALTHY[f.key]
+        common.append((f'{f.metric}{{node="n1", {labels}}}', f"{h:g}x{drop_at - 1} {0.85 * h:g}x{total - drop_at}"))
+    info = 'fleetcanary_node_info{{node="n1", pool="pool-a", cpu_model="Xeon 8480", driver_version="{}"}}'
+    same_driver = [(info.format("550.90.07"), f"1x{total}")]
+    new_driver = [(info.format("550.90.07"), f"1x{drop_at - 1}"),
+                  (info.format("570.124.06"), f"_x{drop_at - 1} 1x{total - drop_at}")]
+    fire = f"{drop_at + 195}m"
+    before = f"{drop_at + 30}m"
+    same, changed = [], []
+    for f in fams:
+        # `ignoring(model, cpu_model, pool)` in the history ratio drops those labels
+        labels = {k: ENTITY_VALUES.get(k, "n1") for k in f.entity}
+        labels["node"] = "n1"
+        reg, drv = [a["alert"] for a in build.history_alerts(f)]
+        extra = {"family": f.key}
+        same += [{"eval_time": before, "alertname": reg, "exp_alerts": []},
+                 {"eval_time": fire, "alertname": reg, "exp_alerts": [_with(exp(reg, labels, "85%"), extra)]},
+                 {"eval_time": fire, "alertname": drv, "exp_alerts": []}]
+        changed += [{"eval_time": fire, "alertname": reg, "exp_alerts": []},
+                    {"eval_time": fire, "alertname": drv, "exp_alerts": [_with(exp(drv, labels, "85%"), extra)]}]
+    return [
+        {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in common + same_driver],
+         "alert_rule_test": same},
+        {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in common + new_driver],
+         "alert_rule_test": changed},
+    ]
+
+
+def _with(e: dict, labels: dict) -> dict:
+    e["exp_labels"].update(labels)
+    return e
+
+
+def render_more() -> dict[str, str]:
+    head = "# Generated by alerts/build_tests.py; do not edit.\n"
+    files = ["../fleetcanary.rules.yml", "../fleetcanary.alerts.yml"]
+    return {
+        "hard_failures.test.yml": head + yaml.safe_dump({"rule_files": files, "evaluation_interval": "1m",
+                                                         "tests": hard_cases()}, sort_keys=False, width=200),
+        "history.test.yml": head + yaml.safe_dump({"rule_files": files, "evaluation_interval": "1m",
+                                                   "tests": history_cases()}, sort_keys=False, width=200),
+    }
+
+
+def outputs() -> dict[str, str]:
+    return {"peers.test.yml": render(), **render_more()}
+
+
+def main() -> int:
+    (HERE / "tests").mkdir(exist_ok=True)
+    for name, text in outputs().items():
+        (HERE / "tests" / name).write_text(text)
+        print(f"wrote alerts/tests/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    sys.exit(main())

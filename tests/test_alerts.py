@@ -1,0 +1,90 @@
+"""Rules and alerts: promtool clean and tested, generated files current, runbooks and names complete."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.helpers import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERTS = ROOT / "alerts"
+sys.path.insert(0, str(ALERTS))
+
+import build  # noqa: E402
+import build_tests  # noqa: E402
+
+
+def all_alerts():
+    return [r for g in yaml.safe_load((ALERTS / "fleetcanary.alerts.yml").read_text())["groups"] for r in g["rules"]]
+
+
+def test_generated_rules_tests_and_runbooks_are_current():
+    for name, text in build.render().items():
+        assert (ALERTS / name).read_text() == text, f"alerts/{name} is stale: run python alerts/build.py"
+    for name, text in build_tests.outputs().items():
+        assert (ALERTS / "tests" / name).read_text() == text, f"{name} is stale: run python alerts/build_tests.py"
+
+
+def test_promtool_check_rules_is_clean():
+    promtool = require_binary("promtool")
+    r = subprocess.run([promtool, "check", "rules", str(ALERTS / "fleetcanary.rules.yml"),
+                        str(ALERTS / "fleetcanary.alerts.yml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("test_file", sorted(p.name for p in (ALERTS / "tests").glob("*.test.yml")))
+def test_promtool_rule_tests_pass(test_file):
+    promtool = require_binary("promtool")
+    r = subprocess.run([promtool, "test", "rules", test_file], capture_output=True, text=True, timeout=900,
+                       cwd=ALERTS / "tests")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_every_alert_follows_the_conventions_and_is_tested():
+    tests_text = "".join(p.read_text() for p in (ALERTS / "tests").glob("*.test.yml"))
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+    for a in all_alerts():
+        name = a["alert"]
+        assert re.match(r"^FleetCanary[A-Z][A-Za-z0-9]+$", name)
+        assert a["labels"]["severity"] in ("critical", "warning", "info")
+        assert {"summary", "description", "runbook_url"} <= set(a["annotations"])
+        assert a["annotations"]["runbook_url"].endswith("#" + name.lower())
+        assert f"\n## {name}\n" in runbooks
+        assert f"alertname: {name}" in tests_text, f"{name} has no promtool test"
+
+
+def known_names() -> set[str]:
+    from exporter.exposition import EXPORTER_METRICS
+    from probes import PROBES
+
+    names = {m[0] for m in EXPORTER_METRICS} | {"up"}
+    for cls in PROBES.values():
+        for s in cls.metrics:
+            names.add(s.name)
+            if s.type == "histogram":
+                names |= {s.name + "_bucket", s.name + "_sum", s.name + "_count"}
+    for g in yaml.safe_load((ALERTS / "fleetcanary.rules.yml").read_text())["groups"]:
+        names |= {r["record"] for r in g["rules"]}
+    return names
+
+
+def test_rules_and_alerts_use_only_defined_metric_names():
+    known = known_names()
+    used = set()
+    for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
+        for g in yaml.safe_load((ALERTS / f).read_text())["groups"]:
+            for r in g["rules"]:
+                used |= set(re.findall(r"\b((?:[a-z_]+:)?fleetcanary_[a-z0-9_]+(?::[a-z0-9_]+)?)", r["expr"]))
+    unknown = sorted(u for u in used if u not in known)
+    assert not unknown, f"undefined metric names in rules: {unknown}"
+
+
+def test_alertmanager_example_is_valid():
+    amtool = require_binary("amtool")
+    r = subprocess.run([amtool, "check-config", str(ALERTS / "alertmanager.example.yml")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
