@@ -109,19 +109,21 @@ def peer_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     worse = "slower than" if lower else "below"
     return (f"The {family_title} of this node or GPU has been {worse} the median of its peers (same GPU model and "
-            "pool, same size or direction) by at least 10% and by more than 5 median absolute deviations, with 5 "
+            "pool, same size or direction) by at least its floor (10%; 4% for GPU memory bandwidth) and by more than 5 median absolute deviations, with 5 "
             "or more peers, for several probe intervals.", checks, causes)
 
 
 def regression_text(family_title: str, key: str) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} is 10% or more below its own median over the previous 3 days, and the driver did "
+    return (f"The {family_title} is below its own median over the previous 3 days by its floor (10%; 4% for GPU "
+            "memory bandwidth) or more, and the driver did "
             "not change in that time.", checks, causes)
 
 
 def driver_text(family_title: str, key: str) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} dropped 10% or more against its median from before a driver change on this node "
+    return (f"The {family_title} dropped by its floor (10%; 4% for GPU memory bandwidth) or more against its "
+            "median from before a driver change on this node "
             "in the last day: the guide's before/after upgrade check.",
             "Compare with nodes still on the old driver (`fleetcanary_node_info` by driver_version); `fleetcanary "
             "compare` on the result histories before and after. " + checks,
