@@ -62,14 +62,14 @@ def main() -> int:
         ep = llm_client.Endpoint(base)
         results: list[llm_client.RequestResult] = []
         lock = threading.Lock()
-        todo = list(range(args.requests))
+        remaining = list(range(args.requests))
 
         def worker():
             while True:
                 with lock:
-                    if not todo:
+                    if not remaining:
                         return
-                    todo.pop()
+                    remaining.pop()
                 r = llm_client.request(ep, llm_client.build_body("chat", "m", "tell a story", args.tokens, True))
                 with lock:
                     results.append(r)

@@ -120,17 +120,7 @@ class GpuP2P(Probe):
                 if a == b:
                     continue
                 access = torch.cuda.can_device_access_peer(a, b) if kind == "cuda" else nvml_access.get((a, b), True)
-                times = []
-                for r in range(config.warmup + config.repeats):
-                    sync(a, b)
-                    t0 = time.perf_counter()
-                    recv[b].copy_(bufs[a], non_blocking=True)
-                    sync(a, b)
-                    t = time.perf_counter() - t0
-                    gpu_seconds[str(a)] += t
-                    gpu_seconds[str(b)] += t
-                    if r >= config.warmup:
-                        times.append(t)
+                times = _timed(lambda: recv[b].copy_(bufs[a], non_blocking=True), a, b, config, sync, gpu_seconds)
                 step = max(config.bytes // 4096, 1)
                 if not torch.equal(recv[b][::step].cpu(), bufs[a][::step].cpu()):
                     raise ProbeError("verification_failed", f"copy {a}->{b} differs from its source")
@@ -152,25 +142,35 @@ class GpuP2P(Probe):
 
     @staticmethod
     def _bidirectional(torch, kind, bufs, recv, a, b, config, sync, gpu_seconds) -> Figure:
-        times = []
-        for r in range(config.warmup + config.repeats):
-            sync(a, b)
-            t0 = time.perf_counter()
-            if kind == "cuda":
-                sa, sb = torch.cuda.Stream(a), torch.cuda.Stream(b)
-                with torch.cuda.stream(sa):
+        streams = (torch.cuda.Stream(a), torch.cuda.Stream(b)) if kind == "cuda" else None
+
+        def both_ways():
+            if streams:
+                with torch.cuda.stream(streams[0]):
                     recv[b].copy_(bufs[a], non_blocking=True)
-                with torch.cuda.stream(sb):
+                with torch.cuda.stream(streams[1]):
                     recv[a].copy_(bufs[b], non_blocking=True)
             else:
                 recv[b].copy_(bufs[a])
                 recv[a].copy_(bufs[b])
-            sync(a, b)
-            t = time.perf_counter() - t0
-            gpu_seconds[str(a)] += t
-            gpu_seconds[str(b)] += t
-            if r >= config.warmup:
-                times.append(t)
+
+        times = _timed(both_ways, a, b, config, sync, gpu_seconds)
         return Figure("p2p_bidirectional", "bytes_per_second", [2 * config.bytes / t for t in times],
                       {"src_gpu": str(a), "dst_gpu": str(b)})
 
+
+def _timed(copy, a: int, b: int, config: Config, sync, gpu_seconds: dict[str, float]) -> list[float]:
+    """Warm-up then timed copies between a and b: host clock around synchronize of both
+    devices; every copy's time counts as GPU time of both."""
+    times = []
+    for r in range(config.warmup + config.repeats):
+        sync(a, b)
+        t0 = time.perf_counter()
+        copy()
+        sync(a, b)
+        t = time.perf_counter() - t0
+        gpu_seconds[str(a)] += t
+        gpu_seconds[str(b)] += t
+        if r >= config.warmup:
+            times.append(t)
+    return times
