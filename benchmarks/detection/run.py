@@ -45,6 +45,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = 900  # 15 min: the gpu_bandwidth cadence
+EVAL = {"step": 900}  # rule evaluation and replay step (--eval-step)
 METRIC = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
 MODELS = {"H100": 3.0e12, "H200": 4.2e12}
 SIZES = (0.03, 0.05, 0.07, 0.10, 0.20)
@@ -157,7 +158,7 @@ class Prom:
         raise SystemExit("detection: prometheus did not become ready")
 
     def query_range(self, expr: str, start: int, end: int) -> list[dict]:
-        q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": STEP})
+        q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": EVAL["step"]})
         with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{q}", timeout=900) as r:
             data = json.loads(r.read())
         if data["status"] != "success":
@@ -222,8 +223,9 @@ def replay(series: list[dict], for_s: int, keep_s: int, end: int) -> dict[tuple,
         firing_since = None
         last_true = None
         for t in times:
-            if last_true is not None and t - last_true > STEP:  # condition went false in between
-                if firing_since is not None and t - last_true > keep_s + STEP:
+            step = EVAL["step"]
+            if last_true is not None and t - last_true > step:  # condition went false in between
+                if firing_since is not None and t - last_true > keep_s + step:
                     out[key].append((firing_since, last_true + keep_s))
                     firing_since = None
                 true_since = None
@@ -271,6 +273,8 @@ def main() -> int:
     ap.add_argument("--run-noise", type=float, default=0.006,
                     help="sigma of a run's published median (measured on an H200: ~0.2-0.3%%; default 2x that)")
     ap.add_argument("--gpu-spread", type=float, default=0.005, help="sigma of the per-GPU manufacturing spread")
+    ap.add_argument("--eval-step", type=int, default=15, metavar="MINUTES",
+                    help="rule evaluation and replay step; time to detect is quantized by it (live Prometheus: 1)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/detection.json"))
     args = ap.parse_args()
     for b in ("prometheus", "promtool"):
@@ -283,6 +287,7 @@ def main() -> int:
     start = now - steps * STEP - 3600
     end = start + (steps - 1) * STEP
     NOISE["run"] = args.run_noise
+    EVAL["step"] = args.eval_step * 60
     fleet, steps, driver_at, lost, _ = make_fleet(args.nodes, args.days, args.seed, start, args.gpu_spread)
     timings = {}
     try:
@@ -304,11 +309,15 @@ def main() -> int:
         t = time.monotonic()
         for i, stage in enumerate(rule_stages(sorted(names))):
             prom = Prom(data, work / "prometheus.log")
-            rf = work / f"stage{i}.yml"
-            rf.write_text(yaml.safe_dump({"groups": [{"name": f"stage{i}", "interval": "15m", "rules": stage}]}))
+            # One file path and group name for every stage: Prometheus offsets a group's evaluations by a
+            # hash of its name and file, so all stages then evaluate at the same instants, as the rules of
+            # one live group do, instead of stacking up to one interval of lag per stage.
+            rf = work / "rules.yml"
+            ev = f"{EVAL['step'] // 60}m"
+            rf.write_text(yaml.safe_dump({"groups": [{"name": "fleetcanary-peers", "interval": ev, "rules": stage}]}))
             out = work / f"rules{i}"
             subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(start),
-                            "--end", str(end + 1), "--url", prom.url, "--eval-interval", "15m",
+                            "--end", str(end + 1), "--url", prom.url, "--eval-interval", ev,
                             "--output-dir", str(out), str(rf)], check=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
             prom.stop()
@@ -355,7 +364,7 @@ def main() -> int:
     print()
     print(f"detection on {args.nodes} nodes x 8 GPUs over {args.days:g} days ({len(fleet) * args.days:,.0f} GPU-days), "
           f"probe every 15 min, run noise {args.run_noise:.1%}, GPU spread {args.gpu_spread:.1%}, junk runs 0.5%; "
-          f"40 GPUs per degradation size; times quantized to the 15-min evaluation step")
+          f"40 GPUs per degradation size; times quantized to the {args.eval_step}-min evaluation step")
     head = f"{'rule':46} {'precision':>9} " + " ".join(f"{'rec ' + f'{s:.0%}':>7}" for s in SIZES) + \
         f" {'false/1k GPU-d':>14} {'TTD med/max min':>16}"
     print(head)
@@ -373,7 +382,7 @@ def main() -> int:
     print(f"GPU lost on day 3: fleetcanary_gpu_lost seen {lost_ttd:.0f} min after it fell off" if lost_ttd is not None
           else "GPU lost: not seen")
     print("timings: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) + f", total {time.monotonic() - t_all:.0f}s")
-    result = {"nodes": args.nodes, "gpus": len(fleet), "days": args.days, "rows": rows,
+    result = {"nodes": args.nodes, "gpus": len(fleet), "days": args.days, "rows": rows, "eval_step_minutes": args.eval_step,
               "noise": {"run": args.run_noise, "gpu_spread": args.gpu_spread, "junk_runs": 0.005},
               "driver_change": {"h100_gpus": len(h100), "detected": len(drv_hit), "false_on_h200": len(drv_false),
                                 "ttd_median_minutes": statistics.median(drv_ttd) / 60 if drv_ttd else None},
