@@ -42,6 +42,9 @@ EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 
 
+HELP = {name: help_text for name, _, help_text, _ in EXPORTER_METRICS}
+
+
 class _StoreCollector:
     def __init__(self, store) -> None:
         self.store = store
@@ -49,16 +52,16 @@ class _StoreCollector:
     def collect(self):
         s = self.store
         probes = list(s.probes)
-        success = GaugeMetricFamily("fleetcanary_probe_success", EXPORTER_METRICS[0][2], labels=["probe"])
-        dur = GaugeMetricFamily("fleetcanary_probe_duration_seconds", EXPORTER_METRICS[1][2], labels=["probe"])
-        last = GaugeMetricFamily("fleetcanary_probe_last_run_timestamp_seconds", EXPORTER_METRICS[2][2], labels=["probe"])
-        last_ok = GaugeMetricFamily("fleetcanary_probe_last_success_timestamp_seconds", EXPORTER_METRICS[3][2], labels=["probe"])
-        runs = CounterMetricFamily("fleetcanary_probe_runs", EXPORTER_METRICS[4][2], labels=["probe", "outcome"])
-        skips = CounterMetricFamily("fleetcanary_probe_skips", EXPORTER_METRICS[5][2], labels=["probe", "reason"])
-        fails = CounterMetricFamily("fleetcanary_probe_failures", EXPORTER_METRICS[6][2], labels=["probe", "reason"])
-        enabled = GaugeMetricFamily("fleetcanary_probe_enabled", EXPORTER_METRICS[7][2], labels=["probe"])
-        interval = GaugeMetricFamily("fleetcanary_probe_interval_seconds", EXPORTER_METRICS[8][2], labels=["probe"])
-        invalid = CounterMetricFamily("fleetcanary_probe_invalid_samples", EXPORTER_METRICS[9][2], labels=["probe"])
+        success = GaugeMetricFamily("fleetcanary_probe_success", HELP["fleetcanary_probe_success"], labels=["probe"])
+        dur = GaugeMetricFamily("fleetcanary_probe_duration_seconds", HELP["fleetcanary_probe_duration_seconds"], labels=["probe"])
+        last = GaugeMetricFamily("fleetcanary_probe_last_run_timestamp_seconds", HELP["fleetcanary_probe_last_run_timestamp_seconds"], labels=["probe"])
+        last_ok = GaugeMetricFamily("fleetcanary_probe_last_success_timestamp_seconds", HELP["fleetcanary_probe_last_success_timestamp_seconds"], labels=["probe"])
+        runs = CounterMetricFamily("fleetcanary_probe_runs", HELP["fleetcanary_probe_runs_total"], labels=["probe", "outcome"])
+        skips = CounterMetricFamily("fleetcanary_probe_skips", HELP["fleetcanary_probe_skips_total"], labels=["probe", "reason"])
+        fails = CounterMetricFamily("fleetcanary_probe_failures", HELP["fleetcanary_probe_failures_total"], labels=["probe", "reason"])
+        enabled = GaugeMetricFamily("fleetcanary_probe_enabled", HELP["fleetcanary_probe_enabled"], labels=["probe"])
+        interval = GaugeMetricFamily("fleetcanary_probe_interval_seconds", HELP["fleetcanary_probe_interval_seconds"], labels=["probe"])
+        invalid = CounterMetricFamily("fleetcanary_probe_invalid_samples", HELP["fleetcanary_probe_invalid_samples_total"], labels=["probe"])
         for name in probes:
             st = s.state[name]
             cls = s.probes[name]
@@ -102,23 +105,23 @@ class _StoreCollector:
                         fam.add_metric([v2 for _, v2 in key], buckets, h.total)
                 yield fam
 
-        gpu = CounterMetricFamily("fleetcanary_gpu_probe_seconds", EXPORTER_METRICS[10][2], labels=["gpu"])
+        gpu = CounterMetricFamily("fleetcanary_gpu_probe_seconds", HELP["fleetcanary_gpu_probe_seconds_total"], labels=["gpu"])
         for g, secs in sorted(s.gpu_seconds.items()):
             gpu.add_metric([g], secs)
         yield gpu
-        yield GaugeMetricFamily("fleetcanary_config_last_reload_successful", EXPORTER_METRICS[11][2], value=s.config_reload_ok)
-        yield GaugeMetricFamily("fleetcanary_config_last_reload_success_timestamp_seconds", EXPORTER_METRICS[12][2],
+        yield GaugeMetricFamily("fleetcanary_config_last_reload_successful", HELP["fleetcanary_config_last_reload_successful"], value=s.config_reload_ok)
+        yield GaugeMetricFamily("fleetcanary_config_last_reload_success_timestamp_seconds", HELP["fleetcanary_config_last_reload_success_timestamp_seconds"],
                                 value=s.config_reload_ts)
-        reloads = CounterMetricFamily("fleetcanary_config_reloads", EXPORTER_METRICS[13][2], labels=["result"])
+        reloads = CounterMetricFamily("fleetcanary_config_reloads", HELP["fleetcanary_config_reloads_total"], labels=["result"])
         for result, n in s.config_reloads.items():
             reloads.add_metric([result], n)
         yield reloads
-        yield CounterMetricFamily("fleetcanary_history_write_errors", EXPORTER_METRICS[14][2], value=s.history_write_errors)
-        yield GaugeMetricFamily("fleetcanary_start_time_seconds", EXPORTER_METRICS[15][2], value=s.start_time)
-        build = InfoMetricFamily("fleetcanary_build", "Build identity; value 1.")
+        yield CounterMetricFamily("fleetcanary_history_write_errors", HELP["fleetcanary_history_write_errors_total"], value=s.history_write_errors)
+        yield GaugeMetricFamily("fleetcanary_start_time_seconds", HELP["fleetcanary_start_time_seconds"], value=s.start_time)
+        build = InfoMetricFamily("fleetcanary_build", HELP["fleetcanary_build_info"])
         build.add_metric([], {"version": version(), "commit": git_commit(), "python_version": platform.python_version()})
         yield build
-        node = InfoMetricFamily("fleetcanary_node", EXPORTER_METRICS[17][2])
+        node = InfoMetricFamily("fleetcanary_node", HELP["fleetcanary_node_info"])
         node.add_metric([], s.node_labels())
         yield node
 

@@ -105,7 +105,7 @@ class MetricsServer:
         version = self.store.version
         with self._gz_lock:
             if version != self._gz_version:
-                self._gz_static = gzip.compress(self.store.exposition, compresslevel=6)
+                self._gz_static = gzip.compress(static, compresslevel=6)
                 self._gz_version = version
             cached = self._gz_static
         return cached + gzip.compress(dynamic, compresslevel=1)

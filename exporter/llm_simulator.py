@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -407,11 +407,6 @@ def main(args: argparse.Namespace) -> int:
         server.server_close()
     return 0
 
-
-def settings_dict(s: SimSettings) -> dict[str, Any]:
-    d = asdict(s)
-    d.pop("api_key", None)
-    return d
 
 
 __all__ = ["SimSettings", "Simulator", "serve", "start_in_thread"]

@@ -71,7 +71,6 @@ class ResultStore:
         self.start_time = time.time()
         self.exposition: bytes = b""
         self.version = 0
-        self.listeners: list = []
 
     # --- updates ---------------------------------------------------------------
     def _checked(self, probe: str, sample: dict[str, Any]) -> tuple[str, LabelKey, float] | None:
@@ -177,8 +176,6 @@ class ResultStore:
             data = render(self)
             self.exposition = data
             self.version += 1
-        for fn in list(self.listeners):
-            fn()
 
     # --- reads ------------------------------------------------------------------
     def node_labels(self) -> dict[str, str]:

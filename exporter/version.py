@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 
+@functools.lru_cache(maxsize=1)
 def version() -> str:
     try:
         return metadata.version("fleetcanary")

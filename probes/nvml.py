@@ -173,9 +173,6 @@ class Session:
             out[f"{name}_max"] = self._try(lib.nvmlDeviceGetMaxClockInfo, g.handle, ctype)
         return out
 
-    def l2_cache_bytes(self, g: GpuHandle) -> int | None:
-        return None  # NVML does not expose it; torch's device properties do (worker side).
-
     # --- health --------------------------------------------------------------
     def pcie(self, g: GpuHandle) -> dict[str, Any]:
         lib, h = self.lib, g.handle
