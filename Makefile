@@ -12,19 +12,21 @@ STAMP  := $(VENV)/.installed
 DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio wrk
 PYTEST_ARGS ?=
 
-.PHONY: run test soak bench venv os-deps clean help
+.PHONY: run test soak bench dashboards demo venv os-deps clean help
 
 help:
 	@echo "make run    - serve /metrics on :9835 with the embedded default config"
 	@echo "make test   - install everything needed and run the tests"
 	@echo "make soak   - the long reliability tests in full"
 	@echo "make bench  - run the benchmarks (tables + JSON under benchmarks/results/)"
+	@echo "make dashboards - regenerate dashboards/json from dashboards/*.dashboard.py"
+	@echo "make demo   - exporter + reference LLM server + Prometheus with the rules, for Grafana"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[test,gpu]"
+	$(PIP) install -q -e ".[test,gpu,dashboards,kube,report]"
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -56,6 +58,12 @@ soak: $(STAMP) os-deps
 
 bench: $(STAMP) os-deps
 	$(PY) benchmarks/scrape.py
+
+dashboards: $(STAMP)
+	$(PY) dashboards/build.py
+
+demo: $(STAMP)
+	$(VENV)/bin/fleetcanary demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache benchmarks/results

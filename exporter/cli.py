@@ -28,6 +28,7 @@ examples:
   fleetcanary once --probe host_memory_bandwidth --json
   fleetcanary check-config config.yaml     validate a config; exit 2 on any error
   kill -HUP <pid>                          reload the config (a bad file keeps the old one)
+  fleetcanary demo                         CPU probes, an inference canary and Prometheus, for Grafana
   fleetcanary simulate-llm --itl-ms 10     a reference LLM server on 127.0.0.1:8000
   fleetcanary loadtest http://127.0.0.1:8000/v1 --mode concurrency --slo-itl-p99 0.05
 """
@@ -133,7 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("probes", help="list the probes this build has")
     pr.set_defaults(func=cmd_probes)
 
-    from . import llm_simulator, loadtest
+    from . import demo, llm_simulator, loadtest
+
+    dm = sub.add_parser("demo", help="exporter + reference LLM server + local Prometheus with the rules, on loopback")
+    demo.add_arguments(dm)
+    dm.set_defaults(func=demo.run)
 
     sim = sub.add_parser("simulate-llm", help="run the reference OpenAI-compatible streaming server")
     llm_simulator.add_arguments(sim)

@@ -26,26 +26,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import re
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from alerts.backfill import BackfilledPrometheus, backfill_rules, create_blocks  # noqa: E402
+
 STEP = 900  # 15 min: the gpu_bandwidth cadence
-EVAL = {"step": 900}  # rule evaluation and replay step (--eval-step)
+EVAL = {"step": 900}
+LOOKBACK = "16m"  # rule evaluation and replay step (--eval-step)
 METRIC = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
 MODELS = {"H100": 3.0e12, "H200": 4.2e12}
 SIZES = (0.03, 0.05, 0.07, 0.10, 0.20)
@@ -127,76 +126,6 @@ def write_openmetrics(path: Path, fleet, steps, driver_at, start, seed) -> int:
                 n += 1
         f.write("# EOF\n")
     return n
-
-
-# --------------------------------------------------------------------------- Prometheus
-class Prom:
-    def __init__(self, data: Path, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        cfg = data.parent / "prometheus.yml"
-        cfg.write_text("global: {scrape_interval: 1h}\n")
-        self.proc = subprocess.Popen(
-            [shutil.which("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=60d",
-             "--query.max-samples=500000000", "--query.timeout=10m", "--log.level=warn",
-             # One synthetic sample per 15-min probe run stands for a gauge scraped every 30 s: a 16-min
-             # lookback lets instant selectors see it between runs, as continuous scrapes would. (promtool
-             # evaluates each backfilled rule group at its own hash-based offset within the interval.)
-             "--query.lookback-delta=16m"],
-            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise SystemExit("detection: prometheus did not become ready")
-
-    def query_range(self, expr: str, start: int, end: int) -> list[dict]:
-        q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": EVAL["step"]})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{q}", timeout=900) as r:
-            data = json.loads(r.read())
-        if data["status"] != "success":
-            raise SystemExit(f"detection: query failed: {data}")
-        return data["data"]["result"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=120)
-
-
-def rule_stages(wanted: list[str]) -> list[list[dict]]:
-    """The recording rules the alerts need, split into dependency levels."""
-    rules = {r["record"]: r for g in yaml.safe_load((ROOT / "alerts/fleetcanary.rules.yml").read_text())["groups"]
-             for r in g["rules"]}
-    needed: dict[str, dict] = {}
-
-    def add(name):
-        if name in needed or name not in rules:
-            return
-        needed[name] = rules[name]
-        for dep in re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rules[name]["expr"]):
-            add(dep)
-
-    for w in wanted:
-        add(w)
-    level: dict[str, int] = {}
-
-    def lvl(name):
-        if name not in level:
-            deps = [d for d in re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", needed[name]["expr"]) if d in needed]
-            level[name] = 1 + max((lvl(d) for d in deps), default=-1)
-        return level[name]
-
-    stages: dict[int, list[dict]] = defaultdict(list)
-    for name in needed:
-        stages[lvl(name)].append(needed[name])
-    return [stages[i] for i in sorted(stages)]
 
 
 def alert_rule(name: str) -> dict:
@@ -299,49 +228,34 @@ def main() -> int:
               f"({om.stat().st_size / 2**20:.0f} MiB of OpenMetrics)", flush=True)
         data = work / "data"
         t = time.monotonic()
-        subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
-                       check=True, stdout=subprocess.DEVNULL)
+        create_blocks(om, data)
         om.unlink()
         timings["backfill_raw_s"] = time.monotonic() - t
         wanted = [r for r in (alert_rule(PEER_ALERT)["expr"] + " " + alert_rule(DRIVER_ALERT)["expr"] + " " +
                               alert_rule(REG_ALERT)["expr"]).split() if ":" in r]
         names = set(re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", " ".join(wanted)))
         t = time.monotonic()
-        for i, stage in enumerate(rule_stages(sorted(names))):
-            prom = Prom(data, work / "prometheus.log")
-            # One file path and group name for every stage: Prometheus offsets a group's evaluations by a
-            # hash of its name and file, so all stages then evaluate at the same instants, as the rules of
-            # one live group do, instead of stacking up to one interval of lag per stage.
-            rf = work / "rules.yml"
-            ev = f"{EVAL['step'] // 60}m"
-            rf.write_text(yaml.safe_dump({"groups": [{"name": "fleetcanary-peers", "interval": ev, "rules": stage}]}))
-            out = work / f"rules{i}"
-            subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(start),
-                            "--end", str(end + 1), "--url", prom.url, "--eval-interval", ev,
-                            "--output-dir", str(out), str(rf)], check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-            prom.stop()
-            for blk in out.iterdir():
-                if blk.is_dir():
-                    shutil.move(str(blk), data / blk.name)
-            print(f"rules backfilled, stage {i}: {', '.join(r['record'] for r in stage)}", flush=True)
+        # One synthetic sample per 15-min probe run stands for a gauge scraped every 30 s: a 16-min
+        # lookback lets instant selectors see it between runs, as continuous scrapes would.
+        backfill_rules(data, sorted(names), start, end, EVAL["step"], work, lookback=LOOKBACK,
+                       progress=lambda m: print(m, flush=True))
         timings["backfill_rules_s"] = time.monotonic() - t
-        prom = Prom(data, work / "prometheus.log")
+        prom = BackfilledPrometheus(data, work / "prometheus.log", LOOKBACK)
         try:
             t = time.monotonic()
             rows = []
             peer = alert_rule(PEER_ALERT)
-            eps = replay(prom.query_range(peer["expr"], start, end), minutes(peer["for"]) * 60,
+            eps = replay(prom.query_range(peer["expr"], start, end, EVAL["step"]), minutes(peer["for"]) * 60,
                          minutes(peer["keep_firing_for"]) * 60, end)
             rows.append(score(eps, fleet, start, steps, driver_at, f"{PEER_ALERT} (shipped)"))
             static = " or ".join(
                 f'({METRIC} * on(node, gpu) group_left() node_gpu:fleetcanary_gpu_model:info{{model="{m}"}} '
                 f'< {0.75 * ref:g})' for m, ref in MODELS.items())
-            eps_s = replay(prom.query_range(static, start, end), minutes(peer["for"]) * 60,
+            eps_s = replay(prom.query_range(static, start, end, EVAL["step"]), minutes(peer["for"]) * 60,
                            minutes(peer["keep_firing_for"]) * 60, end)
             rows.append(score(eps_s, fleet, start, steps, driver_at, "static 0.75 x per-model reference"))
             drv = alert_rule(DRIVER_ALERT)
-            eps_d = replay(prom.query_range(drv["expr"], start, end), minutes(drv["for"]) * 60,
+            eps_d = replay(prom.query_range(drv["expr"], start, end, EVAL["step"]), minutes(drv["for"]) * 60,
                            minutes(drv["keep_firing_for"]) * 60, end)
             h100 = {(g["node"], g["gpu"]) for g in fleet if g["model"] == "H100"}
             h200 = {(g["node"], g["gpu"]) for g in fleet if g["model"] == "H200" and not g["degrade"]}
@@ -349,9 +263,9 @@ def main() -> int:
             drv_false = [k for k in h200 if k in eps_d]
             drv_ttd = [min(a for a, _ in eps_d[k]) - (start + driver_at * STEP) for k in drv_hit]
             reg = alert_rule(REG_ALERT)
-            eps_r = replay(prom.query_range(reg["expr"], start, end), minutes(reg["for"]) * 60,
+            eps_r = replay(prom.query_range(reg["expr"], start, end, EVAL["step"]), minutes(reg["for"]) * 60,
                            minutes(reg["keep_firing_for"]) * 60, end)
-            lost_series = prom.query_range("fleetcanary_gpu_lost == 1", start, end)
+            lost_series = prom.query_range("fleetcanary_gpu_lost == 1", start, end, EVAL["step"])
             lost_ttd = (min(int(float(t)) for s in lost_series for t, _ in s["values"]) -
                         (start + lost["lost_at"] * STEP)) / 60 if lost_series else None
             timings["evaluate_s"] = time.monotonic() - t

@@ -1,0 +1,50 @@
+"""Exporter health: the canary's own cost and failures."""
+from common import RATE, dashboard, node_var, panel, pool_var, query_var
+
+J = 'job=~"$job", node=~"$node"'
+N = 'node=~"$node"'
+
+panels = [
+    panel("timeseries", "Exporters up",
+          "1 per exporter Prometheus scrapes successfully. Good: every node at 1; "
+          "FleetCanaryExporterDown fires when one is missing.", "none",
+          [(f"up{{{J}}}", "{{node}}")], w=8),
+    panel("timeseries", "Scrape duration",
+          "How long Prometheus takes to scrape each exporter. Good: a few milliseconds; /metrics serves bytes "
+          "rendered when a result arrives, so a scrape never waits for a probe.", "s",
+          [(f"scrape_duration_seconds{{{J}}}", "{{node}}")], w=8),
+    panel("timeseries", "Probe durations (slowest node)",
+          "Wall time of each probe's last run on the slowest node. Good: well under the probe's deadline.", "s",
+          [(f"max by (probe) (fleetcanary_probe_duration_seconds{{{N}}})", "{{probe}}")], w=8),
+    panel("timeseries", "Failures, timeouts and crashes (per hour)",
+          "Probe runs that ended in failure, timeout (deadline reached; the worker's process group was killed) "
+          "or crash (killed by a signal, out of memory, or a garbled result). Good: zero.", "none",
+          [(f'sum by (probe, outcome) (increase(fleetcanary_probe_runs_total{{{N}, outcome=~"failure|timeout|crash"}}[1h]))',
+            "{{probe}} {{outcome}}")], w=12),
+    panel("timeseries", "Config reloads",
+          "Reloads (SIGHUP) in the last hour by result, and whether the last one succeeded. Good: no failures; "
+          "a failed reload keeps the old config and sets last_reload_successful to 0.", "none",
+          [(f"sum by (result) (increase(fleetcanary_config_reloads_total{{{N}}}[1h]))", "reloads {{result}}"),
+           (f"min(fleetcanary_config_last_reload_successful{{{N}}})", "last reload successful (min)")], w=12),
+    panel("timeseries", "Resident memory",
+          "The exporter's RSS (probes run in separate worker processes and are not counted). Good: flat, around "
+          "45-55 MiB; growth over days is a leak.", "bytes",
+          [(f"process_resident_memory_bytes{{{J}}}", "{{node}}")], w=8),
+    panel("timeseries", "CPU used by the exporter",
+          "CPU seconds per second of the exporter process itself. Good: well under 0.01 (1% of a core).",
+          "percentunit", [(f"rate(process_cpu_seconds_total{{{J}}}[{RATE}])", "{{node}}")], w=8),
+    panel("timeseries", "Open file descriptors",
+          "Descriptors the exporter holds. Good: flat; a climb is a leak.", "none",
+          [(f"process_open_fds{{{J}}}", "{{node}}")], w=8),
+    panel("timeseries", "History write errors and invalid samples (per hour)",
+          "Result records that could not be written to the history file (full or read-only state directory), "
+          "and samples a probe returned outside its declared metrics. Good: zero.", "none",
+          [(f"sum by (node) (increase(fleetcanary_history_write_errors_total{{{N}}}[1h]))", "{{node}} history"),
+           (f"sum by (node, probe) (increase(fleetcanary_probe_invalid_samples_total{{{N}}}[1h]))",
+            "{{node}} {{probe}} invalid")], w=24),
+]
+
+dashboard = dashboard(
+    "fleetcanary / Exporter health", "fleetcanary-exporter",
+    "The canary's own health: scrapes, probe durations, failures, reloads, memory and CPU.",
+    panels, [query_var("job", "Job", "label_values(fleetcanary_build_info, job)"), pool_var(), node_var(multi=True)])

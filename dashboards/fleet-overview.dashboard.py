@@ -1,0 +1,62 @@
+"""Fleet overview: the worst members per probe family, probe health and firing alerts."""
+from common import dashboard, in_pool, instant, model_var, panel, pool_var
+
+GPU = 'model=~"$model", pool=~"$pool"'
+RUNS_OK = 'increase(fleetcanary_probe_runs_total{outcome="success"}[1h])'
+RUNS_RAN = 'increase(fleetcanary_probe_runs_total{outcome!="skipped"}[1h])'
+PEERS = ("The ratio of each member's smoothed value (median of its last runs) to the median of its peers: "
+         "same model, same pool, same size or direction. ")
+
+panels = [
+    panel("table", "Worst GPUs: memory bandwidth vs peers", PEERS +
+          "Good: every ratio above 0.96; alerts fire below 0.96 and 5 MADs.", "percentunit",
+          [instant(f"bottomk(10, gpu:fleetcanary_gpu_memory_bandwidth_bytes_per_second:peer_ratio{{{GPU}}})")], w=8),
+    panel("table", "Worst GPU pairs: P2P bandwidth vs peers", PEERS +
+          "Good: every ratio above 0.9 (a pair well below is a degraded NVLink or PCIe path).", "percentunit",
+          [instant(f"bottomk(10, gpu:fleetcanary_gpu_p2p_bandwidth_bytes_per_second:peer_ratio{{{GPU}}})")], w=8),
+    panel("table", "Worst nodes: collective bus bandwidth vs peers", PEERS +
+          "Good: every ratio above 0.9; a low node slows every job it joins.", "percentunit",
+          [instant(f"bottomk(10, node:fleetcanary_collective_bus_bandwidth_bytes_per_second:peer_ratio{{{GPU}}})")],
+          w=8),
+    panel("table", "Worst nodes: host memory bandwidth vs peers", PEERS +
+          "Good: every ratio above 0.9 (peers share the CPU model).", "percentunit",
+          [instant('bottomk(10, node:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_ratio{pool=~"$pool"})')],
+          w=6),
+    panel("table", "Worst nodes: storage read vs peers", PEERS + "Good: every ratio above 0.9.", "percentunit",
+          [instant('bottomk(10, node:fleetcanary_storage_read_bytes_per_second:peer_ratio{pool=~"$pool"})')], w=6),
+    panel("table", "Slowest nodes: storage first byte vs peers", PEERS +
+          "Higher is worse here. Good: every ratio below 1.1.", "percentunit",
+          [instant('topk(10, node:fleetcanary_storage_first_byte_seconds:peer_ratio{pool=~"$pool"})')], w=6),
+    panel("table", "Slowest canaries: TTFT vs peers", PEERS +
+          "Higher is worse here. Good: every ratio below 1.1.", "percentunit",
+          [instant('topk(10, node:fleetcanary_inference_ttft_seconds:peer_ratio{pool=~"$pool"})')], w=6),
+    panel("stat", "Nodes reporting", "Exporters Prometheus scrapes in the pool. Good: the number of GPU nodes "
+          "you run; a drop means exporters down (FleetCanaryExporterDown).", "none",
+          [f'count({in_pool("fleetcanary_build_info")})'], w=4, h=6),
+    panel("timeseries", "Run success ratio per probe (last hour)",
+          "Successful runs over runs that were not skipped, over all nodes in the pool. "
+          "Good: 1.0 for every probe; a dip names the probe to open in Exporter health.", "percentunit",
+          [(f"sum by (probe) ({in_pool(RUNS_OK)}) / sum by (probe) ({in_pool(RUNS_RAN)})", "{{probe}}")], w=10, h=6),
+    panel("timeseries", "Staleness: intervals since last success (worst node)",
+          "Time since each probe last succeeded, in units of its interval, on the worst node. "
+          "Good: below 2; FleetCanaryProbeStale fires when a probe has not succeeded for several intervals.",
+          "none",
+          [(f'max by (probe) ({in_pool("(time() - fleetcanary_probe_last_success_timestamp_seconds) / fleetcanary_probe_interval_seconds")})',
+            "{{probe}}")], w=10, h=6),
+    panel("table", "Firing fleetcanary alerts",
+          "Alerts firing now, by name and severity, with the number of nodes or GPUs. "
+          "Good: empty. Each alert's runbook is linked from its runbook_url.", "none",
+          [instant('sum by (alertname, severity) (ALERTS{alertstate="firing", alertname=~"FleetCanary.*"})')],
+          w=12, h=8),
+    panel("table", "Skips by reason (last hour)",
+          "Probe runs that did not run, by reason: gpu_busy and gpu_allocated are the canary keeping out of "
+          "jobs' way; no_gpu, driver_unavailable or budget_exhausted on a GPU node need a look. "
+          "Good: only the job-protection reasons.", "none",
+          [instant(f'sum by (probe, reason) ({in_pool("increase(fleetcanary_probe_skips_total[1h])")}) > 0')],
+          w=12, h=8),
+]
+
+dashboard = dashboard(
+    "fleetcanary / Fleet overview", "fleetcanary-fleet",
+    "The fleet against itself: the worst GPUs and nodes per probe family, probe health, alerts and skips.",
+    panels, [pool_var(), model_var()])

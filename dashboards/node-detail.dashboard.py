@@ -1,0 +1,111 @@
+"""Node detail: one node's GPUs, links, collectives, storage and probes against its pool."""
+from common import dashboard, instant, node_var, panel, pool_var
+
+N = 'node="$node"'
+BW = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
+# The node's GPU model and pool select the matching peer series (values of the info series are 1).
+MINE = ('* on(model) group_left() node:fleetcanary_gpu_model:info{node="$node"} '
+        '* on(pool) group_left() node:fleetcanary_pool:info{node="$node"}')
+
+
+def band(direction: str) -> list:
+    sel = f'{{direction=~"{direction}"}}'
+    med = f"pool_model:{BW}:peer_median{sel}"
+    mad = f"pool_model:{BW}:peer_ratio_mad{sel}"
+    return [(f'{BW}{{{N}, direction=~"{direction}"}}', "GPU {{gpu}} {{direction}}"),
+            (f"({med}) {MINE}", "pool median {{direction}}"),
+            (f"({med} * (1 - 5 * {mad})) {MINE}", "pool median - 5 MAD {{direction}}")]
+
+
+MATRIX = [{"id": "groupingToMatrix", "options": {"columnField": "dst_gpu", "rowField": "src_gpu",
+                                                 "valueField": "Value"}}]
+
+panels = [
+    panel("timeseries", "GPU memory bandwidth (device to device) against the pool",
+          "Each GPU's HBM copy bandwidth per run (bytes read + written), with the median of its peers (same GPU "
+          "model and pool) and the statistical lower bound. Good: every GPU inside the band, within 4% of the "
+          "median; an H100 SXM copies ~3 TB/s, an H200 ~4.2 TB/s.", "Bps", band("d2d"), w=12),
+    panel("timeseries", "Host to device and device to host bandwidth against the pool",
+          "Pinned-memory copies over PCIe per GPU. Good: every GPU near the pool median (~50-55 GB/s on PCIe "
+          "Gen5 x16); one GPU at half is a x8 link or a wrong NUMA placement.", "Bps", band("h2d|d2h"), w=12),
+    panel("table", "P2P bandwidth matrix (source rows, destination columns)",
+          "Unidirectional peer copy bandwidth for every ordered GPU pair, last run. Good: a uniform matrix "
+          "(NVSwitch: every pair alike); one low row or column is one GPU's links, one low cell one path.", "Bps",
+          [instant(f"fleetcanary_gpu_p2p_bandwidth_bytes_per_second{{{N}}}")], w=12, h=9, transformations=MATRIX),
+    panel("table", "P2P bandwidth vs peers (ratio matrix)",
+          "Each pair's smoothed bandwidth over the same pair's median on peer nodes. Good: every cell above 0.9.",
+          "percentunit", [instant(f"gpu:fleetcanary_gpu_p2p_bandwidth_bytes_per_second:peer_ratio{{{N}}}")],
+          w=12, h=9, transformations=MATRIX),
+    panel("table", "PCIe links",
+          "Current and maximum PCIe generation and width per GPU. Good: width equal to its maximum; the current "
+          "generation drops at idle by design, so only a width below maximum on a busy GPU is a downtrained link.",
+          "none",
+          [instant(f"fleetcanary_gpu_pcie_link_generation{{{N}}}", ref="A"),
+           instant(f"fleetcanary_gpu_pcie_link_generation_max{{{N}}}", ref="B"),
+           instant(f"fleetcanary_gpu_pcie_link_width{{{N}}}", ref="C"),
+           instant(f"fleetcanary_gpu_pcie_link_width_max{{{N}}}", ref="D")],
+          w=12, transformations=[{"id": "merge", "options": {}}]),
+    panel("timeseries", "NVLink links up per GPU",
+          "Active NVLink links per GPU, and the links the GPU has. Good: up equals total on every GPU "
+          "(18 on H100/H200 SXM).", "none",
+          [(f"sum by (gpu) (fleetcanary_gpu_nvlink_up{{{N}}})", "GPU {{gpu}} up"),
+           (f"count by (gpu) (fleetcanary_gpu_nvlink_up{{{N}}})", "GPU {{gpu}} total")], w=12),
+    panel("timeseries", "NVLink error counters (per hour)",
+          "Increase of NVLink CRC, replay, recovery and ECC counters per GPU. Good: zero; replays that keep "
+          "climbing come before a link goes down.", "none",
+          [(f"sum by (gpu, counter) (increase(fleetcanary_gpu_nvlink_errors_total{{{N}}}[1h]))",
+            "GPU {{gpu}} {{counter}}")], w=12),
+    panel("timeseries", "GPU errors: XIDs, uncorrectable ECC, pending row remaps",
+          "Critical XIDs seen in the last day, uncorrectable volatile ECC errors in the last day, and pending "
+          "row remaps. Good: all zero; a pending remap needs a GPU reset, an XID 79 means the GPU fell off the bus.",
+          "none",
+          [(f"sum by (gpu, xid) (increase(fleetcanary_gpu_xid_errors_total{{{N}}}[1d]))", "GPU {{gpu}} XID {{xid}}"),
+           (f'sum by (gpu) (increase(fleetcanary_gpu_ecc_errors_total{{{N}, type="uncorrected", counter="volatile"}}[1d]))',
+            "GPU {{gpu}} uncorrectable ECC"),
+           (f"fleetcanary_gpu_remapped_rows_pending{{{N}}}", "GPU {{gpu}} remap pending")], w=12),
+    panel("barchart", "Collective bus bandwidth against message size",
+          "nccl-tests bus bandwidth of the last run at each message size, per collective. Good: rising with "
+          "size and levelling off near the link bandwidth (NVLink 4: ~360-450 GB/s all_reduce on 8 GPUs); "
+          "a low plateau is a slow link or a bad topology choice.", "Bps",
+          [instant(f"max by (collective, size_bytes) (fleetcanary_collective_bus_bandwidth_bytes_per_second{{{N}}})")],
+          w=12, xTickLabelRotation=-45, transformations=[
+              {"id": "groupingToMatrix", "options": {"columnField": "collective", "rowField": "size_bytes",
+                                                     "valueField": "Value"}},
+              {"id": "convertFieldType", "options": {"conversions": [
+                  {"targetField": "size_bytes\\collective", "destinationType": "number"}]}},
+              {"id": "sortBy", "options": {"sort": [{"field": "size_bytes\\collective"}]}}]),
+    panel("timeseries", "Collective bus bandwidth over time",
+          "Bus bandwidth per collective and message size, per run. Good: flat lines; a step down after a "
+          "driver or NCCL change is what the DropAfterDriverChange alerts catch.", "Bps",
+          [(f"fleetcanary_collective_bus_bandwidth_bytes_per_second{{{N}}}", "{{collective}} {{size_bytes}} B")],
+          w=12),
+    panel("timeseries", "Host memory bandwidth against the pool",
+          "STREAM copy and triad on all cores, with the median of nodes with the same CPU model in the pool. "
+          "Good: within 10% of the pool median.", "Bps",
+          [(f"fleetcanary_host_memory_bandwidth_bytes_per_second{{{N}}}", "{{op}}"),
+           ('pool_cpu_model:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_median '
+            '* on(cpu_model, pool) group_left() node:fleetcanary_cpu_model_pool:info{node="$node"}',
+            "pool median {{op}}")], w=12),
+    panel("timeseries", "Storage first byte",
+          "Time to the first bytes of a file, cold (page cache dropped) and hot, per target. Good: local NVMe "
+          "well under 1 ms cold; network file systems a few ms; a climb is the storage, not the node.", "s",
+          [(f"fleetcanary_storage_first_byte_seconds{{{N}}}", "{{target}} {{cache}}")], w=12),
+    panel("timeseries", "Storage throughput",
+          "Sequential read (cold and hot) and write bandwidth per target. Good: cold reads near the device's "
+          "rating (a few GB/s per NVMe drive); hot reads are the page cache.", "Bps",
+          [(f"fleetcanary_storage_read_bytes_per_second{{{N}}}", "read {{target}} {{cache}}"),
+           (f"fleetcanary_storage_write_bytes_per_second{{{N}}}", "write {{target}}")], w=12),
+    panel("timeseries", "Probe durations",
+          "Wall time of each probe's last run, worker start to end. Good: steady and well under each probe's "
+          "deadline; a rising duration comes before timeouts.", "s",
+          [(f"fleetcanary_probe_duration_seconds{{{N}}}", "{{probe}}")], w=12),
+    panel("timeseries", "GPU duty cycle of the invasive probes",
+          "Share of each GPU's time the bandwidth, P2P and collective probes used over the last hour. "
+          "Good: below the configured budget (0.5% by default); the canary must never be the load.",
+          "percentunit", [(f"node:fleetcanary_gpu_probe_seconds:duty_cycle_1h{{{N}}}", "GPU {{gpu}}")], w=12),
+]
+
+dashboard = dashboard(
+    "fleetcanary / Node detail", "fleetcanary-node",
+    "One node against its pool: GPU bandwidth, P2P, links, errors, collectives, storage, probe cost.",
+    panels, [pool_var(), node_var()])

@@ -1,0 +1,226 @@
+"""Dashboards: generated JSON current, every panel with a unit and a 'good' description, every name real,
+and every panel query answered by a real Prometheus.
+
+Live: `fleetcanary demo --fast` runs the exporter (host memory bandwidth, storage, collectives on gloo,
+the inference canary against the reference server) and a Prometheus with the shipped rules. Queries that
+need GPUs or firing alerts run on a synthetic GPU fleet backfilled into a second Prometheus instead.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts.backfill import RECORD_NAME, BackfilledPrometheus, backfill_rules, create_blocks
+from tests.support import synthetic_fleet
+from tests.support.helpers import http_get, require_binary, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+BOARDS = ROOT / "dashboards"
+sys.path.insert(0, str(BOARDS))
+import build  # noqa: E402
+
+NEEDS_SYNTHETIC = re.compile(r"fleetcanary_gpu_|gpu:|node_gpu:|fleetcanary_gpu_model|ALERTS|"
+                             r"collective_bus_bandwidth_bytes_per_second:peer")
+PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "ALERTS", "process_resident_memory_bytes",
+                  "process_cpu_seconds_total", "process_open_fds"}
+PROMQL_WORDS = {"by", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "without", "bool",
+                "offset", "le"}
+
+
+def boards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted((BOARDS / "json").glob("*.json"))}
+
+
+def panel_queries():
+    for name, board in boards().items():
+        for p in board["panels"]:
+            for t in p.get("targets", []):
+                yield name, p["title"], t["expr"]
+
+
+def metric_names(expr: str) -> set[str]:
+    """Series names an expression reads: identifiers not followed by '(' and outside label matchers/strings."""
+    bare = re.sub(r'"[^"]*"', '""', expr)
+    bare = re.sub(r"\{[^}]*\}", "", bare)
+    bare = re.sub(r"\b(by|on|ignoring|without|group_left|group_right)\s*\([^)]*\)", "", bare)
+    bare = re.sub(r"\[[^\]]*\]", "", bare)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", bare):
+        tail = bare[m.end():].lstrip()
+        if tail.startswith("(") or m.group() in PROMQL_WORDS or re.fullmatch(r"\d.*", m.group()):
+            continue
+        names.add(m.group())
+    return names
+
+
+def catalog() -> set[str]:
+    documented = set(re.findall(r"`(fleetcanary_[a-z0-9_]+)`", (ROOT / "docs/metrics.md").read_text()))
+    records = {r["record"] for g in yaml.safe_load((ROOT / "alerts/fleetcanary.rules.yml").read_text())["groups"]
+               for r in g["rules"]}
+    return documented | records | PROMETHEUS_OWN
+
+
+def known(name: str, names: set[str]) -> bool:
+    return name in names or re.sub(r"_(bucket|sum|count)$", "", name) in names
+
+
+def test_generated_json_is_identical_to_the_committed_files():
+    rendered = build.render()
+    assert sorted(rendered) == sorted(boards()), "dashboards/json holds other files than the sources make"
+    for name, text in rendered.items():
+        assert (BOARDS / "json" / name).read_text() == text, f"dashboards/json/{name} is stale: run make dashboards"
+
+
+def test_four_dashboards_with_the_template_variables():
+    b = boards()
+    assert set(b) == {"fleet-overview.json", "node-detail.json", "inference.json", "exporter-health.json"}
+    for name, board in b.items():
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource", name
+        assert "pool" in variables, name
+        assert board["uid"].startswith("fleetcanary-") and "fleetcanary" in board["tags"]
+    assert "node" in {v["name"] for v in b["node-detail.json"]["templating"]["list"]}
+    assert "model" in {v["name"] for v in b["fleet-overview.json"]["templating"]["list"]}
+
+
+def test_every_panel_has_a_unit_and_says_what_good_looks_like():
+    bad = []
+    for name, board in boards().items():
+        for p in board["panels"]:
+            unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit") or p.get("format")
+            if not unit:
+                bad.append(f"{name}: {p['title']}: no unit")
+            if "Good:" not in (p.get("description") or ""):
+                bad.append(f"{name}: {p['title']}: the description does not say what good looks like")
+            if p.get("datasource") != "${datasource}":
+                bad.append(f"{name}: {p['title']}: not on the datasource variable")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_name_a_dashboard_uses_exists():
+    names = catalog()
+    unknown = sorted({f"{b}: {title}: {n}" for b, title, expr in panel_queries() for n in metric_names(expr)
+                      if not known(n, names)})
+    assert not unknown, "names used by dashboards but neither documented nor recorded:\n" + "\n".join(unknown)
+
+
+def test_the_catalog_check_catches_a_misspelt_name():
+    names = catalog()
+    found = metric_names('sum by (gpu) (fleetcanary_gpu_memory_bandwith_bytes_per_second{node="$node"}) '
+                         '/ on(gpu) gpu:fleetcanary_gpu_memory_bandwidth_bytes_per_second:peer_ratio')
+    assert found == {"fleetcanary_gpu_memory_bandwith_bytes_per_second",
+                     "gpu:fleetcanary_gpu_memory_bandwidth_bytes_per_second:peer_ratio"}
+    assert [n for n in found if not known(n, names)] == ["fleetcanary_gpu_memory_bandwith_bytes_per_second"]
+
+
+# ----------------------------------------------------------------------------------- live and synthetic
+def substitute(expr: str, node: str, rate: str) -> str:
+    for var in ("$pool", "$model", "$target", "$job"):
+        expr = expr.replace(f'=~"{var}"', '=~".*"')
+    return expr.replace("$node", node).replace("$__rate_interval", rate)
+
+
+class Live:
+    """`fleetcanary demo --fast` as a subprocess: its exporter and Prometheus."""
+
+    def __init__(self, workdir: Path) -> None:
+        require_binary("prometheus")
+        self.out = workdir / "demo.out"
+        self._out = open(self.out, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter.cli", "demo", "--fast", "--listen", "127.0.0.1:0",
+             "--prometheus-listen", "127.0.0.1:0", "--workdir", str(workdir / "demo"), "--duration", "600"],
+            stdout=self._out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        line = wait_for(lambda: re.search(r"Prometheus:\s+(http://\S+)", self.out.read_text()), timeout=90,
+                        what="the demo's Prometheus")
+        self.url = line.group(1)
+        self.node = socket.gethostname() or "demo"
+
+    def query(self, expr: str) -> list[dict]:
+        import urllib.parse
+        code, _, body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        data = json.loads(body)
+        assert code == 200 and data["status"] == "success", f"{expr}: {data}"
+        return data["data"]["result"]
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            rc = self.proc.wait()
+        self._out.close()
+        return rc
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    lv = Live(tmp_path_factory.mktemp("live"))
+    yield lv
+    rc = lv.stop()
+    assert rc == 0, lv.out.read_text()
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    require_binary("promtool")
+    work = tmp_path_factory.mktemp("synthetic")
+    end = int(time.time()) // 300 * 300 - 3600
+    om = work / "fleet.om"
+    start, end = synthetic_fleet.write(om, end)
+    data = work / "data"
+    create_blocks(om, data)
+    wanted = sorted({n for _, _, e in panel_queries() for n in RECORD_NAME.findall(e)})
+    backfill_rules(data, wanted, start, end, 300, work)
+    prom = BackfilledPrometheus(data, work / "prometheus.log")
+    prom.end = end
+    yield prom
+    prom.stop()
+
+
+def test_every_panel_query_returns_data(live, synthetic):
+    queries = list(panel_queries())
+    synth = [(b, t, e) for b, t, e in queries if NEEDS_SYNTHETIC.search(e)]
+    on_live = [(b, t, e) for b, t, e in queries if not NEEDS_SYNTHETIC.search(e)]
+    assert len(on_live) >= 25 and len(synth) >= 10, (len(on_live), len(synth))
+
+    def empty_live():
+        return [(b, t, e) for b, t, e in on_live if not live.query(substitute(e, live.node, "1m"))]
+
+    missing: list = []
+
+    def settled():
+        missing[:] = empty_live()
+        return not missing
+
+    try:
+        wait_for(settled, timeout=180, interval=3, what="every live panel query to return data")
+    except AssertionError:
+        pass
+    node = synthetic_fleet.NODES[2]
+    missing += [(b, t, e) for b, t, e in synth
+                if not synthetic.query(substitute(e, node, "15m"), synthetic.end)]
+    assert not missing, "panels that return nothing:\n" + "\n".join(f"{b}: {t}: {e}" for b, t, e in missing)
+
+
+def test_template_variable_queries_resolve(live, synthetic):
+    empty = []
+    for name, board in boards().items():
+        for v in board["templating"]["list"]:
+            m = re.fullmatch(r"label_values\((.*), (\w+)\)", v.get("query") or "")
+            if v["type"] != "query" or not m:
+                continue
+            expr = f"group by ({m.group(2)}) ({substitute(m.group(1), '.*', '1m')})"
+            rows = synthetic.query(expr, synthetic.end) if "gpu" in expr else live.query(expr)
+            if not rows:
+                empty.append(f"{name}: ${v['name']}: {v['query']}")
+    assert not empty, "variables with no values:\n" + "\n".join(empty)

@@ -1,0 +1,82 @@
+"""A small synthetic GPU fleet as OpenMetrics, for queries no CPU-only machine can feed live.
+
+6 HGX-H100-like nodes x 8 GPUs, one pool, 8 hours at a 5-minute step: GPU identity and
+node info, memory bandwidth per direction, the P2P matrix, PCIe and NVLink state and
+errors, XIDs, ECC, row remaps, GPU probe time, NCCL collective sweeps, and a firing
+ALERTS series. One GPU is 8% slow and one NVLink is down, so worst-N panels have a worst.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+NODES = [f"gpu-node-{i:02d}" for i in range(6)]
+GPUS = range(8)
+STEP = 300
+HOURS = 8
+D2D, H2D = 3.0e12, 5.3e10
+SIZES = (1024, 1048576, 67108864)
+
+
+def write(path: Path, end: int) -> tuple[int, int]:
+    """Write the fleet ending at unix time `end`; returns (start, end)."""
+    rng = random.Random(7)
+    steps = HOURS * 3600 // STEP
+    start = end - (steps - 1) * STEP
+    ts = [start + k * STEP for k in range(steps)]
+    fams: dict[str, tuple[str, list[str]]] = {}
+
+    def add(name: str, kind: str, labels: dict, values) -> None:
+        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        fams.setdefault(name, (kind, []))[1].extend(
+            f"{name}{{{lab}}} {v:.6g} {t}" for t, v in zip(ts, values))
+
+    def const(v):
+        return [v] * steps
+
+    def noisy(v, sigma=0.004):
+        return [v * (1 + rng.gauss(0, sigma)) for _ in ts]
+
+    for n, node in enumerate(NODES):
+        add("fleetcanary_node_info", "gauge", {"node": node, "pool": "train-a", "cpu_model": "Xeon 8480",
+                                               "driver_version": "570.124.06", "gpu_model": "H100"}, const(1))
+        add("fleetcanary_build_info", "gauge", {"node": node, "job": "fleetcanary", "version": "0.1.0"}, const(1))
+        for g in GPUS:
+            gl = {"node": node, "gpu": str(g)}
+            slow = 0.92 if (n, g) == (3, 5) else 1.0
+            add("fleetcanary_gpu_info", "gauge", {**gl, "model": "H100", "uuid": f"GPU-{n}-{g}"}, const(1))
+            add("fleetcanary_gpu_memory_bandwidth_bytes_per_second", "gauge", {**gl, "direction": "d2d"},
+                noisy(D2D * slow))
+            for d in ("h2d", "d2h"):
+                add("fleetcanary_gpu_memory_bandwidth_bytes_per_second", "gauge", {**gl, "direction": d}, noisy(H2D))
+            for key, v in (("generation", 5), ("generation_max", 5), ("width", 16), ("width_max", 16)):
+                add(f"fleetcanary_gpu_pcie_link_{key}", "gauge", gl, const(v))
+            for link in range(18):
+                up = 0 if (n, g, link) == (2, 1, 7) else 1
+                add("fleetcanary_gpu_nvlink_up", "gauge", {**gl, "link": str(link)}, const(up))
+            add("fleetcanary_gpu_nvlink_errors_total", "counter", {**gl, "link": "0", "counter": "replay"},
+                [k // 12 for k in range(steps)])
+            add("fleetcanary_gpu_xid_errors_total", "counter", {**gl, "xid": "79"}, const(0))
+            add("fleetcanary_gpu_ecc_errors_total", "counter", {**gl, "type": "uncorrected", "counter": "volatile"},
+                const(0))
+            add("fleetcanary_gpu_remapped_rows_pending", "gauge", gl, const(0))
+            add("fleetcanary_gpu_probe_seconds_total", "counter", gl, [0.12 * k for k in range(steps)])
+            for h in GPUS:
+                if h != g:
+                    add("fleetcanary_gpu_p2p_bandwidth_bytes_per_second", "gauge",
+                        {"node": node, "src_gpu": str(g), "dst_gpu": str(h)}, noisy(3.6e11))
+        for size in SIZES:
+            for coll in ("all_reduce", "all_gather"):
+                bus = 3.6e11 * size / (size + 2e6)
+                add("fleetcanary_collective_bus_bandwidth_bytes_per_second", "gauge",
+                    {"node": node, "collective": coll, "size_bytes": str(size), "ranks": "8", "backend": "nccl"},
+                    noisy(bus))
+    add("ALERTS", "gauge", {"alertname": "FleetCanaryNVLinkDown", "alertstate": "firing", "severity": "critical",
+                            "node": NODES[2], "gpu": "1", "link": "7"}, const(1))
+    with open(path, "w") as f:
+        for name, (kind, lines) in fams.items():
+            base = name[:-len("_total")] if kind == "counter" else name
+            f.write(f"# TYPE {base} {kind}\n")
+            f.write("\n".join(lines) + "\n")
+        f.write("# EOF\n")
+    return start, end
