@@ -92,6 +92,39 @@ class GpuConfig(Strict):
         None, ge=0, description="GPUs this node should have; None reads it from the node label when known.")
 
 
+class NodeConditionConfig(Strict):
+    enabled: bool = Field(
+        False, description="Set the node condition (needs the patch nodes/status permission of the "
+        "node-conditions overlay).")
+    type: str = Field("FleetCanaryHealthy", pattern=r"^[A-Za-z][A-Za-z0-9]{0,62}$",
+                      description="Condition type; True while healthy, False after repeated failures.")
+    probes: tuple[str, ...] = Field(("gpu_health", "gpu_bandwidth", "collectives"),
+                                    description="Probes whose failures count.")
+    consecutive_failures: int = Field(3, ge=1, le=100, description="Consecutive failed runs (failure, timeout "
+                                      "or crash) of one of the probes that set the condition to False.")
+    heartbeat_seconds: float = Field(300.0, ge=10, le=3600,
+                                     description="Re-patch the condition at least this often (lastHeartbeatTime).")
+
+
+class KubernetesConfig(Strict):
+    mode: str = Field("auto", pattern="^(auto|on|off)$",
+                      description="auto: use the API when running in a pod (KUBERNETES_SERVICE_HOST set).")
+    api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Connect and read timeout of each API call.")
+    refresh_seconds: float = Field(60.0, ge=5, le=3600, description="How often node labels and pods are read.")
+    gpu_product_label: str = Field("nvidia.com/gpu.product", description="Node label with the GPU product "
+                                   "(GPU feature discovery); node_info label gpu_product.")
+    instance_type_label: str = Field("node.kubernetes.io/instance-type",
+                                     description="Node label with the instance type; node_info label instance_type.")
+    zone_label: str = Field("topology.kubernetes.io/zone", description="Node label with the zone; node_info label zone.")
+    pool_label: str = Field("", description="Node label naming the pool (e.g. a node-pool label); used when "
+                            "`pool` is not set.")
+    gpu_allocation_policy: str = Field(
+        "skip", pattern="^(skip|ignore)$",
+        description="skip: when pods on this node request nvidia.com/gpu, invasive GPU probes skip with "
+        "gpu_allocated. ignore: rely on the NVML process and utilization checks only.")
+    node_condition: NodeConditionConfig = Field(default_factory=NodeConditionConfig)
+
+
 class ProbeEntryBase(Strict):
     """Schedule settings shared by every probe; ``params`` holds the probe's own Config."""
 
@@ -152,12 +185,22 @@ def _settings_model(probe_items: tuple[tuple[str, type[Probe]], ...]) -> type[Ba
         server: ServerConfig = Field(default_factory=ServerConfig)
         history: HistoryConfig = Field(default_factory=HistoryConfig)
         gpu: GpuConfig = Field(default_factory=GpuConfig)
+        kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
         probes: probes_model = Field(default_factory=probes_model)  # type: ignore[valid-type]
         worker_kill_grace_seconds: float = Field(
             2.0, gt=0, le=30, description="Seconds between SIGTERM and SIGKILL to a worker's process group.")
 
         def probe_entries(self) -> dict[str, ProbeEntryBase]:
             return {name: getattr(self.probes, name) for name, _ in probe_items}
+
+        @model_validator(mode="after")
+        def _known_condition_probes(self):
+            names = [n for n, _ in probe_items]
+            unknown = [p for p in self.kubernetes.node_condition.probes if p not in names]
+            if unknown:
+                raise ValueError(f"kubernetes.node_condition.probes: unknown probe {', '.join(unknown)}; "
+                                 f"known: {', '.join(names)}")
+            return self
 
     return Settings
 

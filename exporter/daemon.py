@@ -18,6 +18,7 @@ from probes.base import Probe
 
 from . import config as configmod
 from . import environment
+from . import kube as kubemod
 from .history import History, HistoryError
 from .http import MetricsServer
 from .isolation import Outcome, become_subreaper, kill_all_workers, reap_orphans, run_isolated
@@ -31,7 +32,7 @@ def class_path(cls: type[Probe]) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def probe_context(settings, budget: GpuBudget | None) -> dict[str, Any]:
+def probe_context(settings, budget: GpuBudget | None, kube_ctx: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "node_name": settings.node_name,
         "state_dir": settings.state_dir,
@@ -43,7 +44,7 @@ def probe_context(settings, budget: GpuBudget | None) -> dict[str, Any]:
             "skip_when_compute_processes": settings.gpu.skip_when_compute_processes,
             "expected_count": settings.gpu.expected_count,
         },
-        "kube": {},
+        "kube": kube_ctx or {},
     }
 
 
@@ -68,6 +69,7 @@ class Daemon:
                  probe_map: dict[str, type[Probe]] | None = None, reap_everything: bool = False) -> None:
         """reap_everything: this process starts no children but workers (true for `run`)."""
         self.reap_everything = reap_everything
+        self._settings_lock = threading.Lock()
         self.settings = settings
         self.config_path = config_path
         self.probe_map = dict(probe_map or PROBES)
@@ -75,6 +77,7 @@ class Daemon:
         self.store = ResultStore(self.probe_map, self._enabled(settings))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings))
         self.store.set_environment(environment.collect(with_gpu=False))
+        self.kube = self._kube(settings)
         self.store.set_node_extra_labels(self._extra_node_labels(settings))
         self.history = self._history(settings)
         self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2))
@@ -82,7 +85,6 @@ class Daemon:
         self.server = MetricsServer(self.store, host, port, health=self.healthy, ready=self.ready,
                                     request_timeout=settings.server.request_timeout_seconds)
         self._stopping = threading.Event()
-        self._settings_lock = threading.Lock()
 
     # --- settings -------------------------------------------------------------
     @staticmethod
@@ -93,9 +95,35 @@ class Daemon:
     def _intervals(settings) -> dict[str, float]:
         return {n: e.interval_seconds for n, e in settings.probe_entries().items()}
 
-    @staticmethod
-    def _extra_node_labels(settings) -> dict[str, str]:
-        return {"pool": settings.pool, "node_name": settings.node_name}
+    def _extra_node_labels(self, settings) -> dict[str, str]:
+        kube = self.kube.snapshot().labels if self.kube else {}
+        return {"pool": settings.pool or kube.get("pool", ""), "node_name": settings.node_name,
+                "gpu_product": kube.get("gpu_product", ""), "instance_type": kube.get("instance_type", ""),
+                "zone": kube.get("zone", "")}
+
+    def _kube(self, settings):
+        """The Kubernetes integration, when wanted and possible; never fatal."""
+        if not kubemod.wanted(settings.kubernetes):
+            return None
+        if not settings.node_name:
+            log.error("kubernetes: node_name is empty (set NODE_NAME from the downward API); running without the API")
+            return None
+        try:
+            kube = kubemod.Kube.in_cluster(settings.kubernetes, settings.node_name, on_change=self._kube_changed)
+        except Exception as exc:  # noqa: BLE001 - no in-cluster config: run without the API
+            log.error("kubernetes: cannot load the in-cluster config: %s; running without the API",
+                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return None
+        self.store.set_kube(kube.snapshot(), settings.kubernetes.node_condition.type)
+        return kube
+
+    def _kube_changed(self) -> None:
+        if self.kube is None:
+            return
+        with self._settings_lock:
+            settings = self.settings
+        self.store.set_kube(self.kube.snapshot(), settings.kubernetes.node_condition.type)
+        self.store.set_node_extra_labels(self._extra_node_labels(settings))
 
     @staticmethod
     def _history(settings) -> History | None:
@@ -122,6 +150,8 @@ class Daemon:
                 log.warning("server.listen_address changed; it takes effect at the next restart")
             self.settings = new
             self.budget.ratio = new.gpu.budget_ratio
+            if self.kube is not None:
+                self.kube.cfg = new.kubernetes
             self.history = self._history(new)
         self.store.set_enabled(self._enabled(new), self._intervals(new))
         self.store.set_node_extra_labels(self._extra_node_labels(new))
@@ -140,7 +170,8 @@ class Daemon:
         entry = settings.probe_entries()[name]
         cls = self.probe_map[name]
         out = run_isolated(name, class_path(cls), entry.params.model_dump(mode="json"),
-                           probe_context(settings, self.budget), entry.timeout_seconds,
+                           probe_context(settings, self.budget, self.kube.context() if self.kube else None),
+                           entry.timeout_seconds,
                            settings.worker_kill_grace_seconds)
         for gpu, secs in (out.record.get("gpu_seconds") or {}).items():
             try:
@@ -148,6 +179,8 @@ class Daemon:
             except (TypeError, ValueError):
                 pass
         self.store.apply(out)
+        if self.kube is not None:
+            self.kube.observe(name, out.outcome, out.detail)
         if out.outcome in ("success", "skipped"):
             log.debug("probe %s: %s %s (%.2fs)", name, out.outcome, out.reason, out.duration_seconds)
         else:
@@ -172,6 +205,8 @@ class Daemon:
     def start(self) -> None:
         become_subreaper(self.reap_everything)
         self.server.start()
+        if self.kube is not None:
+            self.kube.start()
         self.scheduler.set_jobs(self._jobs())
         self.scheduler.start()
         host, _ = configmod.parse_listen_address(self.settings.server.listen_address)
@@ -181,6 +216,8 @@ class Daemon:
     def stop(self) -> None:
         self._stopping.set()
         self.scheduler.shutdown()
+        if self.kube is not None:
+            self.kube.stop()
         kill_all_workers(self.settings.worker_kill_grace_seconds)
         reap_orphans()
         self.server.stop()

@@ -17,6 +17,7 @@ from .environment import STABLE_FIELDS
 from .version import git_commit, version
 
 SCHEDULED = "From the last scheduled run; a scrape never triggers a probe."
+NODE_EXTRA_LABELS = ("pool", "node_name", "gpu_product", "instance_type", "zone")
 
 # Metrics the exporter itself defines (name, type, help); docs/metrics.md lists them.
 EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -37,9 +38,21 @@ EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_history_write_errors_total", "counter", "Result records that could not be appended to the history file.", ()),
     ("fleetcanary_start_time_seconds", "gauge", "Unix time the exporter started.", ()),
     ("fleetcanary_build_info", "gauge", "Build identity; value 1.", ("version", "commit", "python_version")),
-    ("fleetcanary_node_info", "gauge", "The stable part of this node's environment record; value 1. The node label comes from relabeling.",
-     STABLE_FIELDS + ("pool", "node_name")),
+    ("fleetcanary_node_info", "gauge", "The stable part of this node's environment record; value 1. The node label comes from "
+     "relabeling; gpu_product, instance_type and zone come from the Kubernetes node's labels (empty elsewhere).",
+     STABLE_FIELDS + NODE_EXTRA_LABELS),
+    ("fleetcanary_kubernetes_api_errors_total", "counter", "Kubernetes API calls that failed, by operation (read_node, "
+     "list_pods, patch_node_status) and reason; the last known state stays in force.", ("operation", "reason")),
+    ("fleetcanary_kubernetes_last_sync_timestamp_seconds", "gauge", "Unix time node labels and pods were last read "
+     "successfully.", ()),
+    ("fleetcanary_kubernetes_gpus_requested", "gauge", "nvidia.com/gpu requested by pods on this node at the last sync; "
+     "above 0, invasive GPU probes skip (gpu_allocated) unless the policy is ignore.", ()),
+    ("fleetcanary_kubernetes_node_condition_healthy", "gauge", "1 if the node condition was last set True, 0 if False.",
+     ("type",)),
 )
+
+KUBE_METRICS = ("fleetcanary_kubernetes_api_errors_total", "fleetcanary_kubernetes_last_sync_timestamp_seconds",
+                "fleetcanary_kubernetes_gpus_requested", "fleetcanary_kubernetes_node_condition_healthy")
 
 
 HELP = {name: help_text for name, _, help_text, _ in EXPORTER_METRICS}
@@ -124,6 +137,30 @@ class _StoreCollector:
         node = InfoMetricFamily("fleetcanary_node", HELP["fleetcanary_node_info"])
         node.add_metric([], s.node_labels())
         yield node
+        if s.kube is not None:
+            yield from _kube_families(s.kube, s.kube_condition_type)
+
+
+def _kube_families(k, condition_type: str):
+    from .kube import ERROR_REASONS, OPERATIONS
+
+    errors = CounterMetricFamily("fleetcanary_kubernetes_api_errors", HELP["fleetcanary_kubernetes_api_errors_total"],
+                                 labels=["operation", "reason"])
+    for op in OPERATIONS:
+        for reason in ERROR_REASONS:
+            errors.add_metric([op, reason], k.errors.get((op, reason), 0))
+    yield errors
+    if k.last_success is not None:
+        yield GaugeMetricFamily("fleetcanary_kubernetes_last_sync_timestamp_seconds",
+                                HELP["fleetcanary_kubernetes_last_sync_timestamp_seconds"], value=k.last_success)
+    if k.gpus_requested is not None:
+        yield GaugeMetricFamily("fleetcanary_kubernetes_gpus_requested", HELP["fleetcanary_kubernetes_gpus_requested"],
+                                value=k.gpus_requested)
+    if k.condition_status is not None:
+        cond = GaugeMetricFamily("fleetcanary_kubernetes_node_condition_healthy",
+                                 HELP["fleetcanary_kubernetes_node_condition_healthy"], labels=["type"])
+        cond.add_metric([condition_type], 1 if k.condition_status == "True" else 0)
+        yield cond
 
 
 def _fmt(b: float) -> str:

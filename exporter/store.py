@@ -64,6 +64,8 @@ class ResultStore:
         self.gpu_seconds: dict[str, float] = defaultdict(float)
         self.node_environment: dict[str, Any] = {}
         self.node_extra_labels: dict[str, str] = {}
+        self.kube = None  # exporter.kube.Snapshot when the Kubernetes integration runs
+        self.kube_condition_type = ""
         self.config_reload_ok = 1
         self.config_reload_ts = time.time()
         self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
@@ -162,6 +164,13 @@ class ResultStore:
     def set_node_extra_labels(self, labels: dict[str, str]) -> None:
         with self._lock:
             self.node_extra_labels = {k: str(v)[:MAX_LABEL_VALUE] for k, v in labels.items()}
+        self.rerender()
+
+    def set_kube(self, snapshot, condition_type: str) -> None:
+        """The Kubernetes integration's state (exporter/kube.py Snapshot), rendered as its metrics."""
+        with self._lock:
+            self.kube = snapshot
+            self.kube_condition_type = condition_type
         self.rerender()
 
     def set_environment(self, env: dict[str, Any]) -> None:

@@ -1,0 +1,273 @@
+"""Kubernetes: node metadata, GPU allocation gating and the FleetCanaryHealthy node condition.
+
+One background thread talks to the API server with the official client (in-cluster
+config): it reads this node (labels, GPU capacity), lists the pods bound to it (field
+selector spec.nodeName) and, when enabled, patches the node's status condition. Every
+call has a connect/read timeout and no retries; an error is counted by operation and
+reason, and the last known state stays in force. Probes never wait on the API: the
+daemon hands workers the last snapshot.
+
+The condition follows node-problem-detector's shape (type, status, reason, message,
+lastHeartbeatTime, lastTransitionTime) but is a health condition: True while healthy,
+False after N consecutive failed runs of a watched probe, True again after a success.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("fleetcanary.kube")
+
+GPU_RESOURCE = "nvidia.com/gpu"
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+FAILED = ("failure", "timeout", "crash")
+ERROR_REASONS = ("unauthorized", "forbidden", "not_found", "client_error", "server_error", "timeout",
+                 "connection", "bad_response")
+OPERATIONS = ("read_node", "list_pods", "patch_node_status")
+
+
+def in_cluster(environ=os.environ) -> bool:
+    return bool(environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def wanted(cfg, environ=os.environ) -> bool:
+    return cfg.mode == "on" or (cfg.mode == "auto" and in_cluster(environ))
+
+
+def classify(exc: BaseException) -> str:
+    """An API failure as one of ERROR_REASONS."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import (ConnectTimeoutError, MaxRetryError, NewConnectionError, ProtocolError,
+                                    ReadTimeoutError)
+
+    if isinstance(exc, MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        return {401: "unauthorized", 403: "forbidden", 404: "not_found"}.get(
+            status, "server_error" if status >= 500 else "client_error" if status >= 400 else "bad_response")
+    if isinstance(exc, NewConnectionError):  # a subclass of ConnectTimeoutError in urllib3
+        return "connection"
+    if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, TimeoutError)):
+        return "timeout"
+    if isinstance(exc, (ProtocolError, ConnectionError, OSError)):
+        return "connection"
+    return "bad_response"
+
+
+def gpus_requested(pod) -> int:
+    """nvidia.com/gpu a pod holds: containers' sum, or its largest init container if more."""
+    def amount(c) -> int:
+        res = c.resources
+        if res is None:
+            return 0
+        vals = [(res.limits or {}).get(GPU_RESOURCE), (res.requests or {}).get(GPU_RESOURCE)]
+        try:
+            return max(int(str(v)) for v in vals if v is not None) if any(v is not None for v in vals) else 0
+        except ValueError:
+            return 0
+    spec = pod.spec
+    if spec is None:
+        return 0
+    regular = sum(amount(c) for c in spec.containers or [])
+    init = max((amount(c) for c in spec.init_containers or []), default=0)
+    return max(regular, init)
+
+
+@dataclass
+class Snapshot:
+    labels: dict[str, str] = field(default_factory=dict)       # gpu_product, instance_type, zone, pool
+    gpu_capacity: int | None = None
+    gpus_requested: int | None = None
+    gpu_pods: list[str] = field(default_factory=list)           # namespace/name of pods holding GPUs
+    last_success: float | None = None
+    errors: Counter = field(default_factory=Counter)            # (operation, reason) -> count
+    condition_status: str | None = None                         # "True"/"False" as last patched
+
+
+class Kube:
+    def __init__(self, cfg, node_name: str, api=None, on_change=None) -> None:
+        """api: a kubernetes CoreV1Api (tests pass one configured for a local server)."""
+        self.cfg = cfg
+        self.node_name = node_name
+        self.api = api
+        self.on_change = on_change or (lambda: None)
+        self._lock = threading.Lock()
+        self._snap = Snapshot()
+        self._failures: Counter = Counter()
+        self._desired: tuple[str, str, str] = ("True", "ProbesPassing", "fleetcanary probes are passing")
+        self._transition = datetime.datetime.now(datetime.timezone.utc)
+        self._patched_at = 0.0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def in_cluster(cls, cfg, node_name: str, on_change=None, token_file: str | None = None,
+                   ca_file: str | None = None, environ=os.environ) -> "Kube":
+        """The API server from the pod's service account (paths overridable for tests and odd setups)."""
+        from kubernetes import client
+        from kubernetes.config.incluster_config import InClusterConfigLoader
+
+        conf = client.Configuration()
+        token_file = token_file or environ.get("FLEETCANARY_KUBE_TOKEN_FILE") or TOKEN_FILE
+        ca_file = ca_file or environ.get("FLEETCANARY_KUBE_CA_FILE") or CA_FILE
+        InClusterConfigLoader(token_file, ca_file, environ=environ).load_and_set(conf)
+        conf.retries = False  # a bounded call: one attempt, then the next refresh
+        return cls(cfg, node_name, client.CoreV1Api(client.ApiClient(conf)), on_change)
+
+    # --- reads for the daemon ------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            s = self._snap
+            return Snapshot(dict(s.labels), s.gpu_capacity, s.gpus_requested, list(s.gpu_pods), s.last_success,
+                            Counter(s.errors), s.condition_status)
+
+    def context(self) -> dict[str, Any]:
+        """What invasive probes' gating needs (probes/gpu_gate.py reads it)."""
+        s = self.snapshot()
+        ctx: dict[str, Any] = {}
+        if s.gpu_capacity is not None:
+            ctx["expected_gpus"] = s.gpu_capacity
+        if s.gpus_requested is not None:
+            ctx["allocated_gpu_count"] = s.gpus_requested
+            ctx["gpus_allocated"] = self.cfg.gpu_allocation_policy == "skip" and s.gpus_requested > 0
+            ctx["gpu_pods"] = s.gpu_pods[:20]
+        return ctx
+
+    # --- node condition ---------------------------------------------------------------------
+    def observe(self, probe: str, outcome: str, detail: str = "") -> None:
+        """Count a run of a watched probe; a change of the desired condition wakes the API thread."""
+        nc = self.cfg.node_condition
+        if not nc.enabled or probe not in nc.probes or outcome == "skipped":
+            return
+        with self._lock:
+            self._failures[probe] = self._failures[probe] + 1 if outcome in FAILED else 0
+            failing = sorted(p for p, n in self._failures.items() if n >= nc.consecutive_failures)
+            if failing:
+                desired = ("False", "ProbeFailing", "; ".join(
+                    f"{p} failed {self._failures[p]} consecutive runs" for p in failing)
+                    + (f" (last: {outcome}: {detail[:200]})" if detail else ""))
+            else:
+                desired = ("True", "ProbesPassing", "fleetcanary probes are passing")
+            changed = desired[0] != self._desired[0]
+            self._desired = desired
+            if changed:
+                self._transition = datetime.datetime.now(datetime.timezone.utc)
+        if changed:
+            self._wake.set()
+
+    # --- the API thread ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """One sync now (bounded by the API timeout), so the first probe runs already know the pods."""
+        self.sync()
+        self._thread = threading.Thread(target=self._loop, name="fleetcanary-kube", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.cfg.api_timeout_seconds * 3 + 2)
+
+    def _loop(self) -> None:
+        next_sync = time.monotonic() + self.cfg.refresh_seconds
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_sync:
+                self.sync()
+                next_sync = now + self.cfg.refresh_seconds
+            self.patch_condition()
+            self._wake.wait(timeout=max(0.1, min(next_sync, self._patched_at + self.cfg.node_condition.heartbeat_seconds)
+                                        - time.monotonic()))
+            self._wake.clear()
+
+    def _timeout(self):
+        t = self.cfg.api_timeout_seconds
+        return (t, t)
+
+    def _error(self, operation: str, exc: BaseException) -> None:
+        reason = classify(exc)
+        with self._lock:
+            self._snap.errors[(operation, reason)] += 1
+        log.warning("kubernetes %s: %s (%s)", operation, reason, str(exc).splitlines()[0][:200] if str(exc) else "")
+        self.on_change()
+
+    def sync(self) -> bool:
+        """Read the node and its pods once. Never raises; errors keep the last known state."""
+        ok = True
+        try:
+            node = self.api.read_node(self.node_name, _request_timeout=self._timeout())
+        except Exception as exc:  # noqa: BLE001 - any API failure is counted and survived
+            self._error("read_node", exc)
+            ok = False
+        else:
+            labels = (node.metadata.labels if node.metadata else None) or {}
+            cap = (node.status.capacity if node.status else None) or {}
+            new = {"gpu_product": labels.get(self.cfg.gpu_product_label, ""),
+                   "instance_type": labels.get(self.cfg.instance_type_label, ""),
+                   "zone": labels.get(self.cfg.zone_label, ""),
+                   "pool": labels.get(self.cfg.pool_label, "") if self.cfg.pool_label else ""}
+            try:
+                capacity = int(str(cap[GPU_RESOURCE])) if GPU_RESOURCE in cap else None
+            except ValueError:
+                capacity = None
+            with self._lock:
+                self._snap.labels = new
+                self._snap.gpu_capacity = capacity
+        try:
+            pods = self.api.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
+                _request_timeout=self._timeout())
+        except Exception as exc:  # noqa: BLE001
+            self._error("list_pods", exc)
+            ok = False
+        else:
+            holding = [(p, gpus_requested(p)) for p in pods.items or []]
+            holding = [(p, n) for p, n in holding if n > 0]
+            with self._lock:
+                self._snap.gpus_requested = sum(n for _, n in holding)
+                self._snap.gpu_pods = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p, _ in holding)
+        if ok:
+            with self._lock:
+                self._snap.last_success = time.time()
+        self.on_change()
+        return ok
+
+    def patch_condition(self, force: bool = False) -> bool:
+        nc = self.cfg.node_condition
+        if not nc.enabled:
+            return False
+        with self._lock:
+            status, reason, message = self._desired
+            due = (force or status != self._snap.condition_status
+                   or time.monotonic() - self._patched_at >= nc.heartbeat_seconds)
+            transition = self._transition
+        if not due:
+            return False
+        now = datetime.datetime.now(datetime.timezone.utc)
+        body = {"status": {"conditions": [{
+            "type": nc.type, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTransitionTime": transition.strftime("%Y-%m-%dT%H:%M:%SZ")}]}}
+        try:
+            self.api.patch_node_status(self.node_name, body, _request_timeout=self._timeout(),
+                                       _content_type="application/strategic-merge-patch+json")
+        except Exception as exc:  # noqa: BLE001
+            self._error("patch_node_status", exc)
+            with self._lock:
+                self._patched_at = time.monotonic() - nc.heartbeat_seconds + min(30.0, nc.heartbeat_seconds)
+            return False
+        with self._lock:
+            self._snap.condition_status = status
+            self._patched_at = time.monotonic()
+        log.info("node condition %s=%s (%s)", nc.type, status, reason)
+        self.on_change()
+        return True

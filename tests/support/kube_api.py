@@ -1,0 +1,150 @@
+"""A local HTTPS server that speaks the slice of the Kubernetes API fleetcanary uses.
+
+GET /api/v1/nodes/NAME, GET /api/v1/pods?fieldSelector=... (spec.nodeName= and
+status.phase!= terms honoured, as the API server does) and PATCH
+/api/v1/nodes/NAME/status. Every request must carry the bearer token. A test can make
+an operation answer 403/500 or hang (until released) to drive the client's error paths.
+"""
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import trustme
+
+TOKEN = "test-service-account-token"
+
+
+def node(name: str, labels: dict[str, str], gpus: int | None) -> dict:
+    cap = {"cpu": "64", "memory": "512Gi"} | ({"nvidia.com/gpu": str(gpus)} if gpus is not None else {})
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"capacity": cap, "allocatable": cap, "conditions": []}}
+
+
+def pod(ns: str, name: str, node_name: str, gpus: int = 0, phase: str = "Running", init_gpus: int = 0,
+        requests_only: bool = False) -> dict:
+    def res(n):
+        if not n:
+            return {}
+        return {"requests": {"nvidia.com/gpu": str(n)}} if requests_only else {"limits": {"nvidia.com/gpu": str(n)}}
+    spec = {"nodeName": node_name, "containers": [{"name": "main", "image": "x", "resources": res(gpus)}]}
+    if init_gpus:
+        spec["initContainers"] = [{"name": "init", "image": "x", "resources": res(init_gpus)}]
+    return {"metadata": {"name": name, "namespace": ns}, "spec": spec, "status": {"phase": phase}}
+
+
+class KubeAPI:
+    def __init__(self, tmp_path) -> None:
+        self.ca = trustme.CA()
+        cert = self.ca.issue_cert("127.0.0.1")
+        self.ca_file = tmp_path / "ca.crt"
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+        self.token_file = tmp_path / "token"
+        self.token_file.write_text(TOKEN)
+        self.nodes: dict[str, dict] = {}
+        self.pods: list[dict] = []
+        self.fail: dict[str, int] = {}          # operation -> HTTP status to answer
+        self.hang: set[str] = set()             # operations that do not answer until release()
+        self.patches: list[tuple[str, dict]] = []   # (content type, body)
+        self.requests: list[tuple[str, str, str]] = []  # (method, path+query, authorization)
+        self._release = threading.Event()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, code: int, obj: dict) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _status(self, code: int, reason: str) -> None:
+                self._reply(code, {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason,
+                                   "message": f"{reason} by the test server", "code": code})
+
+            def _handle(self, op: str, fn) -> None:
+                api.requests.append((self.command, self.path, self.headers.get("Authorization", "")))
+                scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or token != TOKEN:  # the scheme is case-insensitive (RFC 9110)
+                    return self._status(401, "Unauthorized")
+                if op in api.hang:
+                    api._release.wait(timeout=60)
+                    return
+                if op in api.fail:
+                    code = api.fail[op]
+                    return self._status(code, {403: "Forbidden", 500: "InternalError"}.get(code, "Error"))
+                fn()
+
+            def do_GET(self):
+                url = urllib.parse.urlsplit(self.path)
+                if url.path.startswith("/api/v1/nodes/"):
+                    name = url.path.rsplit("/", 1)[1]
+                    self._handle("read_node", lambda: self._reply(200, api.nodes[name]) if name in api.nodes
+                                 else self._status(404, "NotFound"))
+                elif url.path == "/api/v1/pods":
+                    sel = urllib.parse.parse_qs(url.query).get("fieldSelector", [""])[0]
+                    self._handle("list_pods", lambda: self._reply(200, {
+                        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"},
+                        "items": [p for p in api.pods if selects(sel, p)]}))
+                else:
+                    self._status(404, "NotFound")
+
+            def do_PATCH(self):
+                url = urllib.parse.urlsplit(self.path)
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                name = url.path.split("/")[4] if url.path.endswith("/status") else ""
+
+                def ok():
+                    api.patches.append((self.headers.get("Content-Type", ""), body))
+                    self._reply(200, api.nodes.get(name, node(name, {}, None)))
+                self._handle("patch_node_status", ok)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        cert.configure_cert(ctx)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def environ(self) -> dict[str, str]:
+        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port)}
+
+    def release(self) -> None:
+        self._release.set()
+
+    def close(self) -> None:
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def selects(selector: str, p: dict) -> bool:
+    for term in filter(None, selector.split(",")):
+        if "!=" in term:
+            key, val = term.split("!=", 1)
+            if field(p, key) == val:
+                return False
+        else:
+            key, val = term.split("=", 1)
+            if field(p, key) != val:
+                return False
+    return True
+
+
+def field(p: dict, path: str):
+    cur = p
+    for part in path.split("."):
+        cur = (cur or {}).get(part)
+    return cur
