@@ -26,6 +26,9 @@ examples:
   fleetcanary run --config /etc/fleetcanary/config.yaml
   fleetcanary once                         run every enabled probe once, print a table
   fleetcanary once --probe host_memory_bandwidth --json
+  fleetcanary once --repeat 5 --expect acceptance.yaml    node acceptance; exit 1 on any failed check
+  fleetcanary compare base.jsonl cand.jsonl  Pass / Conditional pass / Blocked (exit 0 / 3 / 1)
+  fleetcanary report --baseline base.jsonl --candidate cand.jsonl --out report/
   fleetcanary check-config config.yaml     validate a config; exit 2 on any error
   kill -HUP <pid>                          reload the config (a bad file keeps the old one)
   fleetcanary demo                         CPU probes, an inference canary and Prometheus, for Grafana
@@ -85,7 +88,7 @@ def cmd_once(args) -> int:
         names = [n for n, e in entries.items() if e.enabled]
     from . import once
 
-    return once.main(settings, PROBES, names, args.json, repeat=args.repeat)
+    return once.main(settings, PROBES, names, args.json, repeat=args.repeat, expect=args.expect)
 
 
 def cmd_check_config(args) -> int:
@@ -122,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--probe", "-p", action="append", metavar="NAME", help="run only this probe (repeatable)")
     o.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     o.add_argument("--repeat", type=int, default=1, metavar="N", help="run each probe N times (default 1)")
+    o.add_argument("--expect", metavar="FILE", help="node acceptance: check the results against per-GPU-model "
+                   "expectations (YAML); exit 1 on any failed check")
     o.set_defaults(func=cmd_once)
 
     c = sub.add_parser("check-config", help="validate a config file; exit 2 on any error")
@@ -134,7 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("probes", help="list the probes this build has")
     pr.set_defaults(func=cmd_probes)
 
-    from . import demo, llm_simulator, loadtest
+    from . import compare, demo, llm_simulator, loadtest, report
+
+    cp = sub.add_parser("compare", help="baseline vs candidate result files: classified figures and a verdict",
+                        description=compare.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    compare.add_arguments(cp)
+    cp.set_defaults(func=compare.main)
+
+    rp = sub.add_parser("report", help="the result template (Markdown + JSON, optional PNG plots) from result files")
+    report.add_arguments(rp)
+    rp.set_defaults(func=report.main)
 
     dm = sub.add_parser("demo", help="exporter + reference LLM server + local Prometheus with the rules, on loopback")
     demo.add_arguments(dm)

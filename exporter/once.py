@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from . import acceptance
 from .daemon import class_path, history_record, probe_context
 from .history import History, HistoryError
 from .isolation import Outcome, become_subreaper, run_isolated
@@ -79,7 +80,16 @@ def table(rs: list[dict[str, Any]]) -> str:
     return "\n".join(text)
 
 
-def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1) -> int:
+def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1, expect: str | None = None) -> int:
+    expectations = None
+    if expect:
+        try:
+            expectations = acceptance.load(expect)
+        except acceptance.ExpectationsError as exc:
+            for line in exc.lines:
+                print(f"fleetcanary: expectations error: {line}", file=sys.stderr)
+            return 2
+
     def progress(msg: str, end: bool) -> None:
         if not as_json or sys.stderr.isatty():
             sys.stderr.write(msg + ("\n" if end else ""))
@@ -88,8 +98,10 @@ def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1) 
     t0 = time.monotonic()
     outcomes = run_probes(settings, probe_map, names, repeat, progress)
     rs = rows(outcomes)
+    verdict = acceptance.run_checks(expectations, outcomes) if expectations is not None else None
     if as_json:
         json.dump({"runs": [history_record(o, settings.node_name) for o in outcomes], "table": rs,
+                   **({"acceptance": verdict} if verdict is not None else {}),
                    "wall_seconds": time.monotonic() - t0}, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
@@ -97,4 +109,9 @@ def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1) 
         broken = [r for r in rs if r["detail"] and not r["status"].startswith("skipped")]
         for r in broken:
             print(f"{r['probe']}: {r['detail']}")
+        if verdict is not None:
+            print()
+            print(acceptance.table(verdict))
+    if verdict is not None and not verdict["passed"]:
+        return 1
     return 1 if any(o.outcome in ("failure", "timeout", "crash") for o in outcomes) else 0

@@ -40,6 +40,21 @@ def _clean(v: Any) -> Any:
     return v
 
 
+SECRET_KEYS = ("password", "secret", "api_key", "apikey", "token", "authorization")
+
+
+def redact(v: Any, key: str = "") -> Any:
+    if isinstance(v, dict):
+        if key == "headers":
+            return {str(k): "<redacted>" for k in v}
+        return {str(k): redact(x, str(k)) for k, x in v.items()}
+    if isinstance(v, list):
+        return [redact(x, key) for x in v]
+    if isinstance(v, str) and key.lower() in SECRET_KEYS:
+        return "<redacted>"
+    return v
+
+
 def execute(job: dict[str, Any]) -> dict[str, Any]:
     from probes.base import ProbeContext, ProbeError, ProbeSkipped, ProbeTimeout
 
@@ -71,6 +86,9 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         out.update(status="crash", reason="exception", detail=f"{type(exc).__name__}: {exc}",
                    traceback=traceback.format_exc(limit=8))
     duration = time.monotonic() - t0
+    # The settings the run used, so results say what they measured and `compare` can refuse
+    # incomparable pairs; header values and anything named like a secret are redacted.
+    out.setdefault("record", {})["config"] = redact(config.model_dump(mode="json"))
     env = environment.collect(with_gpu=job.get("collect_gpu_facts", True))
     env.update(environment.throttling_delta(throttle_before, environment.cpu_throttling()))
     out["environment"] = env
