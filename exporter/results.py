@@ -2,11 +2,12 @@
 
 A result file is either the results history (`results.jsonl` in the state directory,
 one run record per line, rotated files too) or the output of `fleetcanary once --json`
-(`{"runs": [...]}`). A run is one probe run: outcome, figures (raw repeats, median,
+(`{"runs": [...]}`), either of them optionally gzip-compressed (`.gz`). A run is one probe run: outcome, figures (raw repeats, median,
 dispersion), parameters and the environment it ran in.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections import defaultdict
@@ -88,7 +89,13 @@ def load(paths: list[str | Path]) -> list[Run]:
     for p in paths:
         path = Path(p)
         try:
-            text = path.read_text(encoding="utf-8")
+            if path.suffix == ".gz":
+                with gzip.open(path, "rt", encoding="utf-8") as fh:
+                    text = fh.read()
+            else:
+                text = path.read_text(encoding="utf-8")
+        except (gzip.BadGzipFile, EOFError):
+            raise ResultsError(f"{path}: not a gzip file (or truncated)") from None
         except FileNotFoundError:
             raise ResultsError(f"{path}: no such file") from None
         except IsADirectoryError:
