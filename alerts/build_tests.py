@@ -11,6 +11,7 @@ The hard-failure and history alerts have hand-written tests beside it.
 """
 from __future__ import annotations
 
+import importlib.util
 import random
 import sys
 from pathlib import Path
@@ -18,7 +19,12 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build  # noqa: E402
+# Loaded by path under its own name: other scripts in this repository are called build.py too.
+_spec = importlib.util.spec_from_file_location("fleetcanary_alerts_build", Path(__file__).resolve().parent / "build.py")
+build = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
+if _spec.name not in sys.modules:
+    sys.modules[_spec.name] = build
+    _spec.loader.exec_module(build)
 
 HERE = Path(__file__).resolve().parent
 HEALTHY = {"gpu_memory_bandwidth": 3.0e12, "gpu_p2p_bandwidth": 3.5e11, "collective_bus_bandwidth": 3.0e11,

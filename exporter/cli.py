@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from probes import PROBES
@@ -53,6 +54,9 @@ def _load(path: str | None):
 
 
 def cmd_run(args) -> int:
+    if args.web_config_file:
+        # Through the environment, so a SIGHUP reload (which re-reads the file) keeps it too.
+        os.environ["FLEETCANARY_WEB_CONFIG_FILE"] = args.web_config_file
     settings = _load(args.config)
     if args.listen_address:
         try:
@@ -64,9 +68,13 @@ def cmd_run(args) -> int:
             update={"listen_address": args.listen_address})})
     _setup_logging(settings.log_level)
     from .daemon import Daemon
+    from .webconfig import WebConfigError
 
     try:
         daemon = Daemon(settings, config_path=args.config, reap_everything=True)
+    except WebConfigError as exc:
+        print(f"fleetcanary: web config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except OSError as exc:
         print(f"fleetcanary: cannot listen on {settings.server.listen_address}: {exc.strerror or exc}",
               file=sys.stderr)
@@ -117,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run the exporter daemon")
     r.add_argument("--config", "-c", metavar="FILE", help="YAML config file (default: embedded defaults)")
-    r.add_argument("--listen-address", metavar="HOST:PORT", help="override server.listen_address")
+    r.add_argument("--listen-address", "--web.listen-address", metavar="HOST:PORT",
+                   help="override server.listen_address")
+    r.add_argument("--web-config-file", "--web.config.file", metavar="FILE",
+                   help="TLS and basic auth (exporter-toolkit format); overrides server.web_config_file")
     r.set_defaults(func=cmd_run)
 
     o = sub.add_parser("once", help="run the enabled probes once and print a table")

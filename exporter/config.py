@@ -28,6 +28,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "FLEETCANARY_LISTEN_ADDRESS": "server.listen_address",
     "FLEETCANARY_STATE_DIR": "state_dir",
     "FLEETCANARY_POOL": "pool",
+    "FLEETCANARY_WEB_CONFIG_FILE": "server.web_config_file",
 }
 
 
@@ -64,6 +65,9 @@ class ServerConfig(Strict):
     listen_address: str = Field(
         f":{DEFAULT_PORT}", description="HOST:PORT to serve HTTP on; an empty host means all addresses.")
     request_timeout_seconds: float = Field(10.0, gt=0, le=300, description="Per-connection socket timeout.")
+    web_config_file: str | None = Field(
+        None, description="TLS and basic auth, in the Prometheus exporter-toolkit web-config format "
+        "(docs/security.md). Also --web.config.file.")
 
     @field_validator("listen_address")
     @classmethod

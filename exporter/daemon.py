@@ -19,6 +19,7 @@ from probes.base import Probe
 from . import config as configmod
 from . import environment
 from . import kube as kubemod
+from . import webconfig
 from .history import History, HistoryError
 from .http import MetricsServer
 from .isolation import Outcome, become_subreaper, kill_all_workers, reap_orphans, run_isolated
@@ -81,9 +82,11 @@ class Daemon:
         self.store.set_node_extra_labels(self._extra_node_labels(settings))
         self.history = self._history(settings)
         self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2))
+        self.scheduler.on_clock_jump = lambda step: self.store.count_clock_jump()
         host, port = configmod.parse_listen_address(settings.server.listen_address)
+        web = webconfig.load(settings.server.web_config_file)  # WebConfigError: the caller reports it
         self.server = MetricsServer(self.store, host, port, health=self.healthy, ready=self.ready,
-                                    request_timeout=settings.server.request_timeout_seconds)
+                                    request_timeout=settings.server.request_timeout_seconds, web=web)
         self._stopping = threading.Event()
 
     # --- settings -------------------------------------------------------------
@@ -145,6 +148,13 @@ class Daemon:
                 log.error("config reload failed, keeping the running config: %s", line)
             self.store.set_config_reload(False)
             return False
+        try:
+            web = webconfig.load(new.server.web_config_file)
+        except webconfig.WebConfigError as exc:
+            log.error("config reload failed, keeping the running config: web config: %s", exc)
+            self.store.set_config_reload(False)
+            return False
+        self.server.set_web(web)
         with self._settings_lock:
             if new.server.listen_address != self.settings.server.listen_address:
                 log.warning("server.listen_address changed; it takes effect at the next restart")
@@ -178,6 +188,10 @@ class Daemon:
                 self.budget.add(str(gpu), float(secs))
             except (TypeError, ValueError):
                 pass
+        if self._stopping.is_set():
+            # Killed by our own shutdown: not a result, not a crash of the probe.
+            log.info("probe %s: ended by shutdown (%s %s)", name, out.outcome, out.reason)
+            return None
         self.store.apply(out)
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)

@@ -14,6 +14,7 @@ import platform
 from probes.base import SKIP_REASONS
 
 from .environment import STABLE_FIELDS
+from .isolation import CRASH_REASONS
 from .version import git_commit, version
 
 SCHEDULED = "From the last scheduled run; a scrape never triggers a probe."
@@ -28,6 +29,8 @@ EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_probe_runs_total", "counter", "Probe runs by outcome: success, failure, timeout, crash, skipped.", ("probe", "outcome")),
     ("fleetcanary_probe_skips_total", "counter", "Skipped probe runs by reason.", ("probe", "reason")),
     ("fleetcanary_probe_failures_total", "counter", "Failed probe runs by the probe's failure reason.", ("probe", "reason")),
+    ("fleetcanary_probe_crashes_total", "counter", "Crashed probe runs by reason: exception, killed_by_signal, "
+     "oom_killed, exit_nonzero, bad_result, result_too_large, spawn_failed.", ("probe", "reason")),
     ("fleetcanary_probe_enabled", "gauge", "1 if the probe is enabled in the running config.", ("probe",)),
     ("fleetcanary_probe_interval_seconds", "gauge", "The probe's configured interval; staleness alerts use it.", ("probe",)),
     ("fleetcanary_probe_invalid_samples_total", "counter", "Samples a probe returned that its metric specs do not declare; dropped.", ("probe",)),
@@ -36,6 +39,8 @@ EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_config_last_reload_success_timestamp_seconds", "gauge", "Unix time of the last successful config load.", ()),
     ("fleetcanary_config_reloads_total", "counter", "Config reloads by result (success, failure).", ("result",)),
     ("fleetcanary_history_write_errors_total", "counter", "Result records that could not be appended to the history file.", ()),
+    ("fleetcanary_clock_jumps_total", "counter", "Wall-clock steps of 5 s or more seen against the monotonic clock; "
+     "every probe is planned again after one.", ()),
     ("fleetcanary_start_time_seconds", "gauge", "Unix time the exporter started.", ()),
     ("fleetcanary_build_info", "gauge", "Build identity; value 1.", ("version", "commit", "python_version")),
     ("fleetcanary_node_info", "gauge", "The stable part of this node's environment record; value 1. The node label comes from "
@@ -72,6 +77,7 @@ class _StoreCollector:
         runs = CounterMetricFamily("fleetcanary_probe_runs", HELP["fleetcanary_probe_runs_total"], labels=["probe", "outcome"])
         skips = CounterMetricFamily("fleetcanary_probe_skips", HELP["fleetcanary_probe_skips_total"], labels=["probe", "reason"])
         fails = CounterMetricFamily("fleetcanary_probe_failures", HELP["fleetcanary_probe_failures_total"], labels=["probe", "reason"])
+        crashes = CounterMetricFamily("fleetcanary_probe_crashes", HELP["fleetcanary_probe_crashes_total"], labels=["probe", "reason"])
         enabled = GaugeMetricFamily("fleetcanary_probe_enabled", HELP["fleetcanary_probe_enabled"], labels=["probe"])
         interval = GaugeMetricFamily("fleetcanary_probe_interval_seconds", HELP["fleetcanary_probe_interval_seconds"], labels=["probe"])
         invalid = CounterMetricFamily("fleetcanary_probe_invalid_samples", HELP["fleetcanary_probe_invalid_samples_total"], labels=["probe"])
@@ -88,6 +94,8 @@ class _StoreCollector:
                 skips.add_metric([name, reason], st.skips.get(reason, 0))
             for reason in cls.all_failure_reasons():
                 fails.add_metric([name, reason], st.failures.get(reason, 0))
+            for reason in CRASH_REASONS:
+                crashes.add_metric([name, reason], st.crashes.get(reason, 0))
             invalid.add_metric([name], st.invalid_samples)
             if st.last is not None:
                 success.add_metric([name], 1.0 if st.last.outcome == "success" else 0.0)
@@ -95,7 +103,7 @@ class _StoreCollector:
                 last.add_metric([name], st.last_run_ts or 0.0)
             if st.last_success_ts is not None:
                 last_ok.add_metric([name], st.last_success_ts)
-        yield from (success, dur, last, last_ok, runs, skips, fails, enabled, interval, invalid)
+        yield from (success, dur, last, last_ok, runs, skips, fails, crashes, enabled, interval, invalid)
 
         # Probe families, from their declared specs.
         for name in probes:
@@ -130,6 +138,7 @@ class _StoreCollector:
             reloads.add_metric([result], n)
         yield reloads
         yield CounterMetricFamily("fleetcanary_history_write_errors", HELP["fleetcanary_history_write_errors_total"], value=s.history_write_errors)
+        yield CounterMetricFamily("fleetcanary_clock_jumps", HELP["fleetcanary_clock_jumps_total"], value=s.clock_jumps)
         yield GaugeMetricFamily("fleetcanary_start_time_seconds", HELP["fleetcanary_start_time_seconds"], value=s.start_time)
         build = InfoMetricFamily("fleetcanary_build", HELP["fleetcanary_build_info"])
         build.add_metric([], {"version": version(), "commit": git_commit(), "python_version": platform.python_version()})

@@ -53,7 +53,8 @@ class History:
                     n = os.write(fd, line)
                     if n != len(line):
                         os.ftruncate(fd, size)
-                        raise HistoryError(f"short write to {self.path}")
+                        raise HistoryError(f"{self.path}: No space left on device (wrote {n} of {len(line)} bytes; "
+                                           "undone)")
                 finally:
                     os.close(fd)
             except OSError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,6 +19,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger("fleetcanary.http")
+HANDSHAKE_TIMEOUT = 10.0
+OPEN_PATHS = ("/healthz", "/readyz")  # liveness/readiness stay open for kubelet probes; they reveal nothing
 
 LANDING = b"""<html><head><title>fleetcanary</title></head><body><h1>fleetcanary</h1>
 <p><a href="/metrics">/metrics</a> - probe results from scheduled runs</p>
@@ -31,11 +34,35 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512
     allow_reuse_address = True
+    web = None  # WebConfig; its ssl_context, when set, serves TLS
+
+    def finish_request(self, request, client_address):
+        # The TLS handshake runs here, in the connection's own thread, with a timeout: a
+        # client that stalls its handshake never blocks accepting other connections.
+        ctx = self.web.ssl_context if self.web is not None else None
+        if ctx is None:
+            return super().finish_request(request, client_address)
+        request.settimeout(HANDSHAKE_TIMEOUT)
+        try:
+            tls = ctx.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+            return
+        try:
+            self.RequestHandlerClass(tls, client_address, self)
+        finally:
+            try:
+                tls.close()
+            except OSError:
+                pass
 
 
 class MetricsServer:
-    def __init__(self, store, host: str, port: int, health, ready, request_timeout: float = 10.0) -> None:
+    def __init__(self, store, host: str, port: int, health, ready, request_timeout: float = 10.0, web=None) -> None:
+        from .webconfig import WebConfig
+
         self.store = store
+        self.web = web or WebConfig()
         self.health = health
         self.ready = ready
         self._proc_registry = CollectorRegistry(auto_describe=False)
@@ -54,6 +81,8 @@ class MetricsServer:
 
             def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
                 self.send_response(code)
+                for k, v in server.web.headers.items():
+                    self.send_header(k, v)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 for k, v in (extra or {}).items():
@@ -68,6 +97,10 @@ class MetricsServer:
             def do_GET(self):
                 path = self.path.split("?", 1)[0]
                 try:
+                    if path not in OPEN_PATHS and not server.web.check_authorization(self.headers.get("Authorization")):
+                        self._send(401, b"unauthorized\n", "text/plain",
+                                   {"WWW-Authenticate": 'Basic realm="fleetcanary", charset="UTF-8"'})
+                        return
                     if path == "/metrics":
                         gz = "gzip" in (self.headers.get("Accept-Encoding") or "")
                         body = server.metrics_body(gz)
@@ -94,6 +127,7 @@ class MetricsServer:
             do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
         self.httpd = _Server((host, port), Handler)
+        self.httpd.web = self.web
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
@@ -109,6 +143,11 @@ class MetricsServer:
                 self._gz_version = version
             cached = self._gz_static
         return cached + gzip.compress(dynamic, compresslevel=1)
+
+    def set_web(self, web) -> None:
+        """A reloaded web config: new connections use its TLS context and users."""
+        self.web = web
+        self.httpd.web = web
 
     def start(self) -> None:
         self._thread.start()

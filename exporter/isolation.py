@@ -29,7 +29,37 @@ from .worker import RESULT_FD_ENV
 MAX_RESULT_BYTES = 32 << 20
 OUTPUT_TAIL_BYTES = 4096
 OUTCOMES = ("success", "failure", "timeout", "crash", "skipped")
-CRASH_REASONS = ("exception", "killed_by_signal", "exit_nonzero", "bad_result", "result_too_large", "spawn_failed")
+CRASH_REASONS = ("exception", "killed_by_signal", "oom_killed", "exit_nonzero", "bad_result", "result_too_large",
+                 "spawn_failed")
+
+
+def oom_kills() -> int | None:
+    """OOM kills counted in this process's memory cgroup; None where unreadable.
+
+    cgroup v2: memory.events (hierarchical); v1: memory.oom_control's oom_kill (kernel 4.13+).
+    """
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
+    except OSError:
+        return None
+    candidates = []
+    for hid, controllers, path in (x for x in lines if len(x) == 3):
+        if "memory" in controllers.split(","):
+            candidates.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.oom_control")
+        elif hid == "0" and controllers == "":
+            for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+                candidates.append(f"{root}{path.rstrip('/')}/memory.events")
+    for c in candidates:
+        try:
+            with open(c) as f:
+                for ln in f:
+                    k, _, v = ln.partition(" ")
+                    if k == "oom_kill":
+                        return int(v)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 _live_lock = threading.Lock()
@@ -232,6 +262,7 @@ def run_isolated(name: str, class_path: str, params: dict[str, Any], context: di
                       "collect_gpu_facts": collect_gpu_facts}).encode()
     r_res, w_res = os.pipe()
     r_out, w_out = os.pipe()
+    ooms_before = oom_kills()
     _live_lock.acquire()  # reap_orphans must not see this child before it is registered
     try:
         proc = subprocess.Popen(
@@ -288,6 +319,10 @@ def run_isolated(name: str, class_path: str, params: dict[str, Any], context: di
             signame = signal.Signals(-status).name
         except ValueError:
             signame = str(-status)
+        ooms_after = oom_kills() if status == -signal.SIGKILL else None
+        if ooms_before is not None and ooms_after is not None and ooms_after > ooms_before:
+            return Outcome(name, "crash", "oom_killed", "worker killed by the OOM killer (memory limit of "
+                           "the exporter's cgroup); lower the probe's sizes or raise the limit", **base)
         return Outcome(name, "crash", "killed_by_signal", f"worker killed by {signame}", **base)
     if len(raw) > MAX_RESULT_BYTES:
         return Outcome(name, "crash", "result_too_large", f"result over {MAX_RESULT_BYTES} bytes", **base)

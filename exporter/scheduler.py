@@ -23,6 +23,13 @@ log = logging.getLogger("fleetcanary.scheduler")
 
 BUDGET_WINDOW_SECONDS = 3600.0
 FIRST_RUN_MAX_DELAY_SECONDS = 10.0
+CLOCK_CHECK_SECONDS = 1.0
+CLOCK_JUMP_SECONDS = 5.0
+
+
+def wall() -> float:
+    """The wall clock as APScheduler sees it (tests shift it to simulate a step)."""
+    return datetime.now(timezone.utc).timestamp()
 
 
 class GpuBudget:
@@ -63,6 +70,13 @@ class Scheduler:
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._intervals: dict[str, float] = {}
         self._exclusive: dict[str, str | None] = {}
+        self._jobs: dict[str, tuple[float, float, str | None]] = {}
+        self._last_start: dict[str, float] = {}  # monotonic start of each job's last run
+        self._jobs_lock = threading.RLock()
+        self.clock_jumps = 0
+        self.on_clock_jump: Callable[[float], None] | None = None
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._watch_clock, name="clock-watch", daemon=True)
 
     @property
     def running(self) -> bool:
@@ -70,12 +84,40 @@ class Scheduler:
 
     def start(self) -> None:
         self._sched.start()
+        self._watch.start()
 
     def shutdown(self) -> None:
+        self._stop.set()
         if self._sched.running:
             self._sched.shutdown(wait=False)
 
+    def _watch_clock(self) -> None:
+        """APScheduler plans on the wall clock: after a step back (NTP, a VM restore) its next run
+        times lie in the future and every probe would stall for as long as the step; after a step
+        forward everything fires at once. Steps are seen against the monotonic clock, and the jobs
+        are then planned again from the new wall time."""
+        last_wall, last_mono = wall(), time.monotonic()
+        while not self._stop.wait(CLOCK_CHECK_SECONDS):
+            w, m = wall(), time.monotonic()
+            step = (w - last_wall) - (m - last_mono)
+            last_wall, last_mono = w, m
+            if abs(step) < CLOCK_JUMP_SECONDS:
+                continue
+            self.clock_jumps += 1
+            log.warning("wall clock stepped %+.0f s; planning every probe again from the new time", step)
+            with self._jobs_lock:
+                jobs = dict(self._jobs)
+            # Keep each probe's cadence: its next run comes one interval after its last start, as
+            # measured on the monotonic clock, whatever APScheduler made of the step meanwhile.
+            delays = {n: max(0.0, self._last_start[n] + iv - m) if n in self._last_start else None
+                      for n, (iv, _, _) in jobs.items()}
+            if self._sched.running:
+                self.set_jobs(jobs, delays=delays)
+            if self.on_clock_jump:
+                self.on_clock_jump(step)
+
     def _job(self, name: str) -> None:
+        self._last_start[name] = time.monotonic()
         cls = self._exclusive.get(name)
         if cls is None:
             self._run_probe(name)
@@ -90,17 +132,22 @@ class Scheduler:
         finally:
             lock.release()
 
-    def set_jobs(self, jobs: dict[str, tuple[float, float, str | None]], first_delay: bool = True) -> None:
+    def set_jobs(self, jobs: dict[str, tuple[float, float, str | None]], first_delay: bool = True,
+                 delays: dict[str, float | None] | None = None) -> None:
         """Replace all jobs. jobs: name -> (interval_seconds, jitter_seconds, exclusive class)."""
-        for job in self._sched.get_jobs():
-            job.remove()
-        now = datetime.now(timezone.utc)
-        for name, (interval, jitter, exclusive) in jobs.items():
-            self._intervals[name] = interval
-            self._exclusive[name] = exclusive
-            delay = random.uniform(0, min(jitter, FIRST_RUN_MAX_DELAY_SECONDS)) if first_delay else 0.0
-            self._sched.add_job(
-                self._job, IntervalTrigger(seconds=interval, jitter=jitter or None, timezone=timezone.utc),
-                args=[name], id=name, name=name, next_run_time=now + timedelta(seconds=delay),
-                replace_existing=True,
-            )
+        with self._jobs_lock:
+            self._jobs = dict(jobs)
+            for job in self._sched.get_jobs():
+                job.remove()
+            now = datetime.now(timezone.utc)
+            for name, (interval, jitter, exclusive) in jobs.items():
+                self._intervals[name] = interval
+                self._exclusive[name] = exclusive
+                delay = (delays or {}).get(name)
+                if delay is None:
+                    delay = random.uniform(0, min(jitter, FIRST_RUN_MAX_DELAY_SECONDS)) if first_delay else 0.0
+                self._sched.add_job(
+                    self._job, IntervalTrigger(seconds=interval, jitter=jitter or None, timezone=timezone.utc),
+                    args=[name], id=name, name=name, next_run_time=now + timedelta(seconds=delay),
+                    replace_existing=True,
+                )

@@ -31,6 +31,7 @@ class ProbeState:
     runs: dict[str, int] = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
     skips: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
+    crashes: dict[str, int] = field(default_factory=dict)
     last_run_ts: float | None = None
     last_success_ts: float | None = None
     gauges: dict[str, dict[LabelKey, float]] = field(default_factory=dict)
@@ -70,6 +71,7 @@ class ResultStore:
         self.config_reload_ts = time.time()
         self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
         self.history_write_errors = 0
+        self.clock_jumps = 0
         self.start_time = time.time()
         self.exposition: bytes = b""
         self.version = 0
@@ -98,6 +100,8 @@ class ResultStore:
                 st.skips[out.reason] = st.skips.get(out.reason, 0) + 1
             elif out.outcome == "failure":
                 st.failures[out.reason] = st.failures.get(out.reason, 0) + 1
+            elif out.outcome == "crash":
+                st.crashes[out.reason] = st.crashes.get(out.reason, 0) + 1
             if out.outcome == "success":
                 st.last_success_ts = st.last_run_ts
             if out.outcome in ("success", "failure") and out.samples:
@@ -154,6 +158,11 @@ class ResultStore:
             self.enabled = list(enabled)
             if intervals is not None:
                 self.intervals = dict(intervals)
+        self.rerender()
+
+    def count_clock_jump(self) -> None:
+        with self._lock:
+            self.clock_jumps += 1
         self.rerender()
 
     def count_history_error(self) -> None:

@@ -97,6 +97,13 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    # Under memory pressure the kernel should kill a probe worker, never the daemon that serves
+    # /metrics: raising our own OOM score needs no privilege.
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     fd = int(os.environ[RESULT_FD_ENV])
     job = json.load(sys.stdin)
     result = execute(job)

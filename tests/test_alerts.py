@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.helpers import require_binary
+from tests.support.helpers import load_script, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
 sys.path.insert(0, str(ALERTS))
 
-import build  # noqa: E402
-import build_tests  # noqa: E402
+build = load_script(ALERTS / "build.py", "fleetcanary_alerts_build")
+build_tests = load_script(ALERTS / "build_tests.py", "fleetcanary_alerts_build_tests")
 
 
 def all_alerts():

@@ -3,7 +3,6 @@ is what a careful platform team would apply, and the generated PrometheusRule an
 sources."""
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -11,15 +10,14 @@ import pytest
 import yaml
 
 from exporter import config as configmod
-from tests.support.helpers import require_binary
+from tests.support.helpers import load_script, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
 VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
             "deploy/overlays/local-nvme-storage"]
-sys.path.insert(0, str(DEPLOY))
-import build  # noqa: E402
+build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
 def kustomize(path: str) -> list[dict]:

@@ -20,12 +20,11 @@ import yaml
 
 from alerts.backfill import RECORD_NAME, BackfilledPrometheus, backfill_rules, create_blocks
 from tests.support import synthetic_fleet
-from tests.support.helpers import http_get, require_binary, wait_for
+from tests.support.helpers import http_get, load_script, require_binary, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BOARDS = ROOT / "dashboards"
-sys.path.insert(0, str(BOARDS))
-import build  # noqa: E402
+build = load_script(BOARDS / "build.py", "fleetcanary_dashboards_build")
 
 NEEDS_SYNTHETIC = re.compile(r"fleetcanary_gpu_|gpu:|node_gpu:|fleetcanary_gpu_model|ALERTS|"
                              r"collective_bus_bandwidth_bytes_per_second:peer")

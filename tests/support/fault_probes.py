@@ -143,5 +143,32 @@ class Raises(_Fault):
         raise RuntimeError("probe bug")
 
 
+class Hog(_Fault):
+    """Touches memory page by page until the kernel's OOM killer ends it (run it under a memory limit)."""
+
+    name = "hog"
+
+    def run(self, config, ctx):
+        _note(config, os.getpid())
+        held = []
+        for _ in range(64):  # at most 4 GiB, so a missing limit cannot take the machine down
+            block = bytearray(64 << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            held.append(block)
+        return ProbeResult(samples=[Sample("fleetcanary_test_fault_value", {"mode": "hog"}, float(len(held)))])
+
+
+class Quick(_Fault):
+    """Succeeds at once with a varying value: the soak's steady load."""
+
+    name = "quick"
+    default_interval_seconds = 1.0
+    default_timeout_seconds = 0.9
+
+    def run(self, config, ctx):
+        return ProbeResult(samples=[Sample("fleetcanary_test_fault_value", {"mode": config.mode}, time.time() % 1)])
+
+
 FAULT_PROBES = {c.name: c for c in (Hang, IgnoreTerm, Abort, ForkHang, EscapeSession, Ok, Flood, Garbage,
-                                    BadSamples, Raises)}
+                                    BadSamples, Raises, Hog, Quick)}

@@ -63,3 +63,16 @@ def pid_alive(pid: int) -> bool:
         return state not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+def load_script(path, name: str):
+    """Import a script (alerts/build.py, dashboards/build.py, ...) under its own module name: several are
+    called build.py, and a plain `import build` would hand every test the first one imported."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

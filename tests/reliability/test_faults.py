@@ -1,0 +1,164 @@
+"""Faults: every misbehaving probe ends classified, the daemon keeps serving, nothing of the probe remains."""
+import subprocess
+import threading
+
+import pytest
+
+from tests.reliability.support import FaultDaemon, alive, memory_cgroup, pids_in, value
+from tests.support.helpers import http_get, wait_for
+from tests.support.mounts import tmpfs
+
+FAULTS = {
+    # probe: (expected outcome, crash reason or None)
+    "hang": ("timeout", None),
+    "ignore_term": ("timeout", None),
+    "abort": ("crash", "killed_by_signal"),
+    "raises": ("crash", "exception"),
+    "garbage": ("crash", "bad_result"),
+    "flood": ("success", None),
+}
+
+
+class Scraper:
+    """Scrapes /metrics in a loop and keeps every failure."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.failures, self.count = url, [], 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            code, _, body = http_get(self.url + "/metrics", timeout=10)
+            self.count += 1
+            if code != 200 or b"fleetcanary_build_info" not in body:
+                self.failures.append(code)
+
+    def stop(self):
+        self._stop.set()
+        self._t.join(timeout=15)
+
+
+def test_every_fault_is_classified_and_the_daemon_keeps_serving(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    probes = {n: {"interval_seconds": 4, "timeout_seconds": 2.5, "jitter_seconds": 0,
+                  "params": {"pid_file": str(pid_dir / n)}} for n in FAULTS}
+    d = FaultDaemon(tmp_path, probes)
+    scraper = Scraper(d.url)
+    try:
+        def each_twice():
+            text = d.metrics()
+            ok = all((value(text, "fleetcanary_probe_runs_total", probe=n, outcome=o) or 0) >= 2
+                     for n, (o, _) in FAULTS.items())
+            return text if ok else None
+        text = wait_for(each_twice, timeout=90, interval=0.5, what="every fault probe classified twice")
+    finally:
+        scraper.stop()
+        rc = d.stop()
+    assert rc == 0
+    assert scraper.failures == [] and scraper.count > 20
+    for n, (_, reason) in FAULTS.items():
+        if reason:
+            assert value(text, "fleetcanary_probe_crashes_total", probe=n, reason=reason) >= 2, n
+    assert value(text, "fleetcanary_probe_success", probe="flood") == 1.0
+    pids = pids_in(pid_dir)
+    assert len(pids) >= 4
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=5, what="no probe process left")
+    assert "Traceback" not in d.log()
+
+
+def test_an_oom_killed_probe_is_classified_and_the_daemon_survives(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with memory_cgroup(384 << 20) as procs:
+        d = FaultDaemon(tmp_path, {"hog": {"interval_seconds": 6, "timeout_seconds": 5, "jitter_seconds": 0,
+                                           "params": {"pid_file": str(pid_dir / "hog")}}}, cgroup_procs=procs)
+        try:
+            text = wait_for(lambda: (lambda t: t if (value(t, "fleetcanary_probe_crashes_total", probe="hog",
+                                                           reason="oom_killed") or 0) >= 2 else None)(d.metrics()),
+                            timeout=60, interval=0.5, what="two OOM kills classified")
+            assert d.proc.poll() is None, "the daemon itself was killed"
+            assert value(text, "fleetcanary_probe_success", probe="hog") == 0.0
+            assert http_get(d.url + "/healthz")[0] == 200
+        finally:
+            rc = d.stop()
+    assert rc == 0
+    pids = pids_in(pid_dir)
+    assert len(pids) >= 2 and not any(alive(p) for p in pids)
+    assert "oom_killed" in d.log()
+
+
+def test_state_dir_full_or_read_only_is_counted_and_survived(tmp_path):
+    state = tmp_path / "state"
+    with tmpfs(state, "size=1m"):
+        d = FaultDaemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0}},
+                        extra={"state_dir": str(state)})
+        try:
+            def runs():
+                return value(d.metrics(), "fleetcanary_probe_runs_total", probe="quick", outcome="success") or 0
+            wait_for(lambda: runs() >= 2, timeout=30, what="history being written")
+            assert value(d.metrics(), "fleetcanary_history_write_errors_total") == 0
+            # full: a file takes what is left
+            subprocess.run(["dd", "if=/dev/zero", f"of={state}/filler", "bs=64k", "count=100"],
+                           capture_output=True)
+            n = runs()
+            wait_for(lambda: (value(d.metrics(), "fleetcanary_history_write_errors_total") or 0) >= 2 and runs() >= n + 2,
+                     timeout=30, what="write errors counted while probes keep running")
+            (state / "filler").unlink()
+            # read-only
+            r = subprocess.run(["mount", "-o", "remount,ro", str(state)], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            errors = value(d.metrics(), "fleetcanary_history_write_errors_total")
+            n = runs()
+            wait_for(lambda: value(d.metrics(), "fleetcanary_history_write_errors_total") >= errors + 2
+                     and runs() >= n + 2, timeout=30, what="read-only errors counted while probes keep running")
+            assert http_get(d.url + "/healthz")[0] == 200 and http_get(d.url + "/readyz")[0] == 200
+        finally:
+            rc = d.stop()
+            subprocess.run(["mount", "-o", "remount,rw", str(state)], capture_output=True)
+    assert rc == 0
+    log = d.log()
+    assert "Traceback" not in log and "results history" in log
+    assert "No space left" in log and "Read-only file system" in log
+
+
+@pytest.mark.parametrize("step", [-3600.0, 3600.0])
+def test_a_wall_clock_step_replans_the_probes(monkeypatch, step):
+    """APScheduler plans on the wall clock; after a step back every probe would stall for the step."""
+    import datetime as real_dt
+    import time
+
+    import apscheduler.schedulers.base as aps_base
+
+    from exporter import scheduler as sched_mod
+
+    offset = {"s": 0.0}
+
+    class Shifted(real_dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real_dt.datetime.now(tz) + real_dt.timedelta(seconds=offset["s"])
+
+    monkeypatch.setattr(aps_base, "datetime", Shifted)
+    monkeypatch.setattr(sched_mod, "datetime", Shifted)
+    runs: list[float] = []
+    jumps: list[float] = []
+    s = sched_mod.Scheduler(lambda name: runs.append(time.monotonic()), workers=2)
+    s.on_clock_jump = jumps.append
+    s.start()
+    try:
+        s.set_jobs({"quick": (1.0, 0.0, None)}, first_delay=False)
+        wait_for(lambda: len(runs) >= 2, timeout=10, what="two runs before the step")
+        offset["s"] = step
+        t_step = time.monotonic()
+        wait_for(lambda: len([r for r in runs if r > t_step]) >= 3, timeout=15, what="runs after the step")
+        after = [r for r in runs if r > t_step]
+    finally:
+        s.shutdown()
+    assert jumps and abs(jumps[0] - step) < 5
+    assert s.clock_jumps == 1
+    # no burst after a step forward: the runs after it keep the 1 s cadence
+    gaps = [b - a for a, b in zip(after, after[1:])]
+    assert all(g > 0.5 for g in gaps), gaps
