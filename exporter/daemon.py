@@ -190,7 +190,7 @@ class Daemon:
                 pass
         if self._stopping.is_set():
             # Killed by our own shutdown: not a result, not a crash of the probe.
-            log.info("probe %s: ended by shutdown (%s %s)", name, out.outcome, out.reason)
+            log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.duration_seconds)
             return None
         self.store.apply(out)
         if self.kube is not None:
@@ -238,22 +238,19 @@ class Daemon:
 
     def serve_forever(self) -> int:
         """Run until SIGTERM or SIGINT; SIGHUP reloads. Returns the exit code."""
+        # The kernel may deliver a signal to any thread; Python runs handlers only in the main
+        # thread, which would sleep on in read() meanwhile. The wakeup fd gets the signal number
+        # written from whichever thread caught it, so the main thread always wakes.
         r, w = os.pipe()
         os.set_blocking(w, False)
-
-        def on_signal(signum, _frame):
-            try:
-                os.write(w, b"H" if signum == signal.SIGHUP else b"T")
-            except BlockingIOError:
-                pass
-
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, on_signal)
+            signal.signal(sig, lambda *_: None)
+        old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self.start()
         try:
             while True:
                 cmd = os.read(r, 1)
-                if cmd == b"H":
+                if cmd[0] == signal.SIGHUP:
                     log.info("SIGHUP: reloading %s", self.config_path or "embedded defaults")
                     self.reload()
                 else:
@@ -263,6 +260,7 @@ class Daemon:
             t0 = time.monotonic()
             self.stop()
             log.info("stopped in %.2fs", time.monotonic() - t0)
+            signal.set_wakeup_fd(old_wakeup)
             os.close(r)
             os.close(w)
         return 0

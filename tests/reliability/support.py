@@ -11,10 +11,13 @@ from pathlib import Path
 
 import yaml
 
+from probes import PROBES
+from tests.support.fault_probes import FAULT_PROBES
 from tests.support.helpers import free_port, http_get, unavailable, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("FLEETCANARY_SOAK") == "full"
+RUNNING: list["FaultDaemon"] = []  # stopped by tests/reliability/conftest.py when a test fails first
 
 
 def scaled(short, full):
@@ -31,10 +34,8 @@ class FaultDaemon:
         self.tmp = tmp
         self.config = {"state_dir": str(tmp / "state"), "worker_kill_grace_seconds": 1.0,
                        "server": {"listen_address": f"127.0.0.1:{self.port}"},
-                       "probes": {**{n: {"enabled": False} for n in ("host_memory_bandwidth", "gpu_health",
-                                                                      "gpu_bandwidth", "gpu_p2p", "collectives",
-                                                                      "storage", "object_storage", "inference")},
-                                  **probes},
+                       # only the probes the test names run (the fault probes are enabled by default)
+                       "probes": {**{n: {"enabled": False} for n in (*PROBES, *FAULT_PROBES)}, **probes},
                        **(extra or {})}
         self.config_path = tmp / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(self.config))
@@ -46,6 +47,7 @@ class FaultDaemon:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
                                      env={**os.environ, **(env or {})})
         self.url = f"http://127.0.0.1:{self.port}"
+        RUNNING.append(self)
         wait_for(lambda: self.proc.poll() is None and http_get(self.url + "/readyz", timeout=2)[0] == 200,
                  timeout=60, what="fault daemon ready")
 
@@ -66,6 +68,8 @@ class FaultDaemon:
         self.config_path.write_text(yaml.safe_dump(self.config))
 
     def stop(self, timeout: float = 30) -> int:
+        if self in RUNNING:
+            RUNNING.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -73,7 +77,8 @@ class FaultDaemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
         return self.proc.returncode
 
 

@@ -1,0 +1,10 @@
+import pytest
+
+from tests.reliability.support import RUNNING
+
+
+@pytest.fixture(autouse=True)
+def _stop_fault_daemons():
+    yield
+    for d in list(RUNNING):
+        d.stop(timeout=10)

@@ -1,0 +1,110 @@
+"""Load (200 concurrent scrapers while probes run) and soak (accelerated probe cycles with faults).
+
+`make test` runs both shortened; `make soak` (FLEETCANARY_SOAK=full) runs 60 s of load and
+10,000 probe cycles. The measured tables are in benchmarks/ (scrape.py, overhead.py).
+"""
+import re
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import SMALL_HOST_BW
+from tests.reliability.support import FaultDaemon, children, fd_count, pids_in, rss_bytes, scaled, value
+from tests.support.helpers import require_binary, wait_for
+
+
+def wrk(url: str, connections: int, seconds: int) -> dict:
+    binary = require_binary("wrk")
+    r = subprocess.run([binary, "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s",
+                        "-H", "Accept-Encoding: gzip", url], capture_output=True, text=True, timeout=seconds + 60)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+    return {"requests": int(re.search(r"(\d+) requests in", out).group(1)),
+            "errors": sum(map(int, socket_errors.groups())) if socket_errors else 0,
+            "non2xx": int(non2xx.group(1)) if non2xx else 0,
+            "p99_seconds": float(p99.group(1)) * scale[p99.group(2)] if p99 else None, "raw": out}
+
+
+@pytest.mark.slow
+def test_200_concurrent_scrapers_while_probes_run_get_zero_errors(tmp_path):
+    seconds = scaled(8, 60)
+    d = FaultDaemon(tmp_path, {"host_memory_bandwidth": {**SMALL_HOST_BW, "interval_seconds": 5,
+                                                         "timeout_seconds": 4},
+                               "quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
+    try:
+        wait_for(lambda: value(d.metrics(), "fleetcanary_probe_success", probe="host_memory_bandwidth") == 1.0,
+                 timeout=60, what="a first host bandwidth result")
+        before = value(d.metrics(), "fleetcanary_probe_runs_total", probe="quick", outcome="success")
+        res = wrk(d.url + "/metrics", 200, seconds)
+        after = d.metrics()
+    finally:
+        assert d.stop() == 0
+    print(f"\n200 scrapers x {seconds}s: {res['requests']} requests, p99 {res['p99_seconds']}s, errors {res['errors']}")
+    assert res["errors"] == 0 and res["non2xx"] == 0, res["raw"]
+    assert res["requests"] >= 200 * seconds // 4, res["raw"]
+    # the probes kept running under the load
+    assert value(after, "fleetcanary_probe_runs_total", probe="quick", outcome="success") >= before + seconds // 2
+
+
+@pytest.mark.slow
+def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
+    cycles = scaled(150, 10_000)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    probes = {
+        "quick": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0},
+        "raises": {"interval_seconds": 2, "timeout_seconds": 1.5, "jitter_seconds": 0},
+        "garbage": {"interval_seconds": 2, "timeout_seconds": 1.5, "jitter_seconds": 0},
+        "abort": {"interval_seconds": 3, "timeout_seconds": 2.5, "jitter_seconds": 0},
+        "hang": {"interval_seconds": 3, "timeout_seconds": 1, "jitter_seconds": 0,
+                 "params": {"pid_file": str(pid_dir / "hang")}},
+        "host_memory_bandwidth": {**SMALL_HOST_BW, "interval_seconds": 5, "timeout_seconds": 4},
+    }
+    d = FaultDaemon(tmp_path, probes, extra={"history": {"max_bytes": 1 << 20, "backups": 1}})
+
+    def total_runs() -> float:
+        text = d.metrics()
+        return sum(float(m.group(1)) for m in re.finditer(r'^fleetcanary_probe_runs_total\{[^}]*\} (\S+)$', text, re.M))
+
+    def settled_fds() -> int:
+        """The fewest descriptors over 3 s: runs in flight hold a few pipes each; a leak raises the floor."""
+        samples = []
+        for _ in range(15):
+            samples.append(fd_count(d.pid))
+            time.sleep(0.2)  # noqa: sampling, not waiting for a state
+        return min(samples)
+
+    def quiet_zombies():
+        """Zombie children that stay zombies for over a second (a reaped child is gone within ms)."""
+        first = {p for p, st in children(d.pid).items() if st == "Z"}
+        time.sleep(1.0)  # noqa: the check itself needs two samples a second apart
+        return first & {p for p, st in children(d.pid).items() if st == "Z"}
+
+    try:
+        warm = max(cycles // 10, 20)
+        wait_for(lambda: total_runs() >= warm, timeout=warm * 2 + 60, interval=1, what=f"{warm} warm-up cycles")
+        rss0, fds0 = rss_bytes(d.pid), settled_fds()
+        t0 = time.monotonic()
+        wait_for(lambda: total_runs() >= cycles, timeout=cycles * 2 + 120, interval=2, what=f"{cycles} cycles")
+        rss1, fds1 = rss_bytes(d.pid), settled_fds()
+        zombies = quiet_zombies()
+        text = d.metrics()
+    finally:
+        rc = d.stop()
+    took = time.monotonic() - t0
+    grown = (rss1 - rss0) / 2**20
+    print(f"\nsoak: {cycles} cycles ({cycles - warm} measured in {took:.0f}s), RSS {rss0 / 2**20:.1f} -> "
+          f"{rss1 / 2**20:.1f} MiB ({grown:+.2f}), fds {fds0} -> {fds1}")
+    assert rc == 0
+    assert grown < 5.0, f"RSS grew {grown:.2f} MiB over {cycles} cycles"
+    assert fds1 <= fds0, (fds0, fds1)
+    assert zombies == set()
+    assert value(text, "fleetcanary_probe_crashes_total", probe="abort", reason="killed_by_signal") >= 1
+    assert value(text, "fleetcanary_probe_runs_total", probe="hang", outcome="timeout") >= 1
+    assert not [p for p in pids_in(pid_dir) if subprocess.run(["kill", "-0", str(p)], capture_output=True).returncode == 0]
+    assert children(d.pid) == {}

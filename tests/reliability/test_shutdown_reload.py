@@ -1,0 +1,72 @@
+"""SIGTERM ends every worker's process group in bounded time; SIGHUP under scrape load keeps serving."""
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.reliability.support import FaultDaemon, alive, pids_in, scaled, value
+from tests.support.helpers import http_get, wait_for
+
+
+def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    probes = {n: {"interval_seconds": 120, "timeout_seconds": 100, "jitter_seconds": 0,
+                  "params": {"pid_file": str(pid_dir / n)}} for n in ("hang", "ignore_term", "fork_hang")}
+    d = FaultDaemon(tmp_path, probes, extra={"worker_kill_grace_seconds": 2.0})
+    wait_for(lambda: len(pids_in(pid_dir)) >= 4, timeout=30, what="the long-running workers and a forked child")
+    pids = pids_in(pid_dir)
+    assert all(alive(p) for p in pids)
+    t0 = time.monotonic()
+    rc = d.stop(timeout=30)
+    took = time.monotonic() - t0
+    assert rc == 0
+    assert took < 2.0 + 5.0, f"stop took {took:.1f}s with a 2 s kill grace"
+    assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
+    log = d.log()
+    assert log.count("stopped by the shutdown") == 3 and "Traceback" not in log
+    assert "WARNING" not in log.split("stopping", 1)[1], "a shutdown kill is not a probe crash"
+
+
+def test_sighup_reload_under_scrape_load_keeps_serving(tmp_path):
+    d = FaultDaemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
+    failures, count, stop = [], [0], threading.Event()
+
+    def scrape():
+        while not stop.is_set():
+            code, _, body = http_get(d.url + "/metrics", timeout=10)
+            count[0] += 1
+            if code != 200 or not body.rstrip().endswith(b"0") and b"# EOF" not in body and not body:
+                failures.append(code)
+
+    threads = [threading.Thread(target=scrape, daemon=True) for _ in range(16)]
+    for t in threads:
+        t.start()
+    reloads = scaled(10, 100)
+    try:
+        for i in range(reloads):
+            # alternate two valid configs so every reload really changes something
+            d.rewrite({"quick": {"interval_seconds": 1 + (i % 2), "timeout_seconds": 0.9}})
+            before = value(d.metrics(), "fleetcanary_config_reloads_total", result="success") or 0
+            d.proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: (value(d.metrics(), "fleetcanary_config_reloads_total", result="success") or 0) > before,
+                     timeout=20, what=f"reload {i + 1}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=15)
+    text = d.metrics()
+    assert d.stop() == 0
+    assert failures == [] and count[0] > reloads * 5
+    assert value(text, "fleetcanary_config_reloads_total", result="success") == reloads
+    assert value(text, "fleetcanary_config_reloads_total", result="failure") == 0
+    assert value(text, "fleetcanary_probe_interval_seconds", probe="quick") in (1.0, 2.0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stop_signals_exit_zero(tmp_path, sig):
+    d = FaultDaemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
+    d.proc.send_signal(sig)
+    assert d.proc.wait(timeout=20) == 0
+    d.stop()
