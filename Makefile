@@ -58,6 +58,8 @@ soak: $(STAMP) os-deps
 
 bench: $(STAMP) os-deps
 	$(PY) benchmarks/scrape.py
+	$(PY) benchmarks/scrape.py --connections 200 --duration 60 --probes --out benchmarks/results/scrape-200.json
+	$(PY) benchmarks/overhead.py
 
 dashboards: $(STAMP)
 	$(PY) dashboards/build.py

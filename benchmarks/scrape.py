@@ -102,6 +102,8 @@ def main() -> int:
     ap.add_argument("--duration", type=int, default=30)
     ap.add_argument("--idle", type=int, default=30, help="seconds of the idle RSS/CPU window")
     ap.add_argument("--threads", type=int, default=2, help="wrk threads")
+    ap.add_argument("--probes", action="store_true",
+                    help="keep probes running during the load (host bandwidth every 10 s, storage every 20 s)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/scrape.json"))
     args = ap.parse_args()
 
@@ -109,12 +111,20 @@ def main() -> int:
     procs = []
     results: dict = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                                  "python": platform.python_version()},
-                     "load": {"connections": args.connections, "duration_seconds": args.duration}}
+                     "load": {"connections": args.connections, "duration_seconds": args.duration,
+                              "probes_running": args.probes}}
     try:
         fc_port = free_port()
         cfg = work / "config.yaml"
-        cfg.write_text(f"state_dir: {work / 'state'}\nserver:\n  listen_address: 127.0.0.1:{fc_port}\n"
-                       "probes:\n  host_memory_bandwidth:\n    jitter_seconds: 0\n")
+        probes = "probes:\n  host_memory_bandwidth:\n    jitter_seconds: 0\n"
+        if args.probes:
+            (work / "scratch").mkdir()
+            probes = ("probes:\n  host_memory_bandwidth:\n    interval_seconds: 10\n    timeout_seconds: 9\n"
+                      "    params: {array_bytes: 33554432, repeats: 3}\n"
+                      "  storage:\n    interval_seconds: 20\n    timeout_seconds: 19\n    params:\n      targets:\n"
+                      f"        - {{name: scratch, path: {work / 'scratch'}, file_bytes: 33554432, "
+                      "checkpoint_bytes: 0, small_files: 20, min_free_bytes: 0}\n")
+        cfg.write_text(f"state_dir: {work / 'state'}\nserver:\n  listen_address: 127.0.0.1:{fc_port}\n" + probes)
         fc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "run", "--config", str(cfg)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=open(work / "fc.log", "wb"))
         procs.append(fc)
@@ -150,7 +160,14 @@ def main() -> int:
                                          "bytes_per_series": len(text.encode()) / series_count(text),
                                          "render_seconds_per_series": render_s / max(empty_series, 1)}
 
+        runs0 = get(fc_url).decode()
         fc_load = wrk(fc_url, args.connections, args.duration, args.threads)
+        runs1 = get(fc_url).decode()
+
+        def runs(text):
+            return sum(float(m.group(1)) for m in re.finditer(
+                r'^fleetcanary_probe_runs_total\{[^}]*outcome="success"[^}]*\} (\S+)$', text, re.M))
+        fc_load["probe_runs_during_load"] = runs(runs1) - runs(runs0)
         _, rss_busy = proc_stats(fc.pid)
         fc_load["rss_after_bytes"] = rss_busy
         results["fleetcanary"] = fc_load

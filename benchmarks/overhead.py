@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""What fleetcanary costs a node: the daemon idle and busy, each probe's wall/CPU/GPU time, and
+the duty cycle at the default schedule.
+
+1. Daemon: `fleetcanary run` with the default probe set (no GPU here: GPU probes skip) -
+   RSS and CPU over an idle window (no probe due, no scrapes), then over a busy window
+   (every CPU probe due every few seconds and a scrape every second). The daemon's own
+   process only: probe work happens in worker processes, counted per probe below.
+2. Per probe: N isolated runs (the daemon's own worker path) with default parameters -
+   wall time, CPU time of the worker and everything it started (RUSAGE_CHILDREN), GPU
+   seconds from the record.
+3. Duty cycle: per-run cost x runs per hour at each probe's default interval.
+
+Loopback only (the inference canary probes the built-in reference server, storage a temp
+directory). Prints tables and writes benchmarks/results/overhead.json.
+
+    python benchmarks/overhead.py [--runs 3] [--idle 30] [--busy 30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from exporter import config as configmod  # noqa: E402
+from exporter.daemon import class_path, probe_context  # noqa: E402
+from exporter.isolation import become_subreaper, run_isolated  # noqa: E402
+from exporter.llm_simulator import SimSettings, start_in_thread  # noqa: E402
+from probes import PROBES  # noqa: E402
+
+CPU_PROBES = ("host_memory_bandwidth", "storage", "collectives", "inference")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_cpu_rss(pid: int) -> tuple[float, int]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / tick
+    rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS:"))
+    return cpu, rss
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read()
+
+
+def probe_config(work: Path, llm_url: str, fast: bool) -> dict:
+    scratch = work / "scratch"
+    scratch.mkdir(exist_ok=True)
+    every = (lambda s: {"interval_seconds": s, "timeout_seconds": s - 1, "jitter_seconds": 0}) if fast else \
+        (lambda s: {})
+    return {
+        "state_dir": str(work / "state"),
+        "probes": {
+            "host_memory_bandwidth": every(8),
+            "storage": {**every(12), "params": {"targets": [{"name": "scratch", "path": str(scratch),
+                                                             "min_free_bytes": 0}]}},
+            "collectives": {**every(12), "params": {"backend": "gloo"}},
+            "inference": {**every(6), "params": {"targets": [{"name": "reference", "base_url": llm_url,
+                                                              "model": "fleetcanary-reference"}]}},
+        },
+    }
+
+
+def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
+    import yaml
+
+    out = {}
+    for mode, seconds in (("idle", idle), ("busy", busy)):
+        port = free_port()
+        cfg = probe_config(work, llm_url, fast=(mode == "busy"))
+        cfg["server"] = {"listen_address": f"127.0.0.1:{port}"}
+        path = work / f"daemon-{mode}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "run", "--config", str(path)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=open(work / f"daemon-{mode}.log", "wb"))
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            deadline = time.monotonic() + 180
+            # the first runs of every probe are done (each started within 10 s of start)
+            while time.monotonic() < deadline:
+                try:
+                    text = get(url).decode()
+                    if all(f'fleetcanary_probe_last_run_timestamp_seconds{{probe="{p}"}}' in text for p in CPU_PROBES):
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.5)
+            else:
+                raise SystemExit(f"overhead: the {mode} daemon's first runs did not finish")
+            time.sleep(2)
+            c0, _ = proc_cpu_rss(proc.pid)
+            t0 = time.monotonic()
+            scrapes = 0
+            while time.monotonic() - t0 < seconds:
+                if mode == "busy":
+                    get(url)
+                    scrapes += 1
+                time.sleep(1.0)
+            c1, rss = proc_cpu_rss(proc.pid)
+            out[mode] = {"seconds": time.monotonic() - t0, "cpu_ratio": (c1 - c0) / (time.monotonic() - t0),
+                         "rss_bytes": rss, "scrapes": scrapes}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return out
+
+
+def per_probe(work: Path, llm_url: str, runs: int) -> dict:
+    become_subreaper(reap_everything=True)
+    path = work / "probes.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(probe_config(work, llm_url, fast=False)))
+    settings = configmod.load(path)
+    out = {}
+    for name in CPU_PROBES + ("gpu_health", "gpu_bandwidth", "gpu_p2p"):
+        entry = settings.probe_entries()[name]
+        rows = []
+        for _ in range(runs):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            o = run_isolated(name, class_path(PROBES[name]), entry.params.model_dump(mode="json"),
+                             probe_context(settings, None), entry.timeout_seconds)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            rows.append({"outcome": o.outcome, "reason": o.reason, "wall_seconds": o.duration_seconds,
+                         "cpu_seconds": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+                         "gpu_seconds": sum(float(v) for v in (o.record.get("gpu_seconds") or {}).values()),
+                         "max_rss_bytes": r1.ru_maxrss * 1024})
+        med = (lambda k: sorted(r[k] for r in rows)[len(rows) // 2])
+        out[name] = {"runs": rows, "outcome": rows[-1]["outcome"], "reason": rows[-1]["reason"],
+                     "wall_seconds": med("wall_seconds"), "cpu_seconds": med("cpu_seconds"),
+                     "gpu_seconds": med("gpu_seconds"), "interval_seconds": entry.interval_seconds}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3, help="isolated runs per probe (median reported)")
+    ap.add_argument("--idle", type=float, default=30.0)
+    ap.add_argument("--busy", type=float, default=30.0)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/overhead.json"))
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="fc-overhead-"))
+    server, _ = start_in_thread(SimSettings(ttft_ms=40, itl_ms=8, max_tokens_default=64))
+    llm_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        probes = per_probe(work, llm_url, args.runs)
+        daemon = daemon_windows(work, llm_url, args.idle, args.busy)
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(work, ignore_errors=True)
+    cores = os.cpu_count() or 1
+    print(f"fleetcanary overhead on {platform.machine()}, {cores} cores, Python {platform.python_version()}")
+    print()
+    print(f"{'daemon':8} {'CPU (% of one core)':>20} {'RSS':>10} {'scrapes':>8}")
+    for mode in ("idle", "busy"):
+        d = daemon[mode]
+        print(f"{mode:8} {100 * d['cpu_ratio']:>19.2f}% {d['rss_bytes'] / 2**20:>8.1f} MiB {d['scrapes']:>8}")
+    print("(busy: every CPU probe due every 6-12 s and a scrape every second; probe work is in the workers)")
+    print()
+    print(f"{'probe':22} {'outcome':>16} {'wall s':>8} {'CPU s':>8} {'GPU s':>7} {'interval':>9} "
+          f"{'wall duty':>10} {'CPU duty':>9} {'CPU s/hour':>11}")
+    total_cpu_hour = 0.0
+    for name, p in probes.items():
+        runs_per_hour = 3600.0 / p["interval_seconds"]
+        wall_duty = p["wall_seconds"] / p["interval_seconds"]
+        cpu_duty = p["cpu_seconds"] / p["interval_seconds"]
+        cpu_hour = p["cpu_seconds"] * runs_per_hour
+        total_cpu_hour += cpu_hour
+        p.update(wall_duty=wall_duty, cpu_duty=cpu_duty, cpu_seconds_per_hour=cpu_hour)
+        label = p["outcome"] + (f" ({p['reason']})" if p["reason"] else "")
+        print(f"{name:22} {label:>16} {p['wall_seconds']:>8.2f} {p['cpu_seconds']:>8.2f} {p['gpu_seconds']:>7.3f} "
+              f"{p['interval_seconds']:>8.0f}s {100 * wall_duty:>9.2f}% {100 * cpu_duty:>8.3f}% {cpu_hour:>11.1f}")
+    print(f"{'all CPU probes':22} {'':>16} {'':>8} {'':>8} {'':>7} {'':>9} {'':>10} "
+          f"{100 * total_cpu_hour / 3600:>8.3f}% {total_cpu_hour:>11.1f}")
+    print(f"(CPU duty is of one core; this node has {cores}. GPU probes skip here without a GPU: see "
+          "docs/gpu-validation.md for their GPU seconds on an H200.)")
+    result = {"machine": {"arch": platform.machine(), "cores": cores, "python": platform.python_version()},
+              "daemon": daemon, "probes": probes, "cpu_seconds_per_hour_all_probes": total_cpu_hour}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
