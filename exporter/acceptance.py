@@ -19,7 +19,6 @@ them): one downtrained link in one run is a failure. A check nothing measured fa
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from probes import PROBES
 
+from .textfile import TextFileError, read_text
 from .units import human
 
 
@@ -103,11 +103,9 @@ class ExpectationsError(Exception):
 
 def load(path: str) -> Expectations:
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ExpectationsError([f"{path}: {exc.strerror or exc}"]) from None
-    except UnicodeDecodeError:
-        raise ExpectationsError([f"{path}: not UTF-8 text"]) from None
+        data = yaml.safe_load(read_text(path))
+    except TextFileError as exc:
+        raise ExpectationsError([str(exc)]) from None
     except yaml.YAMLError as exc:
         raise ExpectationsError([f"{path}: not YAML: {str(exc).splitlines()[0]}"]) from None
     try:

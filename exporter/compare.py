@@ -26,13 +26,13 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
 from . import results
+from .textfile import TextFileError, read_text
 from .units import human
 
 EXIT = {"Pass": 0, "Blocked": 1, "Conditional pass": 3}
@@ -145,9 +145,9 @@ class Thresholds:
         if not path:
             return cls()
         try:
-            data = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise results.ResultsError(f"{path}: {exc.strerror or exc}") from None
+            data = yaml.safe_load(read_text(path))
+        except TextFileError as exc:
+            raise results.ResultsError(str(exc)) from None
         except yaml.YAMLError as exc:
             raise results.ResultsError(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
         if data is None:

@@ -7,13 +7,14 @@ dispersion), parameters and the environment it ran in.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .textfile import TextFileError, read_text
 
 # Environment facts that must match for two results to be compared (the guide's
 # "avoid incorrect comparisons": hardware, power caps, CPU limits). Driver, CUDA,
@@ -89,23 +90,9 @@ def load(paths: list[str | Path]) -> list[Run]:
     for p in paths:
         path = Path(p)
         try:
-            if path.suffix == ".gz":
-                with gzip.open(path, "rt", encoding="utf-8") as fh:
-                    text = fh.read()
-            else:
-                text = path.read_text(encoding="utf-8")
-        except (gzip.BadGzipFile, EOFError):
-            raise ResultsError(f"{path}: not a gzip file (or truncated)") from None
-        except FileNotFoundError:
-            raise ResultsError(f"{path}: no such file") from None
-        except IsADirectoryError:
-            raise ResultsError(f"{path}: is a directory") from None
-        except PermissionError:
-            raise ResultsError(f"{path}: permission denied") from None
-        except UnicodeDecodeError:
-            raise ResultsError(f"{path}: not UTF-8 text (binary file?)") from None
-        except OSError as exc:
-            raise ResultsError(f"{path}: {exc.strerror or exc}") from None
+            text = read_text(path)
+        except TextFileError as exc:
+            raise ResultsError(str(exc)) from None
         raw: list[dict] = []
         stripped = text.strip()
         if not stripped:

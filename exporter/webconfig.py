@@ -29,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from .textfile import TextFileError, read_text
+
 TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTIONAL,
                "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL, "RequireAnyClientCert": ssl.CERT_REQUIRED,
@@ -152,15 +154,9 @@ def load(path: str | None) -> WebConfig:
     if not path:
         return WebConfig()
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WebConfigError(f"{path}: no such file") from None
-    except PermissionError:
-        raise WebConfigError(f"{path}: permission denied") from None
-    except UnicodeDecodeError:
-        raise WebConfigError(f"{path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise WebConfigError(f"{path}: {exc.strerror or exc}") from None
+        data = yaml.safe_load(read_text(path))
+    except TextFileError as exc:
+        raise WebConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise WebConfigError(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
     data = data or {}

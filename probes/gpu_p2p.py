@@ -57,17 +57,17 @@ class GpuP2P(Probe):
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
         from . import gpu_gate, torch_util
 
-        torch = torch_util.import_torch()
         links: dict[tuple[int, int], str] = {}
         nvml_access: dict[tuple[int, int], bool | None] = {}
         gate = None
         if config.device == "auto":
-            session = gpu_gate.open_session()
+            session = gpu_gate.open_session()  # no driver: skipped before paying for the torch import
         else:  # cpu: topology from NVML where it exists, else pseudo-GPUs
             try:
                 session = nvml.open_session()
             except nvml.NvmlUnavailable:
                 session = None
+        torch = torch_util.import_torch()
         if session is not None:
             with session:
                 handles = session.handles()
