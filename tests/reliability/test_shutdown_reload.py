@@ -29,6 +29,7 @@ def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
     assert "WARNING" not in log.split("stopping", 1)[1], "a shutdown kill is not a probe crash"
 
 
+@pytest.mark.slow
 def test_sighup_reload_under_scrape_load_keeps_serving(tmp_path):
     d = FaultDaemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
     failures, count, stop = [], [0], threading.Event()
