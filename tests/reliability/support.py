@@ -133,6 +133,20 @@ def pids_in(pid_dir: Path) -> list[int]:
     return [int(x) for f in pid_dir.iterdir() for x in f.read_text().split()]
 
 
+def leaked(pids: list[int]) -> list[int]:
+    """The recorded probe PIDs still running as fleetcanary workers. Over thousands of runs the kernel reuses
+    PIDs, so a live PID alone proves nothing: it must also still be a worker (or a child forked from one)."""
+    out = []
+    for p in pids:
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if alive(p) and b"exporter.worker" in cmd:
+            out.append(p)
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tests.reliability.support import FaultDaemon, alive, memory_cgroup, pids_in, value
+from tests.reliability.support import FaultDaemon, leaked, memory_cgroup, pids_in, value
 from tests.support.helpers import http_get, wait_for
 from tests.support.mounts import tmpfs
 
@@ -65,7 +65,7 @@ def test_every_fault_is_classified_and_the_daemon_keeps_serving(tmp_path):
     assert value(text, "fleetcanary_probe_success", probe="flood") == 1.0
     pids = pids_in(pid_dir)
     assert len(pids) >= 4
-    wait_for(lambda: not any(alive(p) for p in pids), timeout=5, what="no probe process left")
+    wait_for(lambda: not leaked(pids), timeout=5, what="no probe process left")
     assert "Traceback" not in d.log()
 
 
@@ -86,7 +86,7 @@ def test_an_oom_killed_probe_is_classified_and_the_daemon_survives(tmp_path):
             rc = d.stop()
     assert rc == 0
     pids = pids_in(pid_dir)
-    assert len(pids) >= 2 and not any(alive(p) for p in pids)
+    assert len(pids) >= 2 and not leaked(pids)
     assert "oom_killed" in d.log()
 
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.reliability.support import FaultDaemon, alive, pids_in, scaled, value
+from tests.reliability.support import FaultDaemon, alive, leaked, pids_in, scaled, value
 from tests.support.helpers import http_get, wait_for
 
 
@@ -23,7 +23,7 @@ def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
     took = time.monotonic() - t0
     assert rc == 0
     assert took < 2.0 + 5.0, f"stop took {took:.1f}s with a 2 s kill grace"
-    assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
+    assert leaked(pids) == []
     log = d.log()
     assert log.count("stopped by the shutdown") == 3 and "Traceback" not in log
     assert "WARNING" not in log.split("stopping", 1)[1], "a shutdown kill is not a probe crash"
