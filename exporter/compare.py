@@ -28,7 +28,6 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import yaml
 
 from . import results
@@ -65,6 +64,8 @@ class Row:
 
 
 def dispersion(xs: list[float]) -> dict[str, float]:
+    import numpy as np  # not at import time: the CLI (and so the daemon) imports this module
+
     a = np.asarray(xs, dtype=float)
     med = float(np.median(a))
     mean = float(a.mean())
@@ -73,8 +74,10 @@ def dispersion(xs: list[float]) -> dict[str, float]:
             "min": float(a.min()), "max": float(a.max()), "n": len(a)}
 
 
-def _boot_medians(runs: list[list[float]], rng) -> np.ndarray:
+def _boot_medians(runs: list[list[float]], rng):
     """Medians of BOOTSTRAP hierarchical resamples: runs with replacement, then each run's repeats."""
+    import numpy as np
+
     runs = [np.asarray(r, dtype=float) for r in runs if len(r)]
     n = len(runs)
     width = max(len(r) for r in runs)
@@ -94,6 +97,8 @@ def _boot_medians(runs: list[list[float]], rng) -> np.ndarray:
 def bootstrap_ratio(base: list[list[float]], cand: list[list[float]], seed: int = 0) -> tuple[float, float]:
     """95% interval of median(candidate) / median(baseline), resampling runs and the repeats within them,
     so both run-to-run and within-run variation count (a plain bootstrap of 3 run medians is overconfident)."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = _boot_medians(cand, rng) / _boot_medians(base, rng)
