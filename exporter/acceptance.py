@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from probes import PROBES
 
 from .textfile import TextFileError, read_text
-from .units import human
+from .units import human, text_table
 
 
 class Check(BaseModel):
@@ -201,13 +201,9 @@ def run_checks(exp: Expectations, outcomes) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    header = ("check", "series", "observed", "expected", "result")
-    lines = [header] + [(r["check"], r["series"] or "-", r["observed"], r["expected"], "PASS" if r["pass"] else "FAIL")
-                        for r in result["rows"]]
-    widths = [max(len(str(x[i])) for x in lines) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*x).rstrip() for x in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
+    out = [text_table(("check", "series", "observed", "expected", "result"),
+                      [(r["check"], r["series"] or "-", r["observed"], r["expected"], "PASS" if r["pass"] else "FAIL")
+                       for r in result["rows"]])]
     failed = sum(not r["pass"] for r in result["rows"])
     out.append("")
     out.append(f"acceptance: {'PASS' if result['passed'] else 'FAIL'} ({len(result['rows']) - failed} passed, "

@@ -32,7 +32,7 @@ import yaml
 
 from . import results
 from .textfile import TextFileError, read_text
-from .units import human
+from .units import human, text_table
 
 EXIT = {"Pass": 0, "Blocked": 1, "Conditional pass": 3}
 EXIT_ERROR = 2
@@ -252,6 +252,29 @@ def compare(base_runs: list[results.Run], cand_runs: list[results.Run], threshol
     }
 
 
+class Incomparable(results.ResultsError):
+    """The two sides differ in what must not differ; `why` names each field."""
+
+    def __init__(self, why: list[str]) -> None:
+        super().__init__("refusing to compare results from different setups: " + "; ".join(why))
+        self.why = why
+
+
+def decide(base_runs: list[results.Run], cand_runs: list[results.Run], thresholds: Thresholds,
+           allow_incomparable: bool = False) -> dict[str, Any]:
+    """compare(), after the comparability check: refused (Incomparable) unless allowed, and then at
+    best a Conditional pass, with the differing fields kept in forced_past."""
+    why = results.incomparable(base_runs, cand_runs)
+    if why and not allow_incomparable:
+        raise Incomparable(why)
+    result = compare(base_runs, cand_runs, thresholds)
+    if why:
+        result["forced_past"] = why
+        if result["verdict"] == "Pass":
+            result["verdict"] = "Conditional pass"
+    return result
+
+
 def _fmt_row(r: Row) -> tuple:
     def side(d):
         if d is None:
@@ -268,13 +291,8 @@ def _fmt_row(r: Row) -> tuple:
 
 
 def table(rows: list[Row]) -> str:
-    header = ("figure", "baseline", "dispersion", "candidate", "dispersion", "ratio", "95% CI", "class")
-    lines = [header] + [_fmt_row(r) for r in rows]
-    widths = [max(len(str(x[i])) for x in lines) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*x).rstrip() for x in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return text_table(("figure", "baseline", "dispersion", "candidate", "dispersion", "ratio", "95% CI", "class"),
+                      [_fmt_row(r) for r in rows])
 
 
 def to_json(result: dict[str, Any]) -> dict[str, Any]:
@@ -309,18 +327,14 @@ def main(args) -> int:
     except results.ResultsError as exc:
         print(f"fleetcanary compare: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    why = results.incomparable(base, cand)
-    if why and not args.allow_incomparable:
+    try:
+        result = decide(base, cand, thresholds, args.allow_incomparable)
+    except Incomparable as exc:
         print("fleetcanary compare: refusing to compare results from different setups "
               "(--allow-incomparable overrides):", file=sys.stderr)
-        for w in why:
+        for w in exc.why:
             print(f"  {w}", file=sys.stderr)
         return EXIT_ERROR
-    result = compare(base, cand, thresholds)
-    if why:
-        result["forced_past"] = why
-        if result["verdict"] == "Pass":
-            result["verdict"] = "Conditional pass"
     if not result["rows"]:
         print("fleetcanary compare: no figure was measured by both sides", file=sys.stderr)
         return EXIT_ERROR

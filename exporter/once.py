@@ -14,7 +14,7 @@ from . import acceptance
 from .daemon import class_path, history_record, probe_context
 from .history import History, HistoryError
 from .isolation import Outcome, become_subreaper, run_isolated
-from .units import human
+from .units import human, text_table
 
 
 def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=None) -> list[Outcome]:
@@ -65,19 +65,14 @@ def rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
 
 
 def table(rs: list[dict[str, Any]]) -> str:
-    header = ("probe", "figure", "median", "dispersion (MAD, CV)", "n", "status")
-    lines = [header]
+    lines = []
     for r in rs:
         if r["median"] is None:
             disp = "-"
         else:
             disp = f"±{human(r['mad'], r['unit'])}, {100 * (r['cv'] or 0):.1f}%"
         lines.append((r["probe"], r["figure"], human(r["median"], r["unit"]), disp, str(r["n"] or "-"), r["status"]))
-    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    text = [fmt.format(*row).rstrip() for row in lines]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return text_table(("probe", "figure", "median", "dispersion (MAD, CV)", "n", "status"), lines)
 
 
 def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1, expect: str | None = None) -> int:

@@ -130,18 +130,12 @@ def build(args) -> tuple[dict[str, Any], dict[str, list[results.Run]]]:
     all_runs = [r for rs in sides.values() for r in rs]
     rep: dict[str, Any] = {"generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if "baseline" in sides:
-        why = results.incomparable(sides["baseline"], sides["candidate"])
-        if why and not args.allow_incomparable:
-            raise results.ResultsError("refusing to compare results from different setups: " + "; ".join(why))
-        cmp_ = comparemod.compare(sides["baseline"], sides["candidate"], comparemod.Thresholds.load(args.thresholds))
-        if why:
-            cmp_["forced_past"] = why
-            if cmp_["verdict"] == "Pass":
-                cmp_["verdict"] = "Conditional pass"
+        cmp_ = comparemod.decide(sides["baseline"], sides["candidate"], comparemod.Thresholds.load(args.thresholds),
+                                 args.allow_incomparable)
         rep["objective"] = args.objective or "Verify that the candidate does not regress against the baseline."
         rep["environment"] = {"baseline": environment_section(sides["baseline"]),
                               "candidate": environment_section(sides["candidate"]),
-                              "changes": cmp_["changes"], "incomparable_fields": why}
+                              "changes": cmp_["changes"], "incomparable_fields": cmp_.get("forced_past", [])}
         rep["workload"] = {s: workload_section(rs) for s, rs in sides.items()}
         rep["baseline"] = figures_table(sides["baseline"])
         rep["candidate"] = figures_table(sides["candidate"])

@@ -18,6 +18,13 @@ import numpy as np  # noqa: E402
 from . import results  # noqa: E402
 
 
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def _series(sides):
     return {side: results.series(runs)[0] for side, runs in sides.items()}
 
@@ -46,11 +53,7 @@ def collectives(per_side, out: Path) -> str | None:
     ax.set_title("Collective bus bandwidth against message size")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    path = out / "collectives_busbw.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, out / "collectives_busbw.png")
 
 
 def gpu_bandwidth(per_side, out: Path) -> str | None:
@@ -73,11 +76,7 @@ def gpu_bandwidth(per_side, out: Path) -> str | None:
         ax.set_xlabel("GPU")
         ax.set_ylabel("GB/s")
         ax.legend(fontsize=7)
-    path = out / "gpu_bandwidth.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, out / "gpu_bandwidth.png")
 
 
 def p2p_matrix(per_side, out: Path) -> str | None:
@@ -103,11 +102,7 @@ def p2p_matrix(per_side, out: Path) -> str | None:
             if np.isfinite(v):
                 ax.text(b, a, f"{v:.0f}", ha="center", va="center", fontsize=6, color="w")
         fig.colorbar(im, ax=ax, shrink=0.8)
-    path = out / "p2p_matrix.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, out / "p2p_matrix.png")
 
 
 def render(sides: dict[str, list[results.Run]], out: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Human formatting of figures by unit, for tables."""
+"""Human formatting of figures by unit, and the plain-text tables they go into."""
 from __future__ import annotations
 
 import math
@@ -25,3 +25,13 @@ def human(value: float | None, unit: str) -> str:
     if unit == "ratio":
         return f"{value * 100:.1f}%"
     return f"{value:.4g} {unit}".strip()
+
+
+def text_table(header, rows) -> str:
+    """Left-aligned columns as wide as their widest cell, a rule under the header."""
+    lines = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*row).rstrip() for row in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
