@@ -79,7 +79,10 @@ class Daemon:
         self.store.set_enabled(self._enabled(settings), self._intervals(settings))
         self.store.set_environment(environment.collect(with_gpu=False))
         self.kube = self._kube(settings)
-        self.store.set_node_extra_labels(self._extra_node_labels(settings))
+        if self.kube is not None:
+            self._kube_changed()
+        else:
+            self.store.set_node_extra_labels(self._extra_node_labels(settings))
         self.history = self._history(settings)
         self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2))
         self.scheduler.on_clock_jump = lambda step: self.store.count_clock_jump()
@@ -117,7 +120,6 @@ class Daemon:
             log.error("kubernetes: cannot load the in-cluster config: %s; running without the API",
                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return None
-        self.store.set_kube(kube.snapshot(), settings.kubernetes.node_condition.type)
         return kube
 
     def _kube_changed(self) -> None:
@@ -125,8 +127,8 @@ class Daemon:
             return
         with self._settings_lock:
             settings = self.settings
-        self.store.set_kube(self.kube.snapshot(), settings.kubernetes.node_condition.type)
-        self.store.set_node_extra_labels(self._extra_node_labels(settings))
+        self.store.set_kube(self.kube.snapshot(), settings.kubernetes.node_condition.type,
+                            self._extra_node_labels(settings))
 
     @staticmethod
     def _history(settings) -> History | None:

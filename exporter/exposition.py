@@ -56,9 +56,6 @@ EXPORTER_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
      ("type",)),
 )
 
-KUBE_METRICS = ("fleetcanary_kubernetes_api_errors_total", "fleetcanary_kubernetes_last_sync_timestamp_seconds",
-                "fleetcanary_kubernetes_gpus_requested", "fleetcanary_kubernetes_node_condition_healthy")
-
 
 HELP = {name: help_text for name, _, help_text, _ in EXPORTER_METRICS}
 

@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .webconfig import WebConfig
+
 log = logging.getLogger("fleetcanary.http")
 HANDSHAKE_TIMEOUT = 10.0
 OPEN_PATHS = ("/healthz", "/readyz")  # liveness/readiness stay open for kubelet probes; they reveal nothing
@@ -34,12 +36,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512
     allow_reuse_address = True
-    web = None  # WebConfig; its ssl_context, when set, serves TLS
+    web: WebConfig  # set by MetricsServer; its ssl_context, when set, serves TLS
 
     def finish_request(self, request, client_address):
         # The TLS handshake runs here, in the connection's own thread, with a timeout: a
         # client that stalls its handshake never blocks accepting other connections.
-        ctx = self.web.ssl_context if self.web is not None else None
+        ctx = self.web.ssl_context
         if ctx is None:
             return super().finish_request(request, client_address)
         request.settimeout(HANDSHAKE_TIMEOUT)
@@ -59,10 +61,7 @@ class _Server(ThreadingHTTPServer):
 
 class MetricsServer:
     def __init__(self, store, host: str, port: int, health, ready, request_timeout: float = 10.0, web=None) -> None:
-        from .webconfig import WebConfig
-
         self.store = store
-        self.web = web or WebConfig()
         self.health = health
         self.ready = ready
         self._proc_registry = CollectorRegistry(auto_describe=False)
@@ -81,7 +80,7 @@ class MetricsServer:
 
             def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
                 self.send_response(code)
-                for k, v in server.web.headers.items():
+                for k, v in self.server.web.headers.items():
                     self.send_header(k, v)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -97,7 +96,7 @@ class MetricsServer:
             def do_GET(self):
                 path = self.path.split("?", 1)[0]
                 try:
-                    if path not in OPEN_PATHS and not server.web.check_authorization(self.headers.get("Authorization")):
+                    if path not in OPEN_PATHS and not self.server.web.check_authorization(self.headers.get("Authorization")):
                         self._send(401, b"unauthorized\n", "text/plain",
                                    {"WWW-Authenticate": 'Basic realm="fleetcanary", charset="UTF-8"'})
                         return
@@ -127,7 +126,7 @@ class MetricsServer:
             do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
         self.httpd = _Server((host, port), Handler)
-        self.httpd.web = self.web
+        self.httpd.web = web or WebConfig()
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
@@ -146,7 +145,6 @@ class MetricsServer:
 
     def set_web(self, web) -> None:
         """A reloaded web config: new connections use its TLS context and users."""
-        self.web = web
         self.httpd.web = web
 
     def start(self) -> None:

@@ -13,6 +13,7 @@ memory and no disk.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -33,11 +34,10 @@ CRASH_REASONS = ("exception", "killed_by_signal", "oom_killed", "exit_nonzero", 
                  "spawn_failed")
 
 
-def oom_kills() -> int | None:
-    """OOM kills counted in this process's memory cgroup; None where unreadable.
-
-    cgroup v2: memory.events (hierarchical); v1: memory.oom_control's oom_kill (kernel 4.13+).
-    """
+@functools.lru_cache(maxsize=1)
+def _oom_counter_file() -> str | None:
+    """The file holding this process's memory-cgroup OOM-kill count, found once: cgroup v2
+    memory.events (hierarchical) or v1 memory.oom_control (kernel 4.13+)."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [ln.rstrip("\n").split(":", 2) for ln in f]
@@ -50,16 +50,25 @@ def oom_kills() -> int | None:
         elif hid == "0" and controllers == "":
             for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
                 candidates.append(f"{root}{path.rstrip('/')}/memory.events")
-    for c in candidates:
-        try:
-            with open(c) as f:
-                for ln in f:
-                    k, _, v = ln.partition(" ")
-                    if k == "oom_kill":
-                        return int(v)
-        except (OSError, ValueError):
-            continue
+    return next((c for c in candidates if _read_oom_kill(c) is not None), None)
+
+
+def _read_oom_kill(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            for ln in f:
+                k, _, v = ln.partition(" ")
+                if k == "oom_kill":
+                    return int(v)
+    except (OSError, ValueError):
+        return None
     return None
+
+
+def oom_kills() -> int | None:
+    """OOM kills counted in this process's memory cgroup; None where unreadable."""
+    path = _oom_counter_file()
+    return _read_oom_kill(path) if path else None
 
 
 _live_lock = threading.Lock()

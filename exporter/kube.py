@@ -13,6 +13,7 @@ False after N consecutive failed runs of a watched probe, True again after a suc
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import logging
 import os
@@ -126,9 +127,7 @@ class Kube:
     # --- reads for the daemon ------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         with self._lock:
-            s = self._snap
-            return Snapshot(dict(s.labels), s.gpu_capacity, s.gpus_requested, list(s.gpu_pods), s.last_success,
-                            Counter(s.errors), s.condition_status)
+            return copy.deepcopy(self._snap)
 
     def context(self) -> dict[str, Any]:
         """What invasive probes' gating needs (probes/gpu_gate.py reads it)."""

@@ -68,8 +68,6 @@ class Scheduler:
             timezone=timezone.utc,
         )
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._intervals: dict[str, float] = {}
-        self._exclusive: dict[str, str | None] = {}
         self._jobs: dict[str, tuple[float, float, str | None]] = {}
         self._last_start: dict[str, float] = {}  # monotonic start of each job's last run
         self._jobs_lock = threading.RLock()
@@ -118,13 +116,13 @@ class Scheduler:
 
     def _job(self, name: str) -> None:
         self._last_start[name] = time.monotonic()
-        cls = self._exclusive.get(name)
+        interval, _, cls = self._jobs.get(name, (60.0, 0.0, None))
         if cls is None:
             self._run_probe(name)
             return
         lock = self._locks[cls]
         # Serialize the class; wait at most one interval, then let the next trigger try.
-        if not lock.acquire(timeout=self._intervals.get(name, 60.0)):
+        if not lock.acquire(timeout=interval):
             log.warning("probe %s: exclusive class %r stayed busy for a whole interval; run dropped", name, cls)
             return
         try:
@@ -140,9 +138,7 @@ class Scheduler:
             for job in self._sched.get_jobs():
                 job.remove()
             now = datetime.now(timezone.utc)
-            for name, (interval, jitter, exclusive) in jobs.items():
-                self._intervals[name] = interval
-                self._exclusive[name] = exclusive
+            for name, (interval, jitter, _) in jobs.items():
                 delay = (delays or {}).get(name)
                 if delay is None:
                     delay = random.uniform(0, min(jitter, FIRST_RUN_MAX_DELAY_SECONDS)) if first_delay else 0.0

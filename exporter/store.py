@@ -175,11 +175,13 @@ class ResultStore:
             self.node_extra_labels = {k: str(v)[:MAX_LABEL_VALUE] for k, v in labels.items()}
         self.rerender()
 
-    def set_kube(self, snapshot, condition_type: str) -> None:
-        """The Kubernetes integration's state (exporter/kube.py Snapshot), rendered as its metrics."""
+    def set_kube(self, snapshot, condition_type: str, node_extra_labels: dict[str, str]) -> None:
+        """The Kubernetes integration's state (exporter/kube.py Snapshot) and the node labels it
+        feeds, rendered together once."""
         with self._lock:
             self.kube = snapshot
             self.kube_condition_type = condition_type
+            self.node_extra_labels = {k: str(v)[:MAX_LABEL_VALUE] for k, v in node_extra_labels.items()}
         self.rerender()
 
     def set_environment(self, env: dict[str, Any]) -> None:

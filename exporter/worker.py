@@ -55,6 +55,10 @@ def redact(v: Any, key: str = "") -> Any:
     return v
 
 
+def _samples(result) -> list[dict[str, Any]]:
+    return [{"metric": s.metric, "labels": s.labels, "value": s.value} for s in result.samples]
+
+
 def execute(job: dict[str, Any]) -> dict[str, Any]:
     from probes.base import ProbeContext, ProbeError, ProbeSkipped, ProbeTimeout
 
@@ -70,7 +74,7 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
     try:
         result = probe.run(config, ctx)
         out["status"] = "success"
-        out["samples"] = [{"metric": s.metric, "labels": s.labels, "value": s.value} for s in result.samples]
+        out["samples"] = _samples(result)
         out["record"] = result.record()
     except ProbeSkipped as exc:
         out.update(status="skipped", reason=exc.reason, detail=exc.detail)
@@ -80,7 +84,7 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         reason = exc.reason if exc.reason in cls.all_failure_reasons() else "other"
         out.update(status="failure", reason=reason, detail=exc.detail or str(exc))
         if exc.result is not None:
-            out["samples"] = [{"metric": s.metric, "labels": s.labels, "value": s.value} for s in exc.result.samples]
+            out["samples"] = _samples(exc.result)
             out["record"] = exc.result.record()
     except Exception as exc:  # noqa: BLE001 - a probe bug is classified as a crash, never raised
         out.update(status="crash", reason="exception", detail=f"{type(exc).__name__}: {exc}",
