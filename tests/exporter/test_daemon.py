@@ -17,20 +17,13 @@ from probes import PROBES
 from tests.conftest import SMALL_HOST_BW
 from tests.support.fault_probes import FAULT_PROBES
 from tests.support.helpers import free_port, http_get, pid_alive, wait_for
+from tests.support.helpers import metric_value as value
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def families(text: str) -> dict:
     return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def value(text: str, name: str, **labels) -> float | None:
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
 
 
 def test_daemon_serves_host_bandwidth_results_and_health(start_daemon):

@@ -13,7 +13,7 @@ import yaml
 
 from probes import PROBES
 from tests.support.fault_probes import FAULT_PROBES
-from tests.support.helpers import free_port, http_get, unavailable, wait_for
+from tests.support.helpers import free_port, http_get, pid_alive, unavailable, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("FLEETCANARY_SOAK") == "full"
@@ -82,26 +82,6 @@ class FaultDaemon:
         return self.proc.returncode
 
 
-def value(text: str, metric: str, **labels) -> float | None:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        name, _, rest = line.partition("{")
-        if not rest:
-            name, val = line.split(" ", 1)
-            if name == metric and not labels:
-                return float(val)
-            continue
-        if name != metric:
-            continue
-        lab, _, val = rest.rpartition("} ")
-        got = ",".join(sorted(lab.split(",")))
-        if got == want:
-            return float(val)
-    return None
-
-
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -142,17 +122,9 @@ def leaked(pids: list[int]) -> list[int]:
             cmd = Path(f"/proc/{p}/cmdline").read_bytes()
         except OSError:
             continue
-        if alive(p) and b"exporter.worker" in cmd:
+        if pid_alive(p) and b"exporter.worker" in cmd:
             out.append(p)
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 @contextlib.contextmanager

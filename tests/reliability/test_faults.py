@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from tests.reliability.support import FaultDaemon, leaked, memory_cgroup, pids_in, value
+from tests.reliability.support import FaultDaemon, leaked, memory_cgroup, pids_in
+from tests.support.helpers import metric_value as value
 from tests.support.helpers import http_get, wait_for
 from tests.support.mounts import tmpfs
 

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from tests.reliability.support import FaultDaemon, alive, leaked, pids_in, scaled, value
-from tests.support.helpers import http_get, wait_for
+from tests.reliability.support import FaultDaemon, leaked, pids_in, scaled
+from tests.support.helpers import http_get, pid_alive, wait_for
+from tests.support.helpers import metric_value as value
 
 
 def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
@@ -17,7 +18,7 @@ def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
     d = FaultDaemon(tmp_path, probes, extra={"worker_kill_grace_seconds": 2.0})
     wait_for(lambda: len(pids_in(pid_dir)) >= 4, timeout=30, what="the long-running workers and a forked child")
     pids = pids_in(pid_dir)
-    assert all(alive(p) for p in pids)
+    assert all(pid_alive(p) for p in pids)
     t0 = time.monotonic()
     rc = d.stop(timeout=30)
     took = time.monotonic() - t0

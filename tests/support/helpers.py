@@ -55,6 +55,17 @@ def http_get(url: str, timeout: float = 10.0, headers: dict | None = None) -> tu
         return e.code, dict(e.headers), e.read()
 
 
+def metric_value(text: str, name: str, **labels) -> float | None:
+    """The first sample called `name` (e.g. fleetcanary_probe_runs_total) whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
 def pid_alive(pid: int) -> bool:
     """True if the process exists and is not a zombie."""
     try:
