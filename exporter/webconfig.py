@@ -55,14 +55,6 @@ class WebConfig:
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    @property
-    def tls(self) -> bool:
-        return self.ssl_context is not None
-
-    @property
-    def auth(self) -> bool:
-        return bool(self.users)
-
     def check_authorization(self, header: str | None) -> bool:
         """True if basic auth is off, or the Authorization header names a user with the right password."""
         if not self.users:
