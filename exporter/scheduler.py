@@ -25,6 +25,9 @@ BUDGET_WINDOW_SECONDS = 3600.0
 FIRST_RUN_MAX_DELAY_SECONDS = 10.0
 CLOCK_CHECK_SECONDS = 1.0
 CLOCK_JUMP_SECONDS = 5.0
+# A run that would start sooner than this share of its interval after the previous start is a
+# duplicate (APScheduler's catch-up run racing a re-plan after a clock step, a reload) and is dropped.
+MIN_GAP_SHARE = 0.5
 
 
 def wall() -> float:
@@ -71,6 +74,7 @@ class Scheduler:
         self._jobs: dict[str, tuple[float, float, str | None]] = {}
         self._last_start: dict[str, float] = {}  # monotonic start of each job's last run
         self._jobs_lock = threading.RLock()
+        self._start_lock = threading.Lock()
         self.clock_jumps = 0
         self.on_clock_jump: Callable[[float], None] | None = None
         self._stop = threading.Event()
@@ -107,16 +111,23 @@ class Scheduler:
                 jobs = dict(self._jobs)
             # Keep each probe's cadence: its next run comes one interval after its last start, as
             # measured on the monotonic clock, whatever APScheduler made of the step meanwhile.
-            delays = {n: max(0.0, self._last_start[n] + iv - m) if n in self._last_start else None
-                      for n, (iv, _, _) in jobs.items()}
+            with self._start_lock:
+                last = dict(self._last_start)
+            delays = {n: max(0.0, last[n] + iv - m) if n in last else None for n, (iv, _, _) in jobs.items()}
             if self._sched.running:
                 self.set_jobs(jobs, delays=delays)
             if self.on_clock_jump:
                 self.on_clock_jump(step)
 
     def _job(self, name: str) -> None:
-        self._last_start[name] = time.monotonic()
         interval, _, cls = self._jobs.get(name, (60.0, 0.0, None))
+        now = time.monotonic()
+        with self._start_lock:
+            last = self._last_start.get(name)
+            if last is not None and now - last < MIN_GAP_SHARE * interval:
+                log.debug("probe %s: run %.3f s after the previous start dropped as a duplicate", name, now - last)
+                return
+            self._last_start[name] = now
         if cls is None:
             self._run_probe(name)
             return

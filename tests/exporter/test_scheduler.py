@@ -51,3 +51,21 @@ def test_jitter_delays_runs_but_stays_within_the_interval():
     assert 0 <= first <= 10.0
     assert job.trigger.jitter == 10.0 and job.trigger.interval.total_seconds() == 100.0
     assert job.max_instances == 1 and job.coalesce is True
+
+
+def test_a_replan_right_after_a_run_does_not_run_the_probe_twice():
+    """A re-plan (reload, clock step) that asks for an immediate run just after one started must not
+    make a burst: the duplicate is dropped and the cadence stays one interval."""
+    import time
+
+    starts: list[float] = []
+    s = Scheduler(lambda name: starts.append(time.monotonic()), workers=2)
+    s.start()
+    try:
+        s.set_jobs({"x": (2.0, 0.0, None)}, first_delay=False)
+        wait_for(lambda: len(starts) >= 1, timeout=10, what="the first run")
+        s.set_jobs({"x": (2.0, 0.0, None)}, first_delay=False)  # asks for a run now
+        wait_for(lambda: len(starts) >= 2, timeout=10, what="the next run")
+    finally:
+        s.shutdown()
+    assert starts[1] - starts[0] >= 1.0, starts
