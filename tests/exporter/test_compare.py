@@ -80,13 +80,22 @@ def test_an_injected_8_percent_drop_in_one_figure_is_blocked_and_named(runs, tmp
     data = json.loads(compare(runs["base"], cand, "--thresholds", runs["th"], "--json").stdout)
     row = next(x for x in data["rows"] if x["figure"].startswith("inference output_tokens_per_second"))
     assert row["status"] == "regression" and row["severity"] == "block"
-    assert row["ci95"][1] < 1.0 and 0.90 < row["ratio"] < 0.94
+    # the real candidate carries its own run-to-run noise (about 1% here, 2% on a loaded VM)
+    assert row["ci95"][1] < 1.0 and 0.88 < row["ratio"] < 0.95
     assert data["blocking"] == [row["figure"]]
+    # against a scaled copy of the baseline itself the ratio is the injected one
+    same = tmp_path / "base-slow.json"
+    scale_figure(runs["base"], same, "inference", "output_tokens_per_second", 0.92)
+    data = json.loads(compare(runs["base"], same, "--thresholds", runs["th"], "--json").stdout)
+    row = next(x for x in data["rows"] if x["figure"].startswith("inference output_tokens_per_second"))
+    assert abs(row["ratio"] - 0.92) < 1e-6 and row["severity"] == "block" and data["verdict"] == "Blocked"
 
 
 def test_a_smaller_drop_within_warn_and_block_is_a_conditional_pass(runs, tmp_path):
-    cand = tmp_path / "cand-4pct.json"
-    scale_figure(runs["cand"], cand, "inference", "output_tokens_per_second", 0.96)
+    # a 4% drop sits 1% from either threshold, inside this VM's run-to-run noise under load: the
+    # candidate is the baseline itself with the drop injected, so the band is what is tested
+    cand = tmp_path / "base-4pct.json"
+    scale_figure(runs["base"], cand, "inference", "output_tokens_per_second", 0.96)
     r = compare(runs["base"], cand, "--thresholds", runs["th"])
     assert r.returncode == 3, r.stdout + r.stderr
     assert "verdict: Conditional pass" in r.stdout
