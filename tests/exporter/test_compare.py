@@ -34,9 +34,9 @@ def compare(*args):
 def runs(tmp_path_factory):
     """Two result sets of the same machine (3 runs each), and one with another storage file size."""
     tmp = tmp_path_factory.mktemp("compare")
-    server, _ = start_in_thread(SimSettings(ttft_ms=20, itl_ms=4, max_tokens_default=32))
+    server, _ = start_in_thread(SimSettings(ttft_ms=100, itl_ms=10, max_tokens_default=32))
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    bad, _ = start_in_thread(SimSettings(ttft_ms=20, itl_ms=4, max_tokens_default=32, wrong_answers=True))
+    bad, _ = start_in_thread(SimSettings(ttft_ms=100, itl_ms=10, max_tokens_default=32, wrong_answers=True))
     bad_url = f"http://127.0.0.1:{bad.server_address[1]}/v1"
     files = {}
     try:
