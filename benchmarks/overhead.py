@@ -19,22 +19,20 @@ directory). Prints tables and writes benchmarks/results/overhead.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import free_port, get, proc_stats, write_result  # noqa: E402
 from exporter import config as configmod  # noqa: E402
 from exporter.daemon import class_path, probe_context  # noqa: E402
 from exporter.isolation import become_subreaper, run_isolated  # noqa: E402
@@ -42,26 +40,6 @@ from exporter.llm_simulator import SimSettings, start_in_thread  # noqa: E402
 from probes import PROBES  # noqa: E402
 
 CPU_PROBES = ("host_memory_bandwidth", "storage", "collectives", "inference")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def proc_cpu_rss(pid: int) -> tuple[float, int]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / tick
-    rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-               if line.startswith("VmRSS:"))
-    return cpu, rss
-
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read()
 
 
 def probe_config(work: Path, llm_url: str, fast: bool) -> dict:
@@ -109,7 +87,7 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
             else:
                 raise SystemExit(f"overhead: the {mode} daemon's first runs did not finish")
             time.sleep(2)
-            c0, _ = proc_cpu_rss(proc.pid)
+            c0, _ = proc_stats(proc.pid)
             t0 = time.monotonic()
             scrapes = 0
             while time.monotonic() - t0 < seconds:
@@ -117,7 +95,7 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
                     get(url)
                     scrapes += 1
                 time.sleep(1.0)
-            c1, rss = proc_cpu_rss(proc.pid)
+            c1, rss = proc_stats(proc.pid)
             out[mode] = {"seconds": time.monotonic() - t0, "cpu_ratio": (c1 - c0) / (time.monotonic() - t0),
                          "rss_bytes": rss, "scrapes": scrapes}
         finally:
@@ -198,9 +176,7 @@ def main() -> int:
           "docs/gpu-validation.md for their GPU seconds on an H200.)")
     result = {"machine": {"arch": platform.machine(), "cores": cores, "python": platform.python_version()},
               "daemon": daemon, "probes": probes, "cpu_seconds_per_hour_all_probes": total_cpu_hour}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

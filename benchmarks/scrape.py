@@ -14,45 +14,20 @@ Loopback only; every loop is bounded by its duration.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"benchmark: {url} did not come up within {timeout}s")
-
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read()
+from benchmarks.common import free_port, get, proc_stats, wait_http, write_result  # noqa: E402
 
 
 def series_count(text: str) -> int:
@@ -85,15 +60,6 @@ def wrk(url: str, connections: int, duration: int, threads: int) -> dict:
     return {"p50_seconds": pct.get("50"), "p90_seconds": pct.get("90"), "p99_seconds": pct.get("99"),
             "requests": int(reqs.group(1)) if reqs else 0, "requests_per_second": float(rps.group(1)) if rps else 0,
             "errors": errors, "raw": out}
-
-
-def proc_stats(pid: int) -> tuple[float, int]:
-    """(cpu seconds, rss bytes) of one process."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
-    rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-    return cpu, rss
 
 
 def main() -> int:
@@ -227,9 +193,7 @@ def main() -> int:
     for k in ("fleetcanary", "node_exporter"):
         if results.get(k):
             results[k].pop("raw", None)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"wrote {args.out}")
+    write_result(args.out, results)
     return 0
 
 

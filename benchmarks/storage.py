@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import write_result  # noqa: E402
 from probes import storage  # noqa: E402
 
 
@@ -117,9 +118,7 @@ def main() -> int:
               f"(CV probe {cvp * 100:.0f}%, fio {cvq * 100:.0f}%)")
         result["rows"][key]["pooled"] = {"probe_median": p, "fio_median": q, "ratio": p / q, "probe_cv": cvp,
                                          "fio_cv": cvq}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -25,7 +25,6 @@ Loopback only. Prints the table and writes benchmarks/results/detection.json.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import shutil
@@ -41,6 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from alerts.backfill import BackfilledPrometheus, backfill_rules, create_blocks  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
 
 STEP = 900  # 15 min: the gpu_bandwidth cadence
 EVAL = {"step": 900}
@@ -301,9 +301,7 @@ def main() -> int:
               "driver_change": {"h100_gpus": len(h100), "detected": len(drv_hit), "false_on_h200": len(drv_false),
                                 "ttd_median_minutes": statistics.median(drv_ttd) / 60 if drv_ttd else None},
               "regression_alert_gpus": len(eps_r), "gpu_lost_ttd_minutes": lost_ttd, "timings": timings}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 
