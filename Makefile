@@ -12,17 +12,18 @@ STAMP  := $(VENV)/.installed
 DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio wrk
 PYTEST_ARGS ?=
 
-.PHONY: run test soak bench dashboards demo venv os-deps clean help
+.PHONY: run test lint-imports soak bench generate dashboards demo venv os-deps dist clean help
 
 help:
 	@echo "make run    - serve /metrics on :9835 with the embedded default config"
 	@echo "make test   - install everything needed and run the tests"
 	@echo "make soak   - the long reliability tests in full"
 	@echo "make bench  - run the benchmarks (tables + JSON under benchmarks/results/)"
-	@echo "make dashboards - regenerate dashboards/json from dashboards/*.dashboard.py"
+	@echo "make generate - regenerate rules, rule tests, runbooks, dashboards, deploy manifests and docs"
+	@echo "make dist   - build the wheel and the sdist into dist/"
 	@echo "make demo   - exporter + reference LLM server + Prometheus with the rules, for Grafana"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)"
@@ -50,8 +51,12 @@ os-deps:
 run: $(STAMP)
 	$(VENV)/bin/fleetcanary run $(if $(CONFIG),--config $(CONFIG))
 
-test: $(STAMP) os-deps
+test: $(STAMP) os-deps lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The layer contracts of pyproject.toml ([tool.importlinter]); fails on a broken one.
+lint-imports: $(STAMP)
+	$(PY) scripts/lint-imports
 
 soak: $(STAMP) os-deps
 	FLEETCANARY_SOAK=full $(PY) -m pytest -q -m slow tests/reliability
@@ -61,11 +66,17 @@ bench: $(STAMP) os-deps
 	$(PY) benchmarks/scrape.py --connections 200 --duration 60 --probes --out benchmarks/results/scrape-200.json
 	$(PY) benchmarks/overhead.py
 
-dashboards: $(STAMP)
-	$(PY) dashboards/build.py
+# Every generated file, in dependency order (scripts/generate); tests/test_generated.py fails when one is stale.
+generate: $(STAMP)
+	$(PY) scripts/generate
+
+dashboards: generate
+
+dist: $(STAMP)
+	rm -rf dist && $(PY) -m build --outdir dist .
 
 demo: $(STAMP)
 	$(VENV)/bin/fleetcanary demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache benchmarks/results
+	rm -rf $(VENV) .pytest_cache benchmarks/results dist build

@@ -1,0 +1,2 @@
+"""The recording and alert rules, shipped as package data of `fleetcanary.rules`. The
+generators beside this file stay out of the wheel."""

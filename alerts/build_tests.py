@@ -67,7 +67,7 @@ def fleet(f: build.Family, n_nodes: int, values: dict[int, list[float]], minutes
 
 
 def build_ttft_buckets():
-    from probes.inference import TTFT_BUCKETS
+    from fleetcanary.probes.inference import TTFT_BUCKETS
 
     return TTFT_BUCKETS
 

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from probes import llm_client  # noqa: E402
+from fleetcanary.probes.lib import llm_client  # noqa: E402
 
 
 def pct(vals, q):
@@ -52,7 +52,7 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sim = subprocess.Popen([sys.executable, "-m", "exporter.cli", "simulate-llm", "--listen", f"127.0.0.1:{port}",
+    sim = subprocess.Popen([sys.executable, "-m", "fleetcanary", "simulate-llm", "--listen", f"127.0.0.1:{port}",
                             "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms), "--jitter-ms",
                             str(args.jitter_ms), "--batch-size", "1000"], cwd=ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)

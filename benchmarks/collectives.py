@@ -49,7 +49,7 @@ def main() -> int:
                                        "probes": {"collectives": {"params": params, "timeout_seconds": 600,
                                                                   "interval_seconds": 3600}}}))
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "exporter.cli", "once", "--config", str(cfg), "--json",
+        r = subprocess.run([sys.executable, "-m", "fleetcanary", "once", "--config", str(cfg), "--json",
                             "--probe", "collectives"], capture_output=True, text=True, cwd=ROOT, timeout=900)
         wall = time.monotonic() - t0
     if r.returncode not in (0, 1):
@@ -59,7 +59,7 @@ def main() -> int:
     if run["outcome"] != "success":
         print(f"collectives: {run['outcome']} ({run['reason']}): {run['detail']}")
         return 1
-    rec = run["record"]
+    rec = run["result"]
     p = rec["parameters"]
     print(f"collectives sweep: backend {p['backend']}, {p['world']} ranks, {p['iterations']} timed iterations "
           f"after {p['warmup']} warm-up per size; time = slowest rank, median over iterations")
@@ -86,7 +86,7 @@ def main() -> int:
               f"{'kept (' + str(len(rec['extra']['topology_xml'])) + ' bytes)' if rec['extra'].get('topology_xml') else 'not available'}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"backend": p["backend"], "ranks": p["world"], "rows": rows,
-                                          "wall_seconds": run["duration_seconds"], "gpu_seconds": gpu_s,
+                                          "wall_seconds": run["wall_seconds"], "gpu_seconds": gpu_s,
                                           "timed_seconds": timed, "cli_wall_seconds": wall,
                                           "nccl_version": rec["extra"].get("nccl_version")}, indent=1))
     print(f"wrote {args.out}")

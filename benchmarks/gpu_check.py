@@ -86,7 +86,7 @@ def main() -> int:
     state = tempfile.mkdtemp(prefix="fc-gpu-")
     cfg = Path(state) / "config.yaml"
     cfg.write_text(f"state_dir: {state}\nprobes:\n  gpu_health:\n    params:\n      xid_wait_seconds: 1\n")
-    cmd = [sys.executable, "-m", "exporter.cli", "once", "--config", str(cfg), "--json",
+    cmd = [sys.executable, "-m", "fleetcanary", "once", "--config", str(cfg), "--json",
            "--probe", "gpu_health", "--probe", "gpu_bandwidth", "--probe", "gpu_p2p"]
     t1 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=200)
@@ -101,7 +101,7 @@ def main() -> int:
     (out / "once.json").write_text(json.dumps(data, indent=1))
 
     bw = runs["gpu_bandwidth"]
-    figs = {f["name"]: f for f in (bw.get("record") or {}).get("figures", [])}
+    figs = {f["name"]: f for f in (bw.get("result") or {}).get("figures", [])}
     ref = statistics.median([ref_before["median_bytes_per_second"], ref_after["median_bytes_per_second"]])
     result = {"environment": {**env_info, "driver": bw.get("environment", {}).get("driver_version"),
                               "cuda_driver": bw.get("environment", {}).get("cuda_driver_version")},
@@ -133,20 +133,20 @@ def main() -> int:
                 print(f"{'gpu_bandwidth ' + name:34} {f['median'] / div:>9.3f} {unit} {f['dispersion']['cv'] * 100:>5.1f}%")
         verdict = "PASS" if abs(ratio - 1) <= 0.10 else "FAIL"
         print(f"D2D probe / reference = {ratio:.3f}  ({verdict}: target within 10%)")
-        gpu_s = (bw.get("record") or {}).get("gpu_seconds", {})
+        gpu_s = (bw.get("result") or {}).get("gpu_seconds", {})
         result["gpu_seconds_per_run"] = gpu_s
-        params = bw["record"]["parameters"]
+        params = bw["result"]["parameters"]
         print(f"GPU time per gpu_bandwidth run: {', '.join(f'GPU {g}: {s:.3f} s' for g, s in gpu_s.items())} "
               f"(warm-up {params['warmup']} + {params['repeats']} repeats per direction; "
-              f"D2D buffer {bw['record']['extra']['per_gpu']['0']['d2d_bytes'] / 2**30:.2f} GiB, "
-              f"host buffer {bw['record']['extra']['per_gpu']['0']['host_bytes'] / 2**20:.0f} MiB)")
+              f"D2D buffer {bw['result']['extra']['per_gpu']['0']['d2d_bytes'] / 2**30:.2f} GiB, "
+              f"host buffer {bw['result']['extra']['per_gpu']['0']['host_bytes'] / 2**20:.0f} MiB)")
     health = runs.get("gpu_health", {})
     if health.get("outcome") == "success":
-        g0 = health["record"]["extra"]["gpus"][0]
+        g0 = health["result"]["extra"]["gpus"][0]
         links = g0.get("nvlinks", [])
         result["health"] = {"pcie": g0.get("pcie"), "throttle": g0.get("throttle_reasons"), "ecc": g0.get("ecc"),
                             "remapped_rows": g0.get("remapped_rows"), "nvlinks_up": sum(x["up"] for x in links),
-                            "nvlinks": len(links), "xid_watch_seconds": health["record"]["extra"]["xid_watch_seconds"]}
+                            "nvlinks": len(links), "xid_watch_seconds": health["result"]["extra"]["xid_watch_seconds"]}
         print(f"gpu_health: PCIe {g0['pcie']}, throttle {g0['throttle_reasons']}, NVLinks up "
               f"{result['health']['nvlinks_up']}/{len(links)}, remapped {g0['remapped_rows']}")
     (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str))

@@ -33,11 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import free_port, get, proc_stats, write_result  # noqa: E402
-from exporter import config as configmod  # noqa: E402
-from exporter.daemon import class_path, probe_context  # noqa: E402
-from exporter.isolation import become_subreaper, run_isolated  # noqa: E402
-from exporter.llm_simulator import SimSettings, start_in_thread  # noqa: E402
-from probes import PROBES  # noqa: E402
+from fleetcanary.core import config as configmod  # noqa: E402
+from fleetcanary.runner import job  # noqa: E402
+from fleetcanary.runner.isolation import become_subreaper, run_isolated  # noqa: E402
+from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread  # noqa: E402
+from fleetcanary.probes import PROBES  # noqa: E402
 
 CPU_PROBES = ("host_memory_bandwidth", "storage", "collectives", "inference")
 
@@ -70,7 +70,7 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
         cfg["server"] = {"listen_address": f"127.0.0.1:{port}"}
         path = work / f"daemon-{mode}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "run", "--config", str(path)], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(path)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=open(work / f"daemon-{mode}.log", "wb"))
         try:
             url = f"http://127.0.0.1:{port}/metrics"
@@ -117,12 +117,12 @@ def per_probe(work: Path, llm_url: str, runs: int) -> dict:
         rows = []
         for _ in range(runs):
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            o = run_isolated(name, class_path(PROBES[name]), entry.params.model_dump(mode="json"),
-                             probe_context(settings, None), entry.timeout_seconds)
+            o = run_isolated(job.build(name, PROBES[name], entry.params.model_dump(mode="json"),
+                                       job.probe_context(settings)), entry.timeout_seconds)
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            rows.append({"outcome": o.outcome, "reason": o.reason, "wall_seconds": o.duration_seconds,
+            rows.append({"outcome": o.outcome, "reason": o.reason, "wall_seconds": o.wall_seconds,
                          "cpu_seconds": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
-                         "gpu_seconds": sum(float(v) for v in (o.record.get("gpu_seconds") or {}).values()),
+                         "gpu_seconds": sum(o.gpu_seconds.values()),
                          "max_rss_bytes": r1.ru_maxrss * 1024})
         med = (lambda k: sorted(r[k] for r in rows)[len(rows) // 2])
         out[name] = {"runs": rows, "outcome": rows[-1]["outcome"], "reason": rows[-1]["reason"],

@@ -94,7 +94,7 @@ def main() -> int:
                       f"        - {{name: scratch, path: {work / 'scratch'}, file_bytes: 33554432, "
                       "checkpoint_bytes: 0, small_files: 20, min_free_bytes: 0}\n")
         cfg.write_text(f"state_dir: {work / 'state'}\nserver:\n  listen_address: 127.0.0.1:{fc_port}\n" + probes)
-        fc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "run", "--config", str(cfg)], cwd=ROOT,
+        fc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(cfg)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=open(work / "fc.log", "wb"))
         procs.append(fc)
         fc_url = f"http://127.0.0.1:{fc_port}/metrics"
@@ -114,9 +114,9 @@ def main() -> int:
                                        "cpu_ratio": (cpu1 - cpu0) / (time.monotonic() - t0)}
 
         text = get(fc_url).decode()
-        from exporter.exposition import render  # noqa: PLC0415 - measured in-process below
-        from exporter.store import ResultStore
-        from probes import PROBES
+        from fleetcanary.daemon.collector import render  # noqa: PLC0415 - measured in-process below
+        from fleetcanary.daemon.state import ResultStore
+        from fleetcanary.probes import PROBES
 
         store = ResultStore(PROBES, list(PROBES))
         n_render = 200

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import write_result  # noqa: E402
-from probes import storage  # noqa: E402
+from fleetcanary.probes import storage  # noqa: E402
 
 
 def fio(args: list[str]) -> dict:

@@ -6,15 +6,15 @@ for configuration and metric specs, and it never loads those.
 """
 from __future__ import annotations
 
-from .base import Probe
-from .collectives import Collectives
-from .gpu_bandwidth import GpuBandwidth
-from .gpu_health import GpuHealth
-from .gpu_p2p import GpuP2P
-from .host_memory_bandwidth import HostMemoryBandwidth
-from .inference import Inference
-from .object_storage import ObjectStorage
-from .storage import Storage
+from fleetcanary.probes.base import Probe
+from fleetcanary.probes.collectives import Collectives
+from fleetcanary.probes.gpu_bandwidth import GpuBandwidth
+from fleetcanary.probes.gpu_health import GpuHealth
+from fleetcanary.probes.gpu_p2p import GpuP2P
+from fleetcanary.probes.host_memory_bandwidth import HostMemoryBandwidth
+from fleetcanary.probes.inference import Inference
+from fleetcanary.probes.object_storage import ObjectStorage
+from fleetcanary.probes.storage import Storage
 
 PROBES: dict[str, type[Probe]] = {
     HostMemoryBandwidth.name: HostMemoryBandwidth,

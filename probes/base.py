@@ -16,11 +16,12 @@ probe declares in ``failure_reasons``. Anything else is a crash.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from fleetcanary.probes.lib.stats import dispersion
 
 # Why a probe did not run. Fixed and small: it becomes a label value.
 SKIP_REASONS: tuple[str, ...] = (
@@ -107,26 +108,6 @@ class Sample:
     value: float
 
 
-def dispersion(values: list[float]) -> dict[str, float]:
-    """Median and robust dispersion of repeats: MAD, CV, min, max, count."""
-    if not values:
-        raise ValueError("no values")
-    med = statistics.median(values)
-    mad = statistics.median([abs(v - med) for v in values])
-    mean = statistics.fmean(values)
-    stdev = statistics.stdev(values) if len(values) > 1 else 0.0
-    cv = stdev / mean if mean else 0.0
-    return {
-        "median": med,
-        "mad": mad,
-        "cv": cv,
-        "min": min(values),
-        "max": max(values),
-        "mean": mean,
-        "n": float(len(values)),
-    }
-
-
 @dataclass
 class Figure:
     """A measured figure: raw repeats kept beside the reduced value."""
@@ -165,7 +146,7 @@ class ProbeResult:
     gpu_seconds: dict[str, float] = field(default_factory=dict)  # gpu index -> seconds
     extra: dict[str, Any] = field(default_factory=dict)     # probe-specific record fields
 
-    def record(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "figures": [f.to_dict() for f in self.figures],
             "parameters": self.parameters,

@@ -16,7 +16,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from .base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, figure_sample
+from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, figure_sample
 
 METRIC = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
 DIRECTIONS = ("d2d", "h2d", "d2h")
@@ -52,7 +52,7 @@ class GpuBandwidth(Probe):
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
-        from . import gpu_gate, torch_util
+        from fleetcanary.probes.lib import gpu_gate, torch_util
 
         kind = torch_util.resolve_device_kind(config.device) if config.device == "cpu" else None
         gate = None

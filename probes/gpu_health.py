@@ -17,9 +17,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from . import nvml
-from .base import MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeResult, Sample
-from .gpu_gate import open_session
+from fleetcanary.probes.lib import nvml
+from fleetcanary.probes.base import MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeResult, Sample
+from fleetcanary.probes.lib.gpu_gate import open_session
 
 P = "fleetcanary_gpu_"
 
@@ -89,7 +89,7 @@ class GpuHealth(Probe):
             try:
                 handles = session.handles()
             except session.lib.NVMLError as exc:
-                from .base import ProbeError
+                from fleetcanary.probes.base import ProbeError
 
                 raise ProbeError("nvml_error", f"cannot enumerate GPUs: {exc}") from None
             gpus = []

@@ -14,8 +14,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from . import nvml
-from .base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+from fleetcanary.probes.lib import nvml
+from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
 
 BW = "fleetcanary_gpu_p2p_bandwidth_bytes_per_second"
 BIDI = "fleetcanary_gpu_p2p_bidirectional_bandwidth_bytes_per_second"
@@ -55,7 +55,7 @@ class GpuP2P(Probe):
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
-        from . import gpu_gate, torch_util
+        from fleetcanary.probes.lib import gpu_gate, torch_util
 
         links: dict[tuple[int, int], str] = {}
         nvml_access: dict[tuple[int, int], bool | None] = {}

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from .base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, figure_sample
+from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, figure_sample
 
 METRIC = "fleetcanary_host_memory_bandwidth_bytes_per_second"
 ELEMENT_BYTES = 8

@@ -28,8 +28,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from . import llm_client
-from .base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+from fleetcanary.probes.lib import llm_client
+from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
 
 P = "fleetcanary_inference_"
 LABELS = ("target", "model")

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
 
 PHASES = ("resolve", "connect", "tls", "first_byte", "transfer")
 FAILURE_REASONS = ("dns_failure", "connect_refused", "connect_timeout", "tls_error", "http_4xx", "http_5xx",

@@ -31,7 +31,7 @@ class DaemonProcess:
         self.log_path = tmp_path / "daemon.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter.cli", "run", "--config", str(self.config_path)],
+            [sys.executable, "-m", "fleetcanary", "run", "--config", str(self.config_path)],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})},
         )
         self.url = f"http://127.0.0.1:{self.port}"

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.daemon import class_path
-from exporter.isolation import run_isolated
-from probes import nccl_tests
-from probes.base import ProbeError, ProbeSkipped
-from probes.collectives import ALGBW, BUSBW, COLLECTIVES, LAT, Collectives, Config, bus_factor
-from tests.probes.gpu_support import ctx
+from tests.support.helpers import run_job
+from fleetcanary.probes.collectives import nccl_tests
+from fleetcanary.probes.base import ProbeError, ProbeSkipped
+from fleetcanary.probes.collectives import ALGBW, BUSBW, COLLECTIVES, LAT, Collectives, Config, bus_factor
+from tests.support.gpu import ctx
 from tests.support.helpers import pid_alive, wait_for
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
@@ -25,9 +24,7 @@ def params(ranks, **kw):
 
 
 def run_worker(tmp_path, p, timeout=60.0, env=None):
-    return run_isolated("collectives", class_path(Collectives), p,
-                        {"node_name": "t", "state_dir": str(tmp_path), "gpu": {}, "kube": {}}, timeout,
-                        kill_grace_seconds=1.0, env=env, collect_gpu_facts=False)
+    return run_job(Collectives, p, tmp_path, timeout, kill_grace_seconds=1.0, env=env)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -39,7 +36,7 @@ def test_gloo_sweep_every_collective_consistent_with_nccl_tests_formulas(tmp_pat
         lab = s["labels"]
         assert lab["ranks"] == str(ranks) and lab["backend"] == "gloo"
         by[(s["metric"], lab["collective"], int(lab["size_bytes"]))] = s["value"]
-    sweep = {(e["collective"], e["size_bytes"]): e for e in out.record["extra"]["sweep"]}
+    sweep = {(e["collective"], e["size_bytes"]): e for e in out.result["extra"]["sweep"]}
     for coll in COLLECTIVES:
         for size in SIZES:
             lat, alg, bus = by[(LAT, coll, size)], by[(ALGBW, coll, size)], by[(BUSBW, coll, size)]
@@ -54,7 +51,7 @@ def test_gloo_sweep_every_collective_consistent_with_nccl_tests_formulas(tmp_pat
             # the published time is the slowest rank's, iteration by iteration
             assert e["time_seconds"] == [max(r[k] for r in e["per_rank_time_seconds"]) for k in range(4)]
     assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("all_gather", 4) == 0.75
-    assert out.record["extra"]["torch"]
+    assert out.result["extra"]["torch"]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -1,15 +1,15 @@
 """Every probe in the map honours the contract in probes/base.py."""
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from probes import PROBES
-from probes.base import SKIP_REASONS, MetricSpec, ProbeSkipped
+from fleetcanary.probes import PROBES
+from fleetcanary.probes.base import SKIP_REASONS, MetricSpec, ProbeSkipped
 
-ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"^fleetcanary_[a-z0-9_]+$")
 BASE_UNITS = {"bytes", "seconds", "bytes_per_second", "ratio", "info", "total", "celsius", "watts", "ops_per_second",
               "tokens_per_second", "count", "hertz", "operations_per_second", "boolean"}
@@ -35,7 +35,7 @@ def test_probe_declares_a_valid_contract(name):
 
 @pytest.mark.parametrize("name", list(PROBES))
 def test_probe_module_imports_nothing_heavy_at_module_level(name):
-    src = Path(ROOT / (PROBES[name].__module__.replace(".", "/") + ".py")).read_text()
+    src = Path(sys.modules[PROBES[name].__module__].__file__).read_text()
     for node in ast.parse(src).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name

@@ -1,13 +1,12 @@
 """gpu_health against fake NVML built from recorded node facts: every metric, every skip."""
 import pytest
 
-from exporter.daemon import class_path
-from exporter.isolation import run_isolated
-from exporter.store import ResultStore
-from probes.base import ProbeError, ProbeSkipped
-from probes.gpu_health import Config, GpuHealth
-from probes.nvml import THROTTLE_REASONS
-from tests.probes.gpu_support import FIXTURES, ctx, fake, samples, value
+from tests.support.helpers import run_job
+from fleetcanary.daemon.state import ResultStore
+from fleetcanary.probes.base import ProbeError, ProbeSkipped
+from fleetcanary.probes.gpu_health import Config, GpuHealth
+from fleetcanary.probes.lib.nvml import THROTTLE_REASONS
+from tests.support.gpu import FIXTURES, ctx, fake, samples, value
 
 P = "fleetcanary_gpu_"
 
@@ -107,8 +106,7 @@ def test_health_metrics_render_in_the_exposition_from_a_worker(tmp_path):
     env = {"FLEETCANARY_FAKE_NVML": str(FIXTURES / "h100_8gpu_degraded.json")}
     store = ResultStore({"gpu_health": GpuHealth}, ["gpu_health"])
     for _ in range(2):
-        out = run_isolated("gpu_health", class_path(GpuHealth), {"xid_wait_seconds": 0.1},
-                           {"node_name": "", "state_dir": str(tmp_path), "gpu": {}, "kube": {}}, 30, env=env)
+        out = run_job(GpuHealth, {"xid_wait_seconds": 0.1}, tmp_path, 30, env=env, collect_gpu_facts=True)
         assert out.outcome == "success", out
         store.apply(out)
     text = store.exposition.decode()

@@ -1,9 +1,9 @@
 """gpu_p2p: the full ordered-pair matrix with real copies on device "cpu" and topology from fake NVML."""
 import pytest
 
-from probes.base import ProbeSkipped
-from probes.gpu_p2p import ACCESS, BIDI, BW, LINK, Config, GpuP2P
-from tests.probes.gpu_support import ctx, fake, samples, value
+from fleetcanary.probes.base import ProbeSkipped
+from fleetcanary.probes.gpu_p2p import ACCESS, BIDI, BW, LINK, Config, GpuP2P
+from tests.support.gpu import ctx, fake, samples, value
 
 SMALL = dict(device="cpu", bytes=1 << 20, warmup=0, repeats=2)
 

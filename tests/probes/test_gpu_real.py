@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from probes.base import ProbeContext
+from fleetcanary.probes.base import ProbeContext
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -18,7 +18,7 @@ def ctx(tmp_path):
 
 
 def test_gpu_bandwidth_on_cuda(tmp_path):
-    from probes.gpu_bandwidth import Config, GpuBandwidth
+    from fleetcanary.probes.gpu_bandwidth import Config, GpuBandwidth
 
     r = GpuBandwidth().run(Config(repeats=5), ctx(tmp_path))
     figs = {(f.labels["gpu"], f.name): f.median for f in r.figures}
@@ -29,7 +29,7 @@ def test_gpu_bandwidth_on_cuda(tmp_path):
 
 
 def test_gpu_health_on_real_nvml(tmp_path):
-    from probes.gpu_health import Config, GpuHealth
+    from fleetcanary.probes.gpu_health import Config, GpuHealth
 
     r = GpuHealth().run(Config(xid_wait_seconds=0.5), ctx(tmp_path))
     names = {s.metric for s in r.samples}

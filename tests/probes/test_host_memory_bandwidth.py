@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from probes.base import ProbeContext, ProbeError
-from probes.host_memory_bandwidth import METRIC, Config, HostMemoryBandwidth, last_level_cache_bytes
+from fleetcanary.probes.base import ProbeContext, ProbeError
+from fleetcanary.probes.host_memory_bandwidth import METRIC, Config, HostMemoryBandwidth, last_level_cache_bytes
 
 
 def ctx(tmp_path):

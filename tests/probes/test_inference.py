@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probes import llm_client
-from probes.base import ProbeError, ProbeSkipped
-from probes.inference import Config, Golden, Inference, Target
-from tests.probes.gpu_support import ctx, samples, value
+from fleetcanary.probes.lib import llm_client
+from fleetcanary.probes.base import ProbeError, ProbeSkipped
+from fleetcanary.probes.inference import Config, Golden, Inference, Target
+from tests.support.gpu import ctx, samples, value
 from tests.support.llm import RawStreamServer, sim, sim_headers  # noqa: F401 - fixture
 
 P = "fleetcanary_inference_"

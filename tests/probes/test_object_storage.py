@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import trustme
 
-from probes.base import ProbeError
-from probes.object_storage import Config, ObjectStorage, Target, fetch
-from tests.probes.gpu_support import ctx, value
+from fleetcanary.probes.base import ProbeError
+from fleetcanary.probes.object_storage import Config, ObjectStorage, Target, fetch
+from tests.support.gpu import ctx, value
 from tests.support.helpers import unavailable
 from tests.support.object_server import ObjectServer
 

@@ -2,7 +2,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probes.sse import SSEParser
+from fleetcanary.probes.lib.sse import SSEParser
 
 
 def parse(chunks: list[bytes]) -> list[tuple[str, str]]:

@@ -4,11 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.daemon import class_path
-from exporter.isolation import run_isolated
-from probes.base import ProbeError, ProbeSkipped
-from probes.storage import WORKDIR, Config, Storage, Target
-from tests.probes.gpu_support import ctx, samples, value
+from tests.support.helpers import run_job
+from fleetcanary.probes.base import ProbeError, ProbeSkipped
+from fleetcanary.probes.storage import WORKDIR, Config, Storage, Target
+from tests.support.gpu import ctx, samples, value
 from tests.support.mounts import tmpfs
 
 P = "fleetcanary_storage_"
@@ -58,9 +57,7 @@ def test_killed_at_the_deadline_mid_run_leaves_nothing(tmp_path):
     d = tmp_path / "slow"
     d.mkdir()
     params = {"targets": [{"name": "t1", "path": str(d), **{**SMALL, "small_files": 100000}}], "repeats": 1}
-    out = run_isolated("storage", class_path(Storage), params,
-                       {"node_name": "t", "state_dir": str(tmp_path), "gpu": {}, "kube": {}},
-                       timeout_seconds=1.0, kill_grace_seconds=20.0, collect_gpu_facts=False)
+    out = run_job(Storage, params, tmp_path, timeout_seconds=1.0, kill_grace_seconds=20.0)
     assert out.outcome == "timeout"
     assert list(d.iterdir()) == [], list(d.rglob("*"))[:5]
 

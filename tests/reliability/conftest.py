@@ -1,6 +1,6 @@
 import pytest
 
-from tests.reliability.support import RUNNING
+from tests.support.reliability import RUNNING
 
 
 @pytest.fixture(autouse=True)

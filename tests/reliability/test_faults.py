@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tests.reliability.support import FaultDaemon, leaked, memory_cgroup, pids_in
+from tests.support.reliability import FaultDaemon, leaked, memory_cgroup, pids_in
 from tests.support.helpers import metric_value as value
 from tests.support.helpers import http_get, wait_for
 from tests.support.mounts import tmpfs
@@ -133,7 +133,7 @@ def test_a_wall_clock_step_replans_the_probes(monkeypatch, step):
 
     import apscheduler.schedulers.base as aps_base
 
-    from exporter import scheduler as sched_mod
+    from fleetcanary.daemon import scheduler as sched_mod
 
     offset = {"s": 0.0}
 

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.scrape import wrk as bench_wrk
 from tests.conftest import SMALL_HOST_BW
-from tests.reliability.support import FaultDaemon, children, fd_count, leaked, pids_in, rss_bytes, scaled
+from tests.support.reliability import FaultDaemon, children, fd_count, leaked, pids_in, rss_bytes, scaled
 from tests.support.helpers import metric_value as value
 from tests.support.helpers import require_binary, wait_for
 

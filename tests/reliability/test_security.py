@@ -15,7 +15,7 @@ import pytest
 import trustme
 import yaml
 
-from exporter import webconfig
+from fleetcanary.daemon import webconfig
 from tests.conftest import ROOT
 from tests.support.helpers import free_port, require_binary, wait_for
 from tests.support.prometheus import Prometheus
@@ -51,7 +51,7 @@ class Served:
                                                     "interval_seconds": 30, "timeout_seconds": 20}},
                **(extra or {})}
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-        args = [sys.executable, "-m", "exporter.cli", "run", "--config", str(tmp_path / "config.yaml")]
+        args = [sys.executable, "-m", "fleetcanary", "run", "--config", str(tmp_path / "config.yaml")]
         if web is not None:
             (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
             args += ["--web.config.file", str(tmp_path / "web.yml")]
@@ -150,7 +150,7 @@ def test_web_config_is_reloaded_on_sighup_and_a_bad_one_is_refused(tmp_path, tls
 ])
 def test_bad_web_configs_are_one_line_errors(tmp_path, web, message):
     (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
-    r = subprocess.run([sys.executable, "-m", "exporter.cli", "run", "--web.config.file", str(tmp_path / "web.yml"),
+    r = subprocess.run([sys.executable, "-m", "fleetcanary", "run", "--web.config.file", str(tmp_path / "web.yml"),
                         "--listen-address", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, cwd=ROOT,
                        timeout=60)
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -172,7 +172,7 @@ HOSTILE = ['quote"d', "new\nline", "back\\slash", "brace}{x=\"1\"}", "üñí©ø
 
 def test_hostile_label_values_from_hardware_and_endpoints_keep_the_exposition_valid(tmp_path):
     """Label values come only from config and hardware; both may hold anything and must be escaped."""
-    from exporter.llm_simulator import SimSettings, start_in_thread
+    from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 
     facts = json.loads((ROOT / "tests/fixtures/nvml/h100_1gpu.json").read_text())
     facts["devices"][0]["name"] = "NVIDIA " + "".join(HOSTILE)
@@ -190,7 +190,7 @@ def test_hostile_label_values_from_hardware_and_endpoints_keep_the_exposition_va
                            "model": model, "stream_max_tokens": 8, "prefix_words": 16}]}}}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     log = open(tmp_path / "d.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "run", "--config", str(tmp_path / "c.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(tmp_path / "c.yaml")],
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             env={**os.environ, "FLEETCANARY_FAKE_NVML": str(fixture)})
     url = f"http://127.0.0.1:{port}"
@@ -221,13 +221,13 @@ def test_hostile_target_names_in_config_are_refused(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(yaml.safe_dump({"probes": {"storage": {"params": {"targets": [
         {"name": 'x"} evil{', "path": "/tmp"}]}}}}))
-    r = subprocess.run([sys.executable, "-m", "exporter.cli", "check-config", str(f)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "fleetcanary", "check-config", str(f)], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 2 and "probes.storage.params.targets.0.name" in r.stderr
 
 
 def test_header_secrets_are_redacted_from_results_and_history(tmp_path):
-    from exporter.llm_simulator import SimSettings, start_in_thread
+    from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 
     server, _ = start_in_thread(SimSettings(ttft_ms=5, itl_ms=1, max_tokens_default=8))
     port = free_port()
@@ -239,7 +239,7 @@ def test_header_secrets_are_redacted_from_results_and_history(tmp_path):
                     "headers": {"X-Api-Key": secret}, "stream_max_tokens": 8, "prefix_words": 16}]}}}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     log = open(tmp_path / "d.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "run", "--config", str(tmp_path / "c.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(tmp_path / "c.yaml")],
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         url = f"http://127.0.0.1:{port}"

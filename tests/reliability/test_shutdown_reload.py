@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.reliability.support import FaultDaemon, leaked, pids_in, scaled
+from tests.support.reliability import FaultDaemon, leaked, pids_in, scaled
 from tests.support.helpers import http_get, pid_alive, wait_for
 from tests.support.helpers import metric_value as value
 

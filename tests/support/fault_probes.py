@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from probes.base import MetricSpec, Probe, ProbeConfig, ProbeResult, Sample
+from fleetcanary.probes.base import MetricSpec, Probe, ProbeConfig, ProbeResult, Sample
 
 
 class FaultConfig(ProbeConfig):

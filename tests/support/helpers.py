@@ -87,3 +87,18 @@ def load_script(path, name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def probe_ctx(state_dir, node_name: str = "t") -> dict:
+    """A ProbeContext for a worker (less the deadline, which the runner sets)."""
+    return {"node_name": node_name, "state_dir": str(state_dir), "gpu": {}, "kube": {}}
+
+
+def run_job(cls, params: dict, state_dir, timeout_seconds: float, kill_grace_seconds: float = 2.0,
+            env: dict | None = None, collect_gpu_facts: bool = False, name: str | None = None):
+    """Run one probe class in a real isolated worker, as the daemon does; its RunRecord."""
+    from fleetcanary.runner import job
+    from fleetcanary.runner.isolation import run_isolated
+
+    j = job.build(name or cls.name, cls, params, probe_ctx(state_dir), collect_gpu_facts=collect_gpu_facts)
+    return run_isolated(j, timeout_seconds, kill_grace_seconds, env=env)

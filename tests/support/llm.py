@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from exporter.llm_simulator import SimSettings, start_in_thread
+from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 
 
 @pytest.fixture

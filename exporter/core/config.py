@@ -1,0 +1,271 @@
+"""Configuration: one YAML file, pydantic models, unknown keys refused.
+
+Every field has a default, so no file at all gives a working exporter. Units are in
+field names (``_seconds``, ``_bytes``, ``_ratio``) or descriptions. The environment
+overrides what Kubernetes and container images inject (see ENV_OVERRIDES); the
+environment wins over the file, because it is how a deployment specialises one
+shared ConfigMap per node.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from fleetcanary.probes import PROBES
+from fleetcanary.probes.base import Probe
+
+DEFAULT_PORT = 9835
+
+# environment variable -> dotted config path
+ENV_OVERRIDES: dict[str, str] = {
+    "NODE_NAME": "node_name",
+    "FLEETCANARY_NODE_NAME": "node_name",
+    "FLEETCANARY_LISTEN_ADDRESS": "server.listen_address",
+    "FLEETCANARY_STATE_DIR": "state_dir",
+    "FLEETCANARY_POOL": "pool",
+    "FLEETCANARY_WEB_CONFIG_FILE": "server.web_config_file",
+}
+
+
+class ConfigError(Exception):
+    """A configuration problem; ``lines`` holds one message per problem."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/fleetcanary"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "fleetcanary")
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    host, sep, port_txt = value.rpartition(":")
+    if not sep:
+        raise ValueError("must be HOST:PORT or :PORT")
+    if not port_txt.isdigit() or not 1 <= int(port_txt) <= 65535:
+        raise ValueError(f"port {port_txt!r} is not a number from 1 to 65535")
+    host = host.strip("[]")
+    return host, int(port_txt)
+
+
+class ServerConfig(Strict):
+    listen_address: str = Field(
+        f":{DEFAULT_PORT}", description="HOST:PORT to serve HTTP on; an empty host means all addresses.")
+    request_timeout_seconds: float = Field(10.0, gt=0, le=300, description="Per-connection socket timeout.")
+    web_config_file: str | None = Field(
+        None, description="TLS and basic auth, in the Prometheus exporter-toolkit web-config format "
+        "(docs/security.md). Also --web.config.file.")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_listen(cls, v: str) -> str:
+        parse_listen_address(v)
+        return v
+
+
+class HistoryConfig(Strict):
+    enabled: bool = Field(True, description="Append every run to results.jsonl in state_dir.")
+    max_bytes: int = Field(16 << 20, ge=64 << 10, description="Rotate results.jsonl when it would exceed this many bytes.")
+    backups: int = Field(3, ge=0, le=100, description="Rotated files kept (results.jsonl.1 ... .N).")
+
+
+class GpuConfig(Strict):
+    budget_ratio: float = Field(
+        0.005, gt=0, le=1,
+        description="GPU-time budget for invasive probes per GPU, as a fraction of wall time over the "
+        "last hour (0.005 = 18 s per hour). Over budget, invasive probes skip with reason 'budget'.")
+    busy_utilization_ratio: float = Field(
+        0.05, ge=0, le=1,
+        description="An invasive probe skips a GPU (reason gpu_busy) whose utilization is above this ratio.")
+    skip_when_compute_processes: bool = Field(
+        True, description="An invasive probe skips a GPU (reason gpu_busy) that has compute processes.")
+    expected_count: int | None = Field(
+        None, ge=0, description="GPUs this node should have; None reads it from the node label when known.")
+
+
+class NodeConditionConfig(Strict):
+    enabled: bool = Field(
+        False, description="Set the node condition (needs the patch nodes/status permission of the "
+        "node-conditions overlay).")
+    type: str = Field("FleetCanaryHealthy", pattern=r"^[A-Za-z][A-Za-z0-9]{0,62}$",
+                      description="Condition type; True while healthy, False after repeated failures.")
+    probes: tuple[str, ...] = Field(("gpu_health", "gpu_bandwidth", "collectives"),
+                                    description="Probes whose failures count.")
+    consecutive_failures: int = Field(3, ge=1, le=100, description="Consecutive failed runs (failure, timeout "
+                                      "or crash) of one of the probes that set the condition to False.")
+    heartbeat_seconds: float = Field(300.0, ge=10, le=3600,
+                                     description="Re-patch the condition at least this often (lastHeartbeatTime).")
+
+
+class KubernetesConfig(Strict):
+    mode: str = Field("auto", pattern="^(auto|on|off)$",
+                      description="auto: use the API when running in a pod (KUBERNETES_SERVICE_HOST set).")
+    api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Connect and read timeout of each API call.")
+    refresh_seconds: float = Field(60.0, ge=5, le=3600, description="How often node labels and pods are read.")
+    gpu_product_label: str = Field("nvidia.com/gpu.product", description="Node label with the GPU product "
+                                   "(GPU feature discovery); node_info label gpu_product.")
+    instance_type_label: str = Field("node.kubernetes.io/instance-type",
+                                     description="Node label with the instance type; node_info label instance_type.")
+    zone_label: str = Field("topology.kubernetes.io/zone", description="Node label with the zone; node_info label zone.")
+    pool_label: str = Field("", description="Node label naming the pool (e.g. a node-pool label); used when "
+                            "`pool` is not set.")
+    gpu_allocation_policy: str = Field(
+        "skip", pattern="^(skip|ignore)$",
+        description="skip: when pods on this node request nvidia.com/gpu, invasive GPU probes skip with "
+        "gpu_allocated. ignore: rely on the NVML process and utilization checks only.")
+    node_condition: NodeConditionConfig = Field(default_factory=NodeConditionConfig)
+
+
+class ProbeEntryBase(Strict):
+    """Schedule settings shared by every probe; ``params`` holds the probe's own Config."""
+
+    jitter_seconds: float = Field(
+        -1.0, description="Random delay added to each run, seconds; -1 = 10% of the interval. "
+        "Spreads a fleet so it does not hit one target in lock-step.")
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> "ProbeEntryBase":
+        interval = getattr(self, "interval_seconds")
+        timeout = getattr(self, "timeout_seconds")
+        problems = []
+        if timeout >= interval:
+            problems.append(f"timeout_seconds ({timeout:g}) must be shorter than interval_seconds ({interval:g})")
+        if self.jitter_seconds >= interval:
+            problems.append(f"jitter_seconds ({self.jitter_seconds:g}) must be shorter than interval_seconds ({interval:g})")
+        if self.jitter_seconds < 0 and self.jitter_seconds != -1:
+            problems.append("jitter_seconds must be >= 0, or -1 for 10% of the interval")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def effective_jitter_seconds(self) -> float:
+        return 0.1 * getattr(self, "interval_seconds") if self.jitter_seconds == -1 else self.jitter_seconds
+
+
+def entry_model(cls: type[Probe]) -> type[ProbeEntryBase]:
+    return create_model(
+        f"{cls.name}_entry",
+        __base__=ProbeEntryBase,
+        enabled=(bool, Field(cls.default_enabled, description="Run this probe on schedule.")),
+        interval_seconds=(float, Field(cls.default_interval_seconds, gt=0, le=7 * 86400,
+                                       description="Seconds between runs.")),
+        timeout_seconds=(float, Field(cls.default_timeout_seconds, gt=0,
+                                      description="Hard deadline of one run, seconds; the worker's process "
+                                      "group is killed at it. Must be shorter than the interval.")),
+        params=(cls.Config, Field(default_factory=cls.Config, description=f"{cls.name} settings.")),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _settings_model(probe_items: tuple[tuple[str, type[Probe]], ...]) -> type[BaseModel]:
+    probe_fields: dict[str, Any] = {}
+    for name, cls in probe_items:
+        model = entry_model(cls)
+        probe_fields[name] = (model, Field(default_factory=model))
+    probes_model = create_model("ProbesConfig", __config__=ConfigDict(extra="forbid", frozen=True), **probe_fields)
+
+    class Settings(Strict):
+        node_name: str = Field("", description="This node's name (env NODE_NAME). Recorded in results; the "
+                               "`node` metric label comes from Prometheus relabeling.")
+        pool: str = Field("", description="Pool this node belongs to (env FLEETCANARY_POOL); a node_info label.")
+        state_dir: str = Field(default_factory=default_state_dir,
+                               description="Directory for results history and probe scratch files.")
+        log_level: str = Field("info", pattern="^(debug|info|warning|error)$",
+                               description="Log level: debug, info, warning or error. Logs go to stderr.")
+        server: ServerConfig = Field(default_factory=ServerConfig)
+        history: HistoryConfig = Field(default_factory=HistoryConfig)
+        gpu: GpuConfig = Field(default_factory=GpuConfig)
+        kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+        probes: probes_model = Field(default_factory=probes_model)  # type: ignore[valid-type]
+        worker_kill_grace_seconds: float = Field(
+            2.0, gt=0, le=30, description="Seconds between SIGTERM and SIGKILL to a worker's process group.")
+
+        def probe_entries(self) -> dict[str, ProbeEntryBase]:
+            return {name: getattr(self.probes, name) for name, _ in probe_items}
+
+        @model_validator(mode="after")
+        def _known_condition_probes(self):
+            names = [n for n, _ in probe_items]
+            unknown = [p for p in self.kubernetes.node_condition.probes if p not in names]
+            if unknown:
+                raise ValueError(f"kubernetes.node_condition.probes: unknown probe {', '.join(unknown)}; "
+                                 f"known: {', '.join(names)}")
+            return self
+
+    return Settings
+
+
+def settings_model(probe_map: dict[str, type[Probe]] | None = None) -> type[BaseModel]:
+    return _settings_model(tuple((probe_map or PROBES).items()))
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        nxt = cur.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[k] = nxt
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def _format_errors(exc: ValidationError, source: str) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        msg = msg.removeprefix("Value error, ")
+        lines.append(f"{source}: {loc}: {msg}")
+    return lines
+
+
+def load(path: str | os.PathLike | None = None, *, env: dict[str, str] | None = None,
+         probe_map: dict[str, type[Probe]] | None = None):
+    """Load and validate the config. Raises ConfigError with one line per problem."""
+    env = os.environ if env is None else env
+    source = str(path) if path else "<defaults>"
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError([f"{source}: file not found"]) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ConfigError([f"{source}: cannot read: {reason}"]) from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            problem = getattr(exc, "problem", None) or "invalid YAML"
+            raise ConfigError([f"{source}: {where}{problem}"]) from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError([f"{source}: (top level): must be a mapping of settings, not {type(data).__name__}"])
+    for var, dotted in ENV_OVERRIDES.items():
+        if env.get(var):
+            _set_path(data, dotted, env[var])
+    try:
+        return settings_model(probe_map).model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None

@@ -1,0 +1,204 @@
+"""Render the daemon's state into the Prometheus text exposition, with prometheus_client.
+
+Every metric the exporter itself defines is declared once below (name, type, help,
+labels); the collector builds its families from those declarations and docs/metrics.md
+lists them. Probe metrics come from the probes' own specs. A custom collector yields
+the families from the state's snapshot (as client_python recommends for exporters: no
+global registry, no multiprocess mode); called with the state's lock held, once per
+result update.
+"""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
+
+from fleetcanary.core.environment import STABLE_FIELDS
+from fleetcanary.core.record import CRASH_REASONS, SKIP_REASONS
+from fleetcanary.core.version import git_commit, version
+from fleetcanary.daemon.kube import ERROR_REASONS, OPERATIONS
+
+SCHEDULED = "From the last scheduled run; a scrape never triggers a probe."
+NODE_EXTRA_LABELS = ("pool", "node_name", "gpu_product", "instance_type", "zone")
+
+
+@dataclass(frozen=True)
+class ExporterMetric:
+    """One metric the exporter defines. ``name`` is the exposed name (counters with _total,
+    info gauges with _info)."""
+
+    name: str
+    type: str          # gauge, counter or info
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def family(self, value: float | None = None):
+        if self.type == "counter":
+            return CounterMetricFamily(self.name.removesuffix("_total"), self.help, value=value,
+                                       labels=None if value is not None else list(self.labels))
+        if self.type == "info":
+            return InfoMetricFamily(self.name.removesuffix("_info"), self.help)
+        return GaugeMetricFamily(self.name, self.help, value=value,
+                                 labels=None if value is not None else list(self.labels))
+
+
+def _m(name: str, mtype: str, help_text: str, labels: tuple[str, ...] = ()) -> ExporterMetric:
+    return ExporterMetric(name, mtype, help_text, labels)
+
+
+PROBE_SUCCESS = _m("fleetcanary_probe_success", "gauge",
+                   f"1 if the probe's last run succeeded, else 0. {SCHEDULED}", ("probe",))
+PROBE_DURATION = _m("fleetcanary_probe_duration_seconds", "gauge",
+                    f"Wall time of the probe's last run, worker start to end. {SCHEDULED}", ("probe",))
+PROBE_LAST_RUN = _m("fleetcanary_probe_last_run_timestamp_seconds", "gauge",
+                    "Unix time the probe last finished a run, whatever its outcome.", ("probe",))
+PROBE_LAST_SUCCESS = _m("fleetcanary_probe_last_success_timestamp_seconds", "gauge",
+                        "Unix time the probe last finished a successful run.", ("probe",))
+PROBE_RUNS = _m("fleetcanary_probe_runs_total", "counter",
+                "Probe runs by outcome: success, failure, timeout, crash, skipped.", ("probe", "outcome"))
+PROBE_SKIPS = _m("fleetcanary_probe_skips_total", "counter", "Skipped probe runs by reason.", ("probe", "reason"))
+PROBE_FAILURES = _m("fleetcanary_probe_failures_total", "counter",
+                    "Failed probe runs by the probe's failure reason.", ("probe", "reason"))
+PROBE_CRASHES = _m("fleetcanary_probe_crashes_total", "counter",
+                   "Crashed probe runs by reason: " + ", ".join(CRASH_REASONS) + ".", ("probe", "reason"))
+PROBE_ENABLED = _m("fleetcanary_probe_enabled", "gauge", "1 if the probe is enabled in the running config.",
+                   ("probe",))
+PROBE_INTERVAL = _m("fleetcanary_probe_interval_seconds", "gauge",
+                    "The probe's configured interval; staleness alerts use it.", ("probe",))
+PROBE_INVALID = _m("fleetcanary_probe_invalid_samples_total", "counter",
+                   "Samples a probe returned that its metric specs do not declare; dropped.", ("probe",))
+GPU_PROBE_SECONDS = _m("fleetcanary_gpu_probe_seconds_total", "counter",
+                       "GPU time spent by invasive probes, per GPU, seconds.", ("gpu",))
+CONFIG_RELOAD_OK = _m("fleetcanary_config_last_reload_successful", "gauge",
+                      "1 if the last config load or reload succeeded; 0 keeps the previous config running.")
+CONFIG_RELOAD_TS = _m("fleetcanary_config_last_reload_success_timestamp_seconds", "gauge",
+                      "Unix time of the last successful config load.")
+CONFIG_RELOADS = _m("fleetcanary_config_reloads_total", "counter", "Config reloads by result (success, failure).",
+                    ("result",))
+HISTORY_ERRORS = _m("fleetcanary_history_write_errors_total", "counter",
+                    "Result records that could not be appended to the history file.")
+CLOCK_JUMPS = _m("fleetcanary_clock_jumps_total", "counter",
+                 "Wall-clock steps of 5 s or more seen against the monotonic clock; every probe is planned again "
+                 "after one.")
+START_TIME = _m("fleetcanary_start_time_seconds", "gauge", "Unix time the exporter started.")
+BUILD_INFO = _m("fleetcanary_build_info", "info", "Build identity; value 1.", ("version", "commit", "python_version"))
+NODE_INFO = _m("fleetcanary_node_info", "info",
+               "The stable part of this node's environment record; value 1. The node label comes from relabeling; "
+               "gpu_product, instance_type and zone come from the Kubernetes node's labels (empty elsewhere).",
+               STABLE_FIELDS + NODE_EXTRA_LABELS)
+KUBE_ERRORS = _m("fleetcanary_kubernetes_api_errors_total", "counter",
+                 "Kubernetes API calls that failed, by operation (read_node, list_pods, patch_node_status) and reason; "
+                 "the last known state stays in force.", ("operation", "reason"))
+KUBE_LAST_SYNC = _m("fleetcanary_kubernetes_last_sync_timestamp_seconds", "gauge",
+                    "Unix time node labels and pods were last read successfully.")
+KUBE_GPUS_REQUESTED = _m("fleetcanary_kubernetes_gpus_requested", "gauge",
+                         "nvidia.com/gpu requested by pods on this node at the last sync; above 0, invasive GPU probes "
+                         "skip (gpu_allocated) unless the policy is ignore.")
+KUBE_CONDITION = _m("fleetcanary_kubernetes_node_condition_healthy", "gauge",
+                    "1 if the node condition was last set True, 0 if False.", ("type",))
+
+# Every exporter metric, in exposition order; docs/metrics.md lists them.
+EXPORTER_METRICS: tuple[ExporterMetric, ...] = tuple(v for v in globals().values() if isinstance(v, ExporterMetric))
+
+
+class _StateCollector:
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def collect(self):
+        s = self.store
+        probes = list(s.probes)
+        success, dur, last, last_ok = (m.family() for m in (PROBE_SUCCESS, PROBE_DURATION, PROBE_LAST_RUN,
+                                                             PROBE_LAST_SUCCESS))
+        runs, skips, fails, crashes = (m.family() for m in (PROBE_RUNS, PROBE_SKIPS, PROBE_FAILURES, PROBE_CRASHES))
+        enabled, interval, invalid = (m.family() for m in (PROBE_ENABLED, PROBE_INTERVAL, PROBE_INVALID))
+        for name in probes:
+            st = s.state[name]
+            cls = s.probes[name]
+            enabled.add_metric([name], 1.0 if name in s.enabled else 0.0)
+            if name in s.intervals:
+                interval.add_metric([name], s.intervals[name])
+            for outcome, n in st.runs.items():
+                runs.add_metric([name, outcome], n)
+            # Pre-declare every reason at 0, so rate() and increase() see the first one.
+            for reason in SKIP_REASONS:
+                skips.add_metric([name, reason], st.skips.get(reason, 0))
+            for reason in cls.all_failure_reasons():
+                fails.add_metric([name, reason], st.failures.get(reason, 0))
+            for reason in CRASH_REASONS:
+                crashes.add_metric([name, reason], st.crashes.get(reason, 0))
+            invalid.add_metric([name], st.invalid_samples)
+            if st.last is not None:
+                success.add_metric([name], 1.0 if st.last.outcome == "success" else 0.0)
+                dur.add_metric([name], st.last.wall_seconds)
+                last.add_metric([name], st.last_run_ts or 0.0)
+            if st.last_success_ts is not None:
+                last_ok.add_metric([name], st.last_success_ts)
+        yield from (success, dur, last, last_ok, runs, skips, fails, crashes, enabled, interval, invalid)
+
+        # Probe families, from their declared specs.
+        for name in probes:
+            cls = s.probes[name]
+            st = s.state[name]
+            for spec in cls.metrics:
+                help_text = f"{spec.help} {SCHEDULED}" if spec.type == "gauge" else spec.help
+                if spec.type == "gauge":
+                    fam = GaugeMetricFamily(spec.name, help_text, labels=list(spec.labels))
+                    for key, v in st.gauges.get(spec.name, {}).items():
+                        fam.add_metric([v2 for _, v2 in key], v)
+                elif spec.type == "counter":
+                    fam = CounterMetricFamily(spec.name.removesuffix("_total"), help_text, labels=list(spec.labels))
+                    for key, v in s.counters.get(spec.name, {}).items():
+                        fam.add_metric([v2 for _, v2 in key], v)
+                else:
+                    fam = HistogramMetricFamily(spec.name, help_text, labels=list(spec.labels))
+                    for key, h in s.histograms.get(spec.name, {}).items():
+                        buckets = [(repr(float(b)), c) for b, c in zip(h.buckets, h.counts)] + [("+Inf", h.count)]
+                        fam.add_metric([v2 for _, v2 in key], buckets, h.total)
+                yield fam
+
+        gpu = GPU_PROBE_SECONDS.family()
+        for g, secs in sorted(s.gpu_seconds.items()):
+            gpu.add_metric([g], secs)
+        yield gpu
+        yield CONFIG_RELOAD_OK.family(s.config_reload_ok)
+        yield CONFIG_RELOAD_TS.family(s.config_reload_ts)
+        reloads = CONFIG_RELOADS.family()
+        for result, n in s.config_reloads.items():
+            reloads.add_metric([result], n)
+        yield reloads
+        yield HISTORY_ERRORS.family(s.history_write_errors)
+        yield CLOCK_JUMPS.family(s.clock_jumps)
+        yield START_TIME.family(s.start_time)
+        build = BUILD_INFO.family()
+        build.add_metric([], {"version": version(), "commit": git_commit(), "python_version": platform.python_version()})
+        yield build
+        node = NODE_INFO.family()
+        node.add_metric([], s.node_labels())
+        yield node
+        if s.kube is not None:
+            yield from _kube_families(s.kube, s.kube_condition_type)
+
+
+def _kube_families(k, condition_type: str):
+    errors = KUBE_ERRORS.family()
+    for op in OPERATIONS:
+        for reason in ERROR_REASONS:
+            errors.add_metric([op, reason], k.errors.get((op, reason), 0))
+    yield errors
+    if k.last_success is not None:
+        yield KUBE_LAST_SYNC.family(k.last_success)
+    if k.gpus_requested is not None:
+        yield KUBE_GPUS_REQUESTED.family(k.gpus_requested)
+    if k.condition_status is not None:
+        cond = KUBE_CONDITION.family()
+        cond.add_metric([condition_type], 1 if k.condition_status == "True" else 0)
+        yield cond
+
+
+def render(store) -> bytes:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_StateCollector(store))
+    return generate_latest(reg)

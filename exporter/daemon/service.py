@@ -1,0 +1,228 @@
+"""The daemon: schedules probes in isolated workers, stores results, serves HTTP.
+
+The main thread only waits for signals (SIGTERM/SIGINT stop, SIGHUP reloads); the
+scheduler's threads each run one probe worker at a time; the HTTP server has its
+own threads. This process never imports torch and never calls NVML.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from fleetcanary.core import config as configmod
+from fleetcanary.core import environment
+from fleetcanary.core.record import RunRecord
+from fleetcanary.daemon import kube as kubemod
+from fleetcanary.daemon import webconfig
+from fleetcanary.daemon.http import MetricsServer
+from fleetcanary.daemon.scheduler import GpuBudget, Scheduler
+from fleetcanary.daemon.state import ResultStore
+from fleetcanary.probes import PROBES
+from fleetcanary.probes.base import Probe
+from fleetcanary.runner import job as jobmod
+from fleetcanary.runner.history import History, HistoryError
+from fleetcanary.runner.isolation import become_subreaper, kill_all_workers, reap_orphans, run_isolated
+
+log = logging.getLogger("fleetcanary.daemon")
+
+
+class Daemon:
+    def __init__(self, settings, config_path: str | None = None,
+                 probe_map: dict[str, type[Probe]] | None = None, reap_everything: bool = False) -> None:
+        """reap_everything: this process starts no children but workers (true for `run`)."""
+        self.reap_everything = reap_everything
+        self._settings_lock = threading.Lock()
+        self.settings = settings
+        self.config_path = config_path
+        self.probe_map = dict(probe_map or PROBES)
+        self.budget = GpuBudget(settings.gpu.budget_ratio)
+        self.store = ResultStore(self.probe_map, self._enabled(settings))
+        self.store.set_enabled(self._enabled(settings), self._intervals(settings))
+        self.store.set_environment(environment.collect(with_gpu=False))
+        self.kube = self._kube(settings)
+        if self.kube is not None:
+            self._kube_changed()
+        else:
+            self.store.set_node_extra_labels(self._extra_node_labels(settings))
+        self.history = self._history(settings)
+        self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2))
+        self.scheduler.on_clock_jump = lambda step: self.store.count_clock_jump()
+        host, port = configmod.parse_listen_address(settings.server.listen_address)
+        web = webconfig.load(settings.server.web_config_file)  # WebConfigError: the caller reports it
+        self.server = MetricsServer(self.store, host, port, health=self.healthy, ready=self.ready,
+                                    request_timeout=settings.server.request_timeout_seconds, web=web)
+        self._stopping = threading.Event()
+
+    # --- settings -------------------------------------------------------------
+    @staticmethod
+    def _enabled(settings) -> list[str]:
+        return [n for n, e in settings.probe_entries().items() if e.enabled]
+
+    @staticmethod
+    def _intervals(settings) -> dict[str, float]:
+        return {n: e.interval_seconds for n, e in settings.probe_entries().items()}
+
+    def _extra_node_labels(self, settings) -> dict[str, str]:
+        kube = self.kube.snapshot().labels if self.kube else {}
+        return {"pool": settings.pool or kube.get("pool", ""), "node_name": settings.node_name,
+                "gpu_product": kube.get("gpu_product", ""), "instance_type": kube.get("instance_type", ""),
+                "zone": kube.get("zone", "")}
+
+    def _kube(self, settings):
+        """The Kubernetes integration, when wanted and possible; never fatal."""
+        if not kubemod.wanted(settings.kubernetes):
+            return None
+        if not settings.node_name:
+            log.error("kubernetes: node_name is empty (set NODE_NAME from the downward API); running without the API")
+            return None
+        try:
+            kube = kubemod.Kube.in_cluster(settings.kubernetes, settings.node_name, on_change=self._kube_changed)
+        except Exception as exc:  # noqa: BLE001 - no in-cluster config: run without the API
+            log.error("kubernetes: cannot load the in-cluster config: %s; running without the API",
+                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return None
+        return kube
+
+    def _kube_changed(self) -> None:
+        if self.kube is None:
+            return
+        with self._settings_lock:
+            settings = self.settings
+        self.store.set_kube(self.kube.snapshot(), settings.kubernetes.node_condition.type,
+                            self._extra_node_labels(settings))
+
+    @staticmethod
+    def _history(settings) -> History | None:
+        h = settings.history
+        return History(settings.state_dir, h.max_bytes, h.backups) if h.enabled else None
+
+    def _jobs(self) -> dict[str, tuple[float, float, str | None]]:
+        jobs = {}
+        for name, entry in self.settings.probe_entries().items():
+            if entry.enabled:
+                jobs[name] = (entry.interval_seconds, entry.effective_jitter_seconds, self.probe_map[name].exclusive)
+        return jobs
+
+    def reload(self) -> bool:
+        try:
+            new = configmod.load(self.config_path, probe_map=self.probe_map)
+        except configmod.ConfigError as exc:
+            for line in exc.lines:
+                log.error("config reload failed, keeping the running config: %s", line)
+            self.store.set_config_reload(False)
+            return False
+        try:
+            web = webconfig.load(new.server.web_config_file)
+        except webconfig.WebConfigError as exc:
+            log.error("config reload failed, keeping the running config: web config: %s", exc)
+            self.store.set_config_reload(False)
+            return False
+        self.server.set_web(web)
+        with self._settings_lock:
+            if new.server.listen_address != self.settings.server.listen_address:
+                log.warning("server.listen_address changed; it takes effect at the next restart")
+            self.settings = new
+            self.budget.ratio = new.gpu.budget_ratio
+            if self.kube is not None:
+                self.kube.cfg = new.kubernetes
+            self.history = self._history(new)
+        self.store.set_enabled(self._enabled(new), self._intervals(new))
+        self.store.set_node_extra_labels(self._extra_node_labels(new))
+        self.scheduler.set_jobs(self._jobs())
+        self.store.set_config_reload(True)
+        log.info("config reloaded: %d probes enabled", len(self._enabled(new)))
+        return True
+
+    # --- running probes ---------------------------------------------------------
+    def run_probe(self, name: str) -> RunRecord | None:
+        if self._stopping.is_set():
+            return None
+        with self._settings_lock:
+            settings = self.settings
+            history = self.history
+        entry = settings.probe_entries()[name]
+        context = jobmod.probe_context(settings, self.budget.left(), self.kube.context() if self.kube else None)
+        job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
+        out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
+        for gpu, secs in out.gpu_seconds.items():
+            self.budget.add(gpu, secs)
+        if self._stopping.is_set():
+            # Killed by our own shutdown: not a result, not a crash of the probe.
+            log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.wall_seconds)
+            return None
+        self.store.apply(out)
+        if self.kube is not None:
+            self.kube.observe(name, out.outcome, out.detail)
+        if out.outcome in ("success", "skipped"):
+            log.debug("probe %s: %s %s (%.2fs)", name, out.outcome, out.reason, out.wall_seconds)
+        else:
+            log.warning("probe %s: %s %s: %s (%.2fs)", name, out.outcome, out.reason, out.detail[:300],
+                        out.wall_seconds)
+        if history is not None:
+            try:
+                history.append(out)
+            except HistoryError as exc:
+                self.store.count_history_error()
+                log.error("results history: %s", exc)
+        return out
+
+    # --- health -------------------------------------------------------------------
+    def healthy(self) -> bool:
+        return self.scheduler.running and not self._stopping.is_set()
+
+    def ready(self) -> bool:
+        return self.healthy() and bool(self.store.exposition)
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        become_subreaper(self.reap_everything)
+        self.server.start()
+        if self.kube is not None:
+            self.kube.start()
+        self.scheduler.set_jobs(self._jobs())
+        self.scheduler.start()
+        host, _ = configmod.parse_listen_address(self.settings.server.listen_address)
+        log.info("fleetcanary listening on %s:%d; probes: %s", host or "0.0.0.0", self.server.port,
+                 ", ".join(self._enabled(self.settings)) or "none")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.scheduler.shutdown()
+        if self.kube is not None:
+            self.kube.stop()
+        kill_all_workers(self.settings.worker_kill_grace_seconds)
+        reap_orphans()
+        self.server.stop()
+
+    def serve_forever(self) -> int:
+        """Run until SIGTERM or SIGINT; SIGHUP reloads. Returns the exit code."""
+        # The kernel may deliver a signal to any thread; Python runs handlers only in the main
+        # thread, which would sleep on in read() meanwhile. The wakeup fd gets the signal number
+        # written from whichever thread caught it, so the main thread always wakes.
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda *_: None)
+        old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self.start()
+        try:
+            while True:
+                cmd = os.read(r, 1)
+                if cmd[0] == signal.SIGHUP:
+                    log.info("SIGHUP: reloading %s", self.config_path or "embedded defaults")
+                    self.reload()
+                else:
+                    log.info("stopping")
+                    break
+        finally:
+            t0 = time.monotonic()
+            self.stop()
+            log.info("stopped in %.2fs", time.monotonic() - t0)
+            signal.set_wakeup_fd(old_wakeup)
+            os.close(r)
+            os.close(w)
+        return 0

@@ -1,0 +1,205 @@
+"""The daemon's state: what the exporter publishes, as plain data, updated once per finished run.
+
+Each update re-renders the exposition (``collector.render``) and swaps the cached
+bytes in one reference assignment, so a scrape never waits on a probe and never
+sees a half-applied result.
+
+Samples from a worker are checked against the probe's declared metric specs: an
+undeclared metric or wrong label names is dropped and counted, and label values
+are bounded in length, so a buggy probe cannot break the exposition.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetcanary.core import environment as envmod
+from fleetcanary.core.record import OUTCOMES, RunRecord
+from fleetcanary.daemon.collector import render
+from fleetcanary.probes.base import Probe
+
+MAX_LABEL_VALUE = 128
+LabelKey = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class ProbeState:
+    last: RunRecord | None = None
+    runs: dict[str, int] = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
+    skips: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    crashes: dict[str, int] = field(default_factory=dict)
+    last_run_ts: float | None = None
+    last_success_ts: float | None = None
+    gauges: dict[str, dict[LabelKey, float]] = field(default_factory=dict)
+    invalid_samples: int = 0
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int]
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, v: float) -> None:
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+        self.total += v
+        self.count += 1
+
+
+class ResultStore:
+    def __init__(self, probes: dict[str, type[Probe]], enabled: list[str]) -> None:
+        self._lock = threading.Lock()
+        self.probes = probes
+        self.enabled = list(enabled)
+        self.intervals: dict[str, float] = {}
+        self.state: dict[str, ProbeState] = {n: ProbeState() for n in probes}
+        self.counters: dict[str, dict[LabelKey, float]] = defaultdict(dict)
+        self.histograms: dict[str, dict[LabelKey, Histogram]] = defaultdict(dict)
+        self.gpu_seconds: dict[str, float] = defaultdict(float)
+        self.node_environment: dict[str, Any] = {}
+        self.node_extra_labels: dict[str, str] = {}
+        self.kube = None  # exporter.kube.Snapshot when the Kubernetes integration runs
+        self.kube_condition_type = ""
+        self.config_reload_ok = 1
+        self.config_reload_ts = time.time()
+        self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
+        self.history_write_errors = 0
+        self.clock_jumps = 0
+        self.start_time = time.time()
+        self.exposition: bytes = b""
+        self.version = 0
+
+    # --- updates ---------------------------------------------------------------
+    def _checked(self, probe: str, sample: dict[str, Any]) -> tuple[str, LabelKey, float] | None:
+        cls = self.probes[probe]
+        try:
+            spec = cls.spec(str(sample["metric"]))
+            labels = sample.get("labels") or {}
+            if set(labels) != set(spec.labels):
+                return None
+            value = float(sample["value"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        key = tuple((k, str(labels[k])[:MAX_LABEL_VALUE]) for k in spec.labels)
+        return spec.name, key, value
+
+    def apply(self, out: RunRecord) -> None:
+        with self._lock:
+            st = self.state.setdefault(out.probe, ProbeState())
+            st.last = out
+            st.runs[out.outcome] = st.runs.get(out.outcome, 0) + 1
+            st.last_run_ts = out.finished_at
+            if out.outcome == "skipped":
+                st.skips[out.reason] = st.skips.get(out.reason, 0) + 1
+            elif out.outcome == "failure":
+                st.failures[out.reason] = st.failures.get(out.reason, 0) + 1
+            elif out.outcome == "crash":
+                st.crashes[out.reason] = st.crashes.get(out.reason, 0) + 1
+            if out.outcome == "success":
+                st.last_success_ts = st.last_run_ts
+            if out.outcome in ("success", "failure") and out.samples:
+                # A failed run may carry what it measured (which target failed, a quality
+                # check at 0): published with the failure.
+                gauges: dict[str, dict[LabelKey, float]] = {}
+                cls = self.probes[out.probe]
+                for s in out.samples:
+                    checked = self._checked(out.probe, s)
+                    if checked is None:
+                        st.invalid_samples += 1
+                        continue
+                    name, key, value = checked
+                    mtype = cls.spec(name).type
+                    if mtype == "gauge":
+                        gauges.setdefault(name, {})[key] = value
+                    elif mtype == "counter":
+                        if value < 0:
+                            st.invalid_samples += 1
+                            continue
+                        if cls.spec(name).cumulative:
+                            self.counters[name][key] = value
+                        else:
+                            self.counters[name][key] = self.counters[name].get(key, 0.0) + value
+                    else:
+                        buckets = cls.spec(name).buckets or ()
+                        h = self.histograms[name].get(key)
+                        if h is None:
+                            h = self.histograms[name][key] = Histogram(buckets, [0] * len(buckets))
+                        h.observe(value)
+                st.gauges = gauges
+            elif out.outcome in ("failure", "timeout", "crash"):
+                # Values of a broken run are not results; a stale number would mislead alerts.
+                st.gauges = {}
+            for gpu, secs in out.gpu_seconds.items():
+                self.gpu_seconds[gpu[:16]] += secs
+            if out.environment:
+                self.node_environment = out.environment
+        self.rerender()
+
+    def set_config_reload(self, ok: bool) -> None:
+        with self._lock:
+            self.config_reload_ok = 1 if ok else 0
+            self.config_reloads["success" if ok else "failure"] += 1
+            if ok:
+                self.config_reload_ts = time.time()
+        self.rerender()
+
+    def set_enabled(self, enabled: list[str], intervals: dict[str, float] | None = None) -> None:
+        with self._lock:
+            self.enabled = list(enabled)
+            if intervals is not None:
+                self.intervals = dict(intervals)
+        self.rerender()
+
+    def count_clock_jump(self) -> None:
+        with self._lock:
+            self.clock_jumps += 1
+        self.rerender()
+
+    def count_history_error(self) -> None:
+        with self._lock:
+            self.history_write_errors += 1
+        self.rerender()
+
+    def set_node_extra_labels(self, labels: dict[str, str]) -> None:
+        with self._lock:
+            self.node_extra_labels = {k: str(v)[:MAX_LABEL_VALUE] for k, v in labels.items()}
+        self.rerender()
+
+    def set_kube(self, snapshot, condition_type: str, node_extra_labels: dict[str, str]) -> None:
+        """The Kubernetes integration's state (exporter/kube.py Snapshot) and the node labels it
+        feeds, rendered together once."""
+        with self._lock:
+            self.kube = snapshot
+            self.kube_condition_type = condition_type
+            self.node_extra_labels = {k: str(v)[:MAX_LABEL_VALUE] for k, v in node_extra_labels.items()}
+        self.rerender()
+
+    def set_environment(self, env: dict[str, Any]) -> None:
+        with self._lock:
+            self.node_environment = env
+        self.rerender()
+
+    def rerender(self) -> None:
+        with self._lock:
+            data = render(self)
+            self.exposition = data
+            self.version += 1
+
+    # --- reads ------------------------------------------------------------------
+    def node_labels(self) -> dict[str, str]:
+        labels = envmod.stable_labels(self.node_environment) if self.node_environment else \
+            {k: envmod.UNKNOWN for k in envmod.STABLE_FIELDS}
+        labels.update(self.node_extra_labels)
+        return labels
+
+    def latest_records(self) -> dict[str, Any]:
+        """/results: the last run record of each probe that has run."""
+        with self._lock:
+            return {name: st.last.to_json() for name, st in self.state.items() if st.last is not None}

@@ -1,0 +1,116 @@
+"""`fleetcanary once`: run the enabled probes once, in isolated workers, and report.
+
+Progress goes to stderr; the table (or JSON with --json) goes to stdout. With
+--history, every run is also appended to the results history in the config's state
+directory, as the daemon would; without it, `once` leaves the daemon's history alone.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from fleetcanary.core.record import RunRecord
+from fleetcanary.core.units import human, text_table
+from fleetcanary.offline import acceptance
+from fleetcanary.runner import job as jobmod
+from fleetcanary.runner.history import History, HistoryError
+from fleetcanary.runner.isolation import become_subreaper, run_isolated
+
+
+def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=None,
+               write_history: bool = False) -> list[RunRecord]:
+    become_subreaper(reap_everything=True)
+    outcomes = []
+    total = len(names) * repeat
+    history = History(settings.state_dir, settings.history.max_bytes, settings.history.backups) \
+        if write_history else None
+    i = 0
+    for r in range(repeat):
+        for name in names:
+            i += 1
+            entry = settings.probe_entries()[name]
+            if progress:
+                progress(f"[{i}/{total}] {name} (deadline {entry.timeout_seconds:g}s) ...", end=False)
+            job = jobmod.build(name, probe_map[name], entry.params.model_dump(mode="json"),
+                               jobmod.probe_context(settings))
+            out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
+            if progress:
+                why = f" ({out.reason})" if out.reason else ""
+                progress(f" {out.outcome}{why} in {out.wall_seconds:.1f}s", end=True)
+            if history is not None:
+                try:
+                    history.append(out)
+                except HistoryError as exc:
+                    if progress:
+                        progress(f"warning: results history not written: {exc}", end=True)
+            outcomes.append(out)
+    return outcomes
+
+
+def rows(outcomes: list[RunRecord]) -> list[dict[str, Any]]:
+    out = []
+    for o in outcomes:
+        figs = o.figures
+        if o.outcome != "success" or not figs:
+            out.append({"probe": o.probe, "figure": "-", "unit": "", "median": None, "mad": None, "cv": None,
+                        "n": 0, "status": o.outcome + (f" ({o.reason})" if o.reason else ""),
+                        "detail": o.detail})
+            continue
+        for f in figs:
+            labels = ",".join(f"{k}={v}" for k, v in (f.get("labels") or {}).items())
+            d = f.get("dispersion") or {}
+            out.append({"probe": o.probe, "figure": f["name"] + (f" {{{labels}}}" if labels else ""),
+                        "unit": f["unit"], "median": f.get("median"), "mad": d.get("mad"), "cv": d.get("cv"),
+                        "n": int(d.get("n", 0)), "status": "success", "detail": ""})
+    return out
+
+
+def table(rs: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rs:
+        if r["median"] is None:
+            disp = "-"
+        else:
+            disp = f"±{human(r['mad'], r['unit'])}, {100 * (r['cv'] or 0):.1f}%"
+        lines.append((r["probe"], r["figure"], human(r["median"], r["unit"]), disp, str(r["n"] or "-"), r["status"]))
+    return text_table(("probe", "figure", "median", "dispersion (MAD, CV)", "n", "status"), lines)
+
+
+def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1, expect: str | None = None,
+         write_history: bool = False) -> int:
+    expectations = None
+    if expect:
+        try:
+            expectations = acceptance.load(expect)
+        except acceptance.ExpectationsError as exc:
+            for line in exc.lines:
+                print(f"fleetcanary: expectations error: {line}", file=sys.stderr)
+            return 2
+
+    def progress(msg: str, end: bool) -> None:
+        if not as_json or sys.stderr.isatty():
+            sys.stderr.write(msg + ("\n" if end else ""))
+            sys.stderr.flush()
+
+    t0 = time.monotonic()
+    outcomes = run_probes(settings, probe_map, names, repeat, progress, write_history)
+    rs = rows(outcomes)
+    verdict = acceptance.run_checks(expectations, outcomes) if expectations is not None else None
+    if as_json:
+        json.dump({"runs": [o.to_json() for o in outcomes], "table": rs,
+                   **({"acceptance": verdict} if verdict is not None else {}),
+                   "wall_seconds": time.monotonic() - t0}, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(table(rs))
+        broken = [r for r in rs if r["detail"] and not r["status"].startswith("skipped")]
+        for r in broken:
+            print(f"{r['probe']}: {r['detail']}")
+        if verdict is not None:
+            print()
+            print(acceptance.table(verdict))
+    if verdict is not None and not verdict["passed"]:
+        return 1
+    return 1 if any(o.outcome in ("failure", "timeout", "crash") for o in outcomes) else 0

@@ -1,0 +1,1 @@
+"""Runner: build a probe job, run it in an isolated worker process, keep the history file."""

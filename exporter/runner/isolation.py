@@ -1,0 +1,331 @@
+"""Worker isolation: each probe run is a child process in its own process group.
+
+At the deadline the whole group gets SIGTERM, then SIGKILL after a grace period.
+When the worker's leader exits on its own, the group is still swept with SIGKILL
+(before the leader is reaped, so its PID, which is the group ID, cannot be reused),
+which removes any grandchild it left behind. A hung driver call, a stalled
+collective, a segfault or an OOM kill therefore ends as ``timeout`` or ``crash``
+and the daemon goes on.
+
+Output is drained by threads: the result pipe is read up to MAX_RESULT_BYTES, and
+stdout/stderr keep only a tail, so a probe that floods its output costs bounded
+memory and no disk.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+from fleetcanary.core.record import CRASH_REASONS, OUTCOMES, RunRecord
+from fleetcanary.probes.lib.spawn import module_command
+from fleetcanary.runner.job import RESULT_FD_ENV, WORKER_MODULE
+
+MAX_RESULT_BYTES = 32 << 20
+OUTPUT_TAIL_BYTES = 4096
+__all__ = ["CRASH_REASONS", "OUTCOMES", "become_subreaper", "kill_all_workers", "reap_orphans", "run_isolated"]
+
+
+@functools.lru_cache(maxsize=1)
+def _oom_counter_file() -> str | None:
+    """The file holding this process's memory-cgroup OOM-kill count, found once: cgroup v2
+    memory.events (hierarchical) or v1 memory.oom_control (kernel 4.13+)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
+    except OSError:
+        return None
+    candidates = []
+    for hid, controllers, path in (x for x in lines if len(x) == 3):
+        if "memory" in controllers.split(","):
+            candidates.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.oom_control")
+        elif hid == "0" and controllers == "":
+            for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+                candidates.append(f"{root}{path.rstrip('/')}/memory.events")
+    return next((c for c in candidates if _read_oom_kill(c) is not None), None)
+
+
+def _read_oom_kill(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            for ln in f:
+                k, _, v = ln.partition(" ")
+                if k == "oom_kill":
+                    return int(v)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def oom_kills() -> int | None:
+    """OOM kills counted in this process's memory cgroup; None where unreadable."""
+    path = _oom_counter_file()
+    return _read_oom_kill(path) if path else None
+
+
+_live_lock = threading.Lock()
+_live_groups: set[int] = set()
+
+
+_subreaper = False
+_reap_everything = False
+
+
+def become_subreaper(reap_everything: bool = False) -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux PR_SET_CHILD_SUBREAPER).
+
+    Then a probe's grandchild that escaped its process group (setsid, double fork) or
+    outlived its killed parent is re-parented to us instead of to PID 1, and
+    ``reap_orphans`` kills and reaps it. In a container where PID 1 does not reap,
+    this also keeps zombies from piling up.
+
+    reap_everything: every child that is not a live worker is a leftover (true for the
+    daemon and `once`, which start no other processes). Otherwise only children outside
+    our own session are: workers and what they fork run in sessions of their own, while an
+    embedding program's ordinary children (a test's fixtures) share ours and are left alone."""
+    global _subreaper, _reap_everything
+    _reap_everything = reap_everything
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        _subreaper = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        _subreaper = False
+    return _subreaper
+
+
+def _children_of_self() -> list[int]:
+    me = os.getpid()
+    out = []
+    try:
+        text = open(f"/proc/{me}/task/{me}/children").read()
+        return [int(p) for p in text.split()]
+    except OSError:
+        pass
+    for entry in os.listdir("/proc"):  # kernels without the children file
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == me:
+                    out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def reap_orphans() -> int:
+    """Kill and reap our children that are not live workers: re-parented leftovers of
+    finished probes. Never blocks; a process stuck in the kernel is retried next time."""
+    if not _subreaper:
+        return 0
+    n = 0
+    with _live_lock:
+        live = set(_live_groups)
+        own_session = os.getsid(0)
+        for pid in _children_of_self():
+            if pid in live:
+                continue
+            if not _reap_everything:
+                try:
+                    if os.getsid(pid) == own_session:
+                        continue
+                except ProcessLookupError:
+                    continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    n += 1
+            except ChildProcessError:
+                pass
+    return n
+
+
+def live_worker_groups() -> set[int]:
+    with _live_lock:
+        return set(_live_groups)
+
+
+def kill_all_workers(grace_seconds: float) -> None:
+    """SIGTERM every live worker group, then SIGKILL what is left after the grace period.
+
+    The threads running those workers then see them exit and finish on their own."""
+    groups = live_worker_groups()
+    for pgid in groups:
+        _killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while live_worker_groups() & groups and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pgid in live_worker_groups() & groups:
+        _killpg(pgid, signal.SIGKILL)
+
+
+class _Drain(threading.Thread):
+    """Reads a pipe to EOF; keeps the head up to ``limit`` or only a tail."""
+
+    def __init__(self, fd: int, limit: int, keep_tail: bool) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.limit, self.keep_tail = fd, limit, keep_tail
+        self.data = bytearray()
+        self.total = 0
+
+    def run(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    break
+                self.total += len(chunk)
+                if self.keep_tail:
+                    self.data += chunk
+                    if len(self.data) > self.limit:
+                        del self.data[: len(self.data) - self.limit]
+                elif len(self.data) < self.limit:
+                    self.data += chunk[: self.limit - len(self.data)]
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_exit_no_reap(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait until the leader has exited, without reaping it. True if it exited."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    pidfd = None
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            try:
+                info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return True
+            if info is not None:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if pidfd is not None:
+                select.select([pidfd], [], [], remaining)
+            else:  # pre-5.3 kernels: poll the child's state
+                time.sleep(min(0.05, remaining))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_isolated(job: dict[str, Any], timeout_seconds: float, kill_grace_seconds: float = 2.0,
+                 env: dict[str, str] | None = None) -> RunRecord:
+    """Run one job (runner.job.build) in a worker; its run record, whatever happens to it."""
+    name = job["name"]
+    node = job["context"].get("node_name", "")
+    started = time.time()
+    t0 = time.monotonic()
+    job = {**job, "context": {**job["context"], "deadline_monotonic": t0 + timeout_seconds}}
+    data = json.dumps(job).encode()
+    r_res, w_res = os.pipe()
+    r_out, w_out = os.pipe()
+    ooms_before = oom_kills()
+    _live_lock.acquire()  # reap_orphans must not see this child before it is registered
+    try:
+        proc = subprocess.Popen(
+            module_command(WORKER_MODULE),
+            stdin=subprocess.PIPE, stdout=w_out, stderr=w_out, pass_fds=(w_res,),
+            env=worker_env({RESULT_FD_ENV: str(w_res), **(env or {})}),
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        _live_lock.release()
+        for fd in (r_res, w_res, r_out, w_out):
+            os.close(fd)
+        return RunRecord(name, "crash", "spawn_failed", str(exc), node=node, started_at=started)
+    _live_groups.add(proc.pid)
+    _live_lock.release()
+    os.close(w_res)
+    os.close(w_out)
+    res_drain = _Drain(r_res, MAX_RESULT_BYTES + 1, keep_tail=False)
+    out_drain = _Drain(r_out, OUTPUT_TAIL_BYTES, keep_tail=True)
+    res_drain.start()
+    out_drain.start()
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+    timed_out = not _wait_exit_no_reap(proc, timeout_seconds)
+    pgid = proc.pid
+    if timed_out:
+        _killpg(pgid, signal.SIGTERM)
+        if not _wait_exit_no_reap(proc, kill_grace_seconds):
+            _killpg(pgid, signal.SIGKILL)
+            _wait_exit_no_reap(proc, 30.0)
+    # Sweep anything left in the group (a child the probe forked) while the leader,
+    # still unreaped, keeps the group ID from being reused.
+    _killpg(pgid, signal.SIGKILL)
+    status = proc.wait()
+    with _live_lock:
+        _live_groups.discard(pgid)
+    reap_orphans()
+    # Grandchildren that held our pipes are dead now; the drains reach EOF.
+    res_drain.join(timeout=5)
+    out_drain.join(timeout=5)
+    seen = dict(node=node, started_at=started, wall_seconds=time.monotonic() - t0, exit_status=status,
+                output_tail=bytes(out_drain.data).decode("utf-8", "replace"))
+
+    def crash(reason: str, detail: str) -> RunRecord:
+        return RunRecord(name, "crash", reason, detail, **seen)
+
+    if timed_out:
+        return RunRecord(name, "timeout", "deadline", f"no result within {timeout_seconds:g}s", **seen)
+    raw = bytes(res_drain.data)
+    if status < 0 and not raw:
+        try:
+            signame = signal.Signals(-status).name
+        except ValueError:
+            signame = str(-status)
+        ooms_after = oom_kills() if status == -signal.SIGKILL else None
+        if ooms_before is not None and ooms_after is not None and ooms_after > ooms_before:
+            return crash("oom_killed", "worker killed by the OOM killer (memory limit of the exporter's cgroup); "
+                         "lower the probe's sizes or raise the limit")
+        return crash("killed_by_signal", f"worker killed by {signame}")
+    if len(raw) > MAX_RESULT_BYTES:
+        return crash("result_too_large", f"result over {MAX_RESULT_BYTES} bytes")
+    if not raw:
+        return crash("exit_nonzero" if status else "bad_result", f"worker exited {status} without a result")
+    try:
+        run = RunRecord.from_json(json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as exc:  # RecordError is a ValueError
+        return crash("bad_result", f"unreadable worker result: {exc}"[:200])
+    if run.probe != name:
+        return crash("bad_result", f"the worker answered for probe {run.probe!r}"[:200])
+    run.detail = run.detail[:2000]
+    for key, value in seen.items():
+        setattr(run, key, value)
+    return run

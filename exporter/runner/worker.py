@@ -1,0 +1,110 @@
+"""The worker: runs one probe in a child process and writes its result as JSON.
+
+Started by ``fleetcanary.runner.isolation`` as ``python -I -m fleetcanary.runner.worker``
+in a new process group. The job arrives as JSON on stdin; the run record goes to the
+file descriptor in FLEETCANARY_RESULT_FD, so nothing a probe prints can corrupt it.
+stdout and stderr are drained by the parent and only their tail is kept.
+
+This is the only place where torch, NVML and network targets are touched.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from fleetcanary.core import environment
+from fleetcanary.core.record import RunRecord
+from fleetcanary.probes.base import ProbeContext, ProbeError, ProbeSkipped, ProbeTimeout
+from fleetcanary.runner.job import RESULT_FD_ENV
+
+
+def _load_class(path: str):
+    module, _, qual = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+SECRET_KEYS = ("password", "secret", "api_key", "apikey", "token", "authorization")
+
+
+def redact(v: Any, key: str = "") -> Any:
+    if isinstance(v, dict):
+        if key == "headers":
+            return {str(k): "<redacted>" for k in v}
+        return {str(k): redact(x, str(k)) for k, x in v.items()}
+    if isinstance(v, list):
+        return [redact(x, key) for x in v]
+    if isinstance(v, str) and key.lower() in SECRET_KEYS:
+        return "<redacted>"
+    return v
+
+
+def _samples(result) -> list[dict[str, Any]]:
+    return [{"metric": s.metric, "labels": s.labels, "value": s.value} for s in result.samples]
+
+
+def execute(job: dict[str, Any]) -> RunRecord:
+    t0 = time.monotonic()
+    throttle_before = environment.cpu_throttling()
+    run = RunRecord(probe=job["name"], outcome="crash", node=job["context"].get("node_name", ""))
+    for path in job.get("import_path") or ():
+        if path not in sys.path:  # a probe class from outside the package (tests register their own)
+            sys.path.append(path)
+    cls = _load_class(job["class"])
+    probe = cls()
+    config = cls.Config.model_validate(job.get("params", {}))
+    ctx = ProbeContext(**job["context"])
+    try:
+        result = probe.run(config, ctx)
+        run.outcome = "success"
+        run.samples = _samples(result)
+        run.result = result.to_dict()
+    except ProbeSkipped as exc:
+        run.outcome, run.reason, run.detail = "skipped", exc.reason, exc.detail
+    except ProbeTimeout as exc:
+        run.outcome, run.reason, run.detail = "timeout", exc.reason, exc.detail or str(exc)
+    except ProbeError as exc:
+        run.outcome = "failure"
+        run.reason = exc.reason if exc.reason in cls.all_failure_reasons() else "other"
+        run.detail = exc.detail or str(exc)
+        if exc.result is not None:
+            run.samples = _samples(exc.result)
+            run.result = exc.result.to_dict()
+    except Exception as exc:  # noqa: BLE001 - a probe bug is classified as a crash, never raised
+        run.outcome, run.reason, run.detail = "crash", "exception", f"{type(exc).__name__}: {exc}"
+        traceback.print_exc(limit=8)  # into the output tail the runner keeps
+    run.probe_seconds = time.monotonic() - t0
+    # The settings the run used, so results say what they measured and `compare` can refuse
+    # incomparable pairs; header values and anything named like a secret are redacted.
+    run.result["config"] = redact(config.model_dump(mode="json"))
+    env = environment.collect(with_gpu=job.get("collect_gpu_facts", True))
+    env.update(environment.throttling_delta(throttle_before, environment.cpu_throttling()))
+    run.environment = env
+    return run
+
+
+def main() -> int:
+    # Under memory pressure the kernel should kill a probe worker, never the daemon that serves
+    # /metrics: raising our own OOM score needs no privilege.
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    fd = int(os.environ[RESULT_FD_ENV])
+    job = json.load(sys.stdin)
+    data = json.dumps(execute(job).to_json(with_samples=True), allow_nan=False).encode()
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Collective sweeps: all_reduce, all_gather, reduce_scatter, all_to_all (broadcast
+optional) over a configured list of message sizes, one rank per GPU with NCCL, or
+gloo with CPU ranks where there is no GPU.
+
+Definitions follow nccl-tests (doc/PERFORMANCE.md there):
+- size: the bytes of the whole buffer: all_reduce and broadcast the buffer; all_gather
+  the gathered output; reduce_scatter the input before scattering; all_to_all the
+  buffer each rank sends.
+- time per operation: each timed iteration's duration on the slowest rank (the
+  maximum over ranks); the median over iterations is published and all kept.
+- algbw = size / time; busbw = algbw x factor, factor 2(n-1)/n for all_reduce,
+  (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast.
+- correctness: after timing, every rank fills its input with a rank- and
+  index-dependent integer pattern, runs the collective once more and compares every
+  output element with the exact expected value. Any wrong element fails the probe
+  (reason wrong_result); wrong numbers are never published.
+
+The ranks are processes spawned inside the worker, so they share its process group
+and die with it at the deadline. Collective timeouts are set below the deadline; a
+collective that times out ends the probe as a timeout.
+
+Test hook: FLEETCANARY_COLLECTIVES_FAULT=corrupt:R makes rank R corrupt one output
+element before the check; stall:R makes rank R sleep instead of joining.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import ClassVar
+
+from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, ProbeSkipped,
+                                     ProbeTimeout, Sample)
+from fleetcanary.probes.collectives.spec import ALGBW, BUSBW, LAT, LABELS, MAX_TOPO_BYTES, Config, bus_factor
+from fleetcanary.probes.lib.spawn import module_command
+
+class Collectives(Probe):
+    name = "collectives"
+    Config = Config
+    exclusive = "gpu"
+    failure_reasons = ("wrong_result", "rank_failed", "nccl_tests_failed", "nvml_error", "cuda_error")
+    default_interval_seconds = 1800.0
+    default_timeout_seconds = 180.0
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec(BUSBW, "gauge", "Collective bus bandwidth (nccl-tests busbw: algbw x 2(n-1)/n for all_reduce, "
+                   "x (n-1)/n for all_gather, reduce_scatter, all_to_all), median over iterations.",
+                   "bytes_per_second", LABELS),
+        MetricSpec(ALGBW, "gauge", "Collective algorithm bandwidth: size / time per operation, median over iterations.",
+                   "bytes_per_second", LABELS),
+        MetricSpec(LAT, "gauge", "Time per collective operation on the slowest rank, median over iterations.",
+                   "seconds", LABELS),
+    )
+
+    # ------------------------------------------------------------------ run
+    def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
+        backend, ranks, gate = self._plan(config, ctx)
+        if config.nccl_tests_dir and backend == "nccl":
+            from fleetcanary.probes.collectives import nccl_tests
+
+            return nccl_tests.run(config, ctx, ranks, gate)
+        sizes = [s for s in config.sizes_bytes if backend == "nccl" or s <= config.gloo_max_bytes]
+        if not sizes:
+            raise ProbeSkipped("not_configured", "no message size within gloo_max_bytes")
+        deadline_left = ctx.deadline_monotonic - time.monotonic()
+        coll_timeout = max(min(config.collective_timeout_seconds, deadline_left - 5.0), 1.0)
+        spec = {"backend": backend, "world": ranks, "collectives": list(config.collectives), "sizes": sizes,
+                "warmup": config.warmup_iterations, "iterations": config.iterations, "timeout": coll_timeout,
+                "port": _free_port()}
+        per_rank, topo = _launch_ranks(spec, config.topology_dump and backend == "nccl", ctx)
+        return self._reduce(per_rank, spec, topo, gate)
+
+    @staticmethod
+    def _plan(config: Config, ctx: ProbeContext):
+        """(backend, number of ranks, gate record) or ProbeSkipped."""
+        if importlib.util.find_spec("torch") is None:
+            # Checked before anything else: the ranks are torch programs, on gloo as on NCCL.
+            raise ProbeSkipped("dependency_missing", "torch is not installed (pip install 'fleetcanary[gpu]')")
+        if config.backend == "gloo":
+            return "gloo", config.cpu_ranks, None
+        from fleetcanary.probes.lib import gpu_gate, nvml
+
+        try:
+            session = nvml.open_session()
+        except nvml.NvmlUnavailable as exc:
+            if config.backend == "nccl":
+                raise ProbeSkipped("no_gpu", str(exc)) from None
+            return "gloo", config.cpu_ranks, None
+        with session:
+            handles = session.handles()
+            if len(handles) < config.min_gpus:
+                raise ProbeSkipped("single_gpu", f"{len(handles)} GPU(s); min_gpus is {config.min_gpus}")
+            gate = gpu_gate.gate(session, handles, ctx.gpu, ctx.kube, config.expected_gpu_seconds, config.busy_policy)
+        if len(gate.usable) < config.min_gpus:
+            raise ProbeSkipped("gpu_busy", f"{len(gate.usable)} usable GPU(s): {gate.skipped}")
+        from fleetcanary.probes.lib import torch_util
+
+        torch = torch_util.import_torch()
+        if not torch.cuda.is_available() or torch.cuda.device_count() < len(gate.usable):
+            raise ProbeSkipped("no_gpu", "torch sees fewer CUDA devices than NVML")
+        if not torch.distributed.is_nccl_available():
+            raise ProbeSkipped("dependency_missing", "this torch build has no NCCL")
+        return "nccl", len(gate.usable), gate
+
+    @staticmethod
+    def _reduce(per_rank: list[dict], spec: dict, topo: str | None, gate) -> ProbeResult:
+        n = spec["world"]
+        backend = spec["backend"]
+        res = ProbeResult(parameters={k: spec[k] for k in ("backend", "world", "collectives", "sizes", "warmup",
+                                                           "iterations", "timeout")},
+                          touched={"ranks": n, "invasive": backend == "nccl", **(gate.record() if gate else {})})
+        wrong = []
+        sweep = []
+        r0 = per_rank[0]
+        for i, entry in enumerate(r0["results"]):
+            coll, size = entry["collective"], entry["size_bytes"]
+            for r in per_rank:
+                if r["results"][i]["wrong"]:
+                    wrong.append(f"{coll} size {size} rank {r['rank']}: {r['results'][i]['wrong']} wrong elements")
+            # Slowest rank per iteration, as nccl-tests reports the maximum over ranks.
+            iters = [max(r["results"][i]["times"][k] for r in per_rank) for k in range(len(entry["times"]))]
+            nbytes = entry["bytes"]
+            factor = bus_factor(coll, n)
+            labels = {"collective": coll, "size_bytes": str(size), "ranks": str(n), "backend": backend}
+            lat = Figure(f"{coll}_latency", "seconds", iters, labels, higher_is_better=False)
+            alg = Figure(f"{coll}_algbw", "bytes_per_second", [nbytes / t for t in iters], labels)
+            bus = Figure(f"{coll}_busbw", "bytes_per_second", [nbytes / t * factor for t in iters], labels)
+            # algbw is size / time (nccl-tests): from the median time, so the three published
+            # figures agree exactly; the per-iteration bandwidths keep the dispersion.
+            alg.median = alg.dispersion["median"] = nbytes / lat.median
+            bus.median = bus.dispersion["median"] = alg.median * factor
+            res.figures += [bus, alg, lat]
+            sweep.append({"collective": coll, "size_bytes": size, "bytes": nbytes, "count": entry["count"],
+                          "bus_factor": factor, "time_seconds": iters, "per_rank_time_seconds":
+                          [r["results"][i]["times"] for r in per_rank]})
+            res.samples += [Sample(LAT, labels, lat.median), Sample(ALGBW, labels, alg.median),
+                            Sample(BUSBW, labels, bus.median)]
+        if wrong:
+            raise ProbeError("wrong_result", "; ".join(wrong[:5]))
+        gpu_seconds = {}
+        if backend == "nccl":
+            for r in per_rank:
+                gpu = str(gate.usable[r["rank"]].index) if gate else str(r["rank"])
+                gpu_seconds[gpu] = sum(sum(x["times"]) for x in r["results"]) + r.get("untimed_gpu_seconds", 0.0)
+        res.gpu_seconds = gpu_seconds
+        res.extra = {"sweep": sweep, "nccl_version": r0.get("nccl_version"), "torch": r0.get("torch"),
+                     "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+                     "topology_xml": topo}
+        return res
+
+
+# ---------------------------------------------------------------------- launching
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_ranks(spec: dict, want_topo: bool, ctx: ProbeContext) -> tuple[list[dict], str | None]:
+    world = spec["world"]
+    procs, pipes = [], []
+    topo_dir = tempfile.mkdtemp(prefix="fleetcanary-nccl-") if want_topo else None
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if topo_dir and "NCCL_TOPO_DUMP_FILE" not in env:
+        env["NCCL_TOPO_DUMP_FILE"] = os.path.join(topo_dir, "topo.xml")
+    try:
+        for rank in range(world):
+            r, w = os.pipe()
+            p = subprocess.Popen(module_command("fleetcanary.probes.collectives.rank"),
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 pass_fds=(w,), env={**env, "FLEETCANARY_RANK_RESULT_FD": str(w)})
+            os.close(w)
+            p.stdin.write(json.dumps({**spec, "rank": rank}).encode())
+            p.stdin.close()
+            procs.append(p)
+            pipes.append(r)
+        results: list[dict | None] = [None] * world
+        errors: list[str] = []
+        for rank, (p, r) in enumerate(zip(procs, pipes)):
+            with os.fdopen(r, "rb") as f:
+                data = f.read(64 << 20)
+            pipes[rank] = -1
+            stderr = p.stderr.read()[-4000:].decode("utf-8", "replace")
+            code = p.wait()
+            if data:
+                try:
+                    results[rank] = json.loads(data)
+                except ValueError:
+                    errors.append(f"rank {rank}: unreadable result")
+            else:
+                errors.append(f"rank {rank} exited {code}: {_last_line(stderr)}")
+        timeouts = [e for e in errors if re.search(r"timed? ?out|Timeout|DistStoreError", e)]
+        if timeouts:
+            raise ProbeTimeout("collective_timeout", timeouts[0][:500])
+        if errors or any(x is None for x in results):
+            raise ProbeError("rank_failed", "; ".join(errors)[:1000])
+        for res in results:
+            if res.get("error"):
+                kind = res["error"]["kind"]
+                if kind == "timeout":
+                    raise ProbeTimeout("collective_timeout", f"rank {res['rank']}: {res['error']['detail']}"[:500])
+                raise ProbeError("rank_failed", f"rank {res['rank']}: {res['error']['detail']}"[:500])
+        topo = None
+        if topo_dir:
+            path = env["NCCL_TOPO_DUMP_FILE"]
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    topo = f.read(MAX_TOPO_BYTES).decode("utf-8", "replace")
+        return results, topo  # type: ignore[return-value]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for r in pipes:
+            if r >= 0:
+                os.close(r)
+        if topo_dir:
+            import shutil
+
+            shutil.rmtree(topo_dir, ignore_errors=True)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"

@@ -1,0 +1,318 @@
+"""The NVML layer: one small module over nvidia-ml-py (the ``pynvml`` module).
+
+Worker-side only: the daemon never imports this. Every NVML call goes through a
+``Session`` so that the backend can be the real library or, in tests, a fake built
+from recorded device facts (``FLEETCANARY_FAKE_NVML=/path/facts.json``; see
+``probes/nvml_fake.py``). The same code reads both.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+UNKNOWN = "unknown"
+FAKE_ENV = "FLEETCANARY_FAKE_NVML"
+
+# Throttle ("clocks event") reason bits, from nvml.h; the label set is this fixed list.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# Reasons that mean the GPU runs slower than it should (idle and app clocks are benign).
+HARMFUL_THROTTLE = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                    "hw_power_brake_slowdown")
+
+# nvmlGpuTopologyLevel_t -> link label (nvidia-smi topo -m vocabulary)
+TOPOLOGY_LEVELS: dict[int, str] = {
+    0: "same_board",        # NVML_TOPOLOGY_INTERNAL
+    10: "pcie_single_switch",  # PIX
+    20: "pcie_multi_switch",   # PXB
+    30: "pcie_host_bridge",    # PHB
+    40: "numa_node",           # NODE: across host bridges within a NUMA node
+    50: "cross_socket",        # SYS: across the CPU interconnect
+}
+LINK_TYPES = ("nvlink", *TOPOLOGY_LEVELS.values(), "unknown")
+
+NVLINK_ERROR_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
+NVLINK_MAX_LINKS = 18
+
+# XIDs that mean a GPU needs attention (DCGM's and NVIDIA's XID catalogue, abridged):
+# 13 graphics engine exception, 31 MMU fault, 43 reset channel, 45 preemptive cleanup,
+# 48 DBE, 61/62 internal micro-controller, 63/64 row remapping, 74 NVLink error,
+# 79 fell off the bus, 92 high SBE rate, 94/95 contained/uncontained ECC, 119/120 GSP errors.
+CRITICAL_XIDS = frozenset({13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here. ``no_driver`` is True when there is simply no GPU driver."""
+
+    def __init__(self, msg: str, no_driver: bool) -> None:
+        super().__init__(msg)
+        self.no_driver = no_driver
+
+
+def _backend():
+    path = os.environ.get(FAKE_ENV)
+    if path:
+        from fleetcanary.probes.testing import nvml_fake
+
+        return nvml_fake.FakeNvml.from_file(path)
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError as exc:
+        raise NvmlUnavailable("nvidia-ml-py is not installed", no_driver=True) from exc
+    return pynvml
+
+
+@dataclass
+class GpuHandle:
+    index: int
+    handle: Any
+    lost: bool = False
+    error: str = ""
+
+
+class Session:
+    """An initialised NVML. Use as a context manager; shutdown on exit."""
+
+    def __init__(self, lib) -> None:
+        self.lib = lib
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.lib.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - shutdown failures change nothing for the caller
+            pass
+
+    # --- small helpers -------------------------------------------------------
+    def _try(self, fn, *args, default: Any = UNKNOWN):
+        try:
+            return fn(*args)
+        except self.lib.NVMLError:
+            return default
+
+    @staticmethod
+    def _str(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def is_lost_error(self, exc: Exception) -> bool:
+        code = getattr(exc, "value", None)
+        return code in (getattr(self.lib, "NVML_ERROR_GPU_IS_LOST", 15),)
+
+    # --- inventory ----------------------------------------------------------
+    def device_count(self) -> int:
+        return int(self.lib.nvmlDeviceGetCount())
+
+    def handles(self) -> list[GpuHandle]:
+        out = []
+        for i in range(self.device_count()):
+            try:
+                h = self.lib.nvmlDeviceGetHandleByIndex(i)
+                self.lib.nvmlDeviceGetUUID(h)  # a lost GPU fails here
+                out.append(GpuHandle(i, h))
+            except self.lib.NVMLError as exc:
+                out.append(GpuHandle(i, None, lost=True, error=self._str(exc)))
+        return out
+
+    def driver_version(self) -> str:
+        return self._str(self._try(self.lib.nvmlSystemGetDriverVersion))
+
+    def cuda_driver_version(self) -> str:
+        v = self._try(self.lib.nvmlSystemGetCudaDriverVersion_v2)
+        if isinstance(v, int):
+            return f"{v // 1000}.{(v % 1000) // 10}"
+        return UNKNOWN
+
+    def identity(self, g: GpuHandle) -> dict[str, Any]:
+        h, lib = g.handle, self.lib
+        pci = self._try(lib.nvmlDeviceGetPciInfo, h, default=None)
+        bus_id = self._str(pci.busId) if pci is not None else UNKNOWN
+        return {
+            "index": g.index,
+            "uuid": self._str(self._try(lib.nvmlDeviceGetUUID, h)),
+            "model": self._str(self._try(lib.nvmlDeviceGetName, h)),
+            "pci_bus_id": bus_id,
+            "serial": self._str(self._try(lib.nvmlDeviceGetSerial, h)),
+            "vbios": self._str(self._try(lib.nvmlDeviceGetVbiosVersion, h)),
+        }
+
+    def memory_total_bytes(self, g: GpuHandle) -> int | str:
+        m = self._try(self.lib.nvmlDeviceGetMemoryInfo, g.handle, default=None)
+        return int(m.total) if m is not None else UNKNOWN
+
+    def mig_mode(self, g: GpuHandle) -> str:
+        v = self._try(self.lib.nvmlDeviceGetMigMode, g.handle, default=None)
+        if v is None:
+            return "unsupported"
+        return "enabled" if v[0] else "disabled"
+
+    def persistence_mode(self, g: GpuHandle) -> str:
+        v = self._try(self.lib.nvmlDeviceGetPersistenceMode, g.handle, default=None)
+        return UNKNOWN if v is None else ("enabled" if v else "disabled")
+
+    def power_limit_watts(self, g: GpuHandle) -> float | str:
+        v = self._try(self.lib.nvmlDeviceGetEnforcedPowerLimit, g.handle, default=None)
+        return UNKNOWN if v is None else v / 1000.0
+
+    def clocks_mhz(self, g: GpuHandle) -> dict[str, Any]:
+        lib = self.lib
+        out = {}
+        for name, ctype in (("sm", 1), ("memory", 2)):  # NVML_CLOCK_SM, NVML_CLOCK_MEM
+            out[f"{name}_current"] = self._try(lib.nvmlDeviceGetClockInfo, g.handle, ctype)
+            out[f"{name}_max"] = self._try(lib.nvmlDeviceGetMaxClockInfo, g.handle, ctype)
+        return out
+
+    # --- health --------------------------------------------------------------
+    def pcie(self, g: GpuHandle) -> dict[str, Any]:
+        lib, h = self.lib, g.handle
+        return {
+            "gen_current": self._try(lib.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            "gen_max": self._try(lib.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            "gen_gpu_max": self._try(lib.nvmlDeviceGetGpuMaxPcieLinkGeneration, h),
+            "width_current": self._try(lib.nvmlDeviceGetCurrPcieLinkWidth, h),
+            "width_max": self._try(lib.nvmlDeviceGetMaxPcieLinkWidth, h),
+        }
+
+    def throttle_reasons(self, g: GpuHandle) -> list[str] | str:
+        lib = self.lib
+        fn = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = self._try(fn, g.handle, default=None)
+        if mask is None:
+            return UNKNOWN
+        return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+    def ecc_errors(self, g: GpuHandle) -> dict[str, Any]:
+        lib, h = self.lib, g.handle
+        out = {}
+        for etype_name, etype in (("corrected", 0), ("uncorrected", 1)):
+            for counter_name, counter in (("volatile", 0), ("aggregate", 1)):
+                out[f"{etype_name}_{counter_name}"] = self._try(lib.nvmlDeviceGetTotalEccErrors, h, etype, counter)
+        return out
+
+    def remapped_rows(self, g: GpuHandle) -> dict[str, Any]:
+        v = self._try(self.lib.nvmlDeviceGetRemappedRows, g.handle, default=None)
+        if v is None:
+            return {"correctable": UNKNOWN, "uncorrectable": UNKNOWN, "pending": UNKNOWN, "failed": UNKNOWN}
+        corr, unc, pending, failed = v
+        return {"correctable": int(corr), "uncorrectable": int(unc), "pending": int(bool(pending)),
+                "failed": int(bool(failed))}
+
+    def nvlinks(self, g: GpuHandle) -> list[dict[str, Any]]:
+        """Links that exist on this GPU: state and error counters. Absent links are left out."""
+        lib, h = self.lib, g.handle
+        links = []
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                state = lib.nvmlDeviceGetNvLinkState(h, link)
+            except lib.NVMLError:
+                continue
+            errors = {}
+            for cid, cname in NVLINK_ERROR_COUNTERS.items():
+                errors[cname] = self._try(lib.nvmlDeviceGetNvLinkErrorCounter, h, link, cid)
+            remote = self._try(lib.nvmlDeviceGetNvLinkRemotePciInfo, h, link, default=None)
+            links.append({"link": link, "up": int(bool(state)), "errors": errors,
+                          "remote_pci_bus_id": self._str(remote.busId) if remote is not None else UNKNOWN})
+        return links
+
+    def utilization_ratio(self, g: GpuHandle) -> float | None:
+        u = self._try(self.lib.nvmlDeviceGetUtilizationRates, g.handle, default=None)
+        return None if u is None else u.gpu / 100.0
+
+    def compute_processes(self, g: GpuHandle) -> list[int]:
+        procs = self._try(self.lib.nvmlDeviceGetComputeRunningProcesses, g.handle, default=[])
+        return [int(p.pid) for p in procs]
+
+    def link_type(self, a: GpuHandle, b: GpuHandle, bus_ids: dict[int, str]) -> str:
+        """How two GPUs connect: nvlink (direct or through NVSwitch) or the PCIe topology level."""
+        for link in self.nvlinks(a):
+            if link["up"] and (link["remote_pci_bus_id"] == bus_ids.get(b.index)
+                               or self._is_nvswitch(a, link["link"])):
+                return "nvlink"
+        level = self._try(self.lib.nvmlDeviceGetTopologyCommonAncestor, a.handle, b.handle, default=None)
+        return TOPOLOGY_LEVELS.get(level, UNKNOWN) if level is not None else UNKNOWN
+
+    def _is_nvswitch(self, g: GpuHandle, link: int) -> bool:
+        fn = getattr(self.lib, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        if fn is None:
+            return False
+        t = self._try(fn, g.handle, link, default=None)
+        return t == 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def p2p_supported(self, a: GpuHandle, b: GpuHandle) -> bool | None:
+        fn = getattr(self.lib, "nvmlDeviceGetP2PStatus", None)
+        if fn is None:
+            return None
+        st = self._try(fn, a.handle, b.handle, 0, default=None)  # NVML_P2P_CAPS_INDEX_READ
+        return None if st is None else st == 0  # NVML_P2P_STATUS_OK
+
+    def wait_xid_events(self, gpus: list[GpuHandle], timeout_ms: int) -> list[dict[str, Any]]:
+        """Critical XID events during a bounded wait. [] when events are unsupported."""
+        lib = self.lib
+        try:
+            evset = lib.nvmlEventSetCreate()
+        except lib.NVMLError:
+            return []
+        by_handle = {}
+        try:
+            for g in gpus:
+                try:
+                    lib.nvmlDeviceRegisterEvents(g.handle, lib.nvmlEventTypeXidCriticalError, evset)
+                    by_handle[id(g.handle)] = g.index
+                except lib.NVMLError:
+                    continue
+            events = []
+            remaining = timeout_ms
+            while remaining > 0 and by_handle:
+                try:
+                    data = lib.nvmlEventSetWait_v2(evset, remaining)
+                except lib.NVMLError:  # timeout: no event
+                    break
+                gpu = next((g.index for g in gpus if g.handle == data.device), None)
+                events.append({"gpu": gpu, "xid": int(data.eventData)})
+                remaining = 0 if len(events) > 64 else remaining // 2
+            return events
+        finally:
+            self._try(lib.nvmlEventSetFree, evset)
+
+    # --- records -------------------------------------------------------------
+    def environment_facts(self) -> dict[str, Any]:
+        handles = self.handles()
+        gpus = []
+        for g in handles:
+            if g.lost:
+                gpus.append({"index": g.index, "lost": True, "error": g.error})
+                continue
+            gpus.append({**self.identity(g), "memory_bytes": self.memory_total_bytes(g),
+                         "power_limit_watts": self.power_limit_watts(g), "clocks_mhz": self.clocks_mhz(g),
+                         "persistence_mode": self.persistence_mode(g), "mig_mode": self.mig_mode(g)})
+        models = sorted({g.get("model", UNKNOWN) for g in gpus if not g.get("lost")})
+        return {
+            "gpu_model": models[0] if len(models) == 1 else (",".join(models) or UNKNOWN),
+            "gpu_count": len(handles),
+            "driver_version": self.driver_version(),
+            "cuda_driver_version": self.cuda_driver_version(),
+            "gpus": gpus,
+        }
+
+
+def open_session() -> Session:
+    lib = _backend()
+    try:
+        lib.nvmlInit()
+    except lib.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        no_driver = code in (getattr(lib, "NVML_ERROR_LIBRARY_NOT_FOUND", 12),
+                             getattr(lib, "NVML_ERROR_DRIVER_NOT_LOADED", 9))
+        raise NvmlUnavailable(f"NVML init failed: {Session._str(exc)}", no_driver=no_driver) from exc
+    return Session(lib)

@@ -1,0 +1,1 @@
+"""Fakes at the hardware boundary, built from recorded device facts (NVML)."""

@@ -1,0 +1,179 @@
+"""exporter/kube.py with the real kubernetes client against a local API server (HTTPS, bearer token)."""
+import os
+import time
+
+import pytest
+
+from fleetcanary.core import config as configmod
+from fleetcanary.daemon.kube import Kube
+from tests.conftest import ROOT
+from tests.support.kube_api import TOKEN, KubeAPI, node, pod
+from tests.support.helpers import wait_for
+
+LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "node.kubernetes.io/instance-type": "p5.48xlarge",
+          "topology.kubernetes.io/zone": "us-east-1a", "example.com/pool": "train-a"}
+
+
+@pytest.fixture
+def api(tmp_path):
+    a = KubeAPI(tmp_path)
+    a.nodes["gpu-a"] = node("gpu-a", LABELS, 8)
+    a.pods = [pod("team1", "trainer-0", "gpu-a", gpus=4), pod("team2", "notebook", "gpu-a", init_gpus=1),
+              pod("team1", "done", "gpu-a", gpus=8, phase="Succeeded"), pod("team3", "other", "gpu-b", gpus=8),
+              pod("kube-system", "dns", "gpu-a")]
+    yield a
+    a.close()
+
+
+def kube_cfg(**over):
+    data = {"kubernetes": {"mode": "on", "pool_label": "example.com/pool", "api_timeout_seconds": 1.0, **over}}
+    return configmod.settings_model()(**data).kubernetes
+
+
+def make(api, **over) -> Kube:
+    return Kube.in_cluster(kube_cfg(**over), "gpu-a", token_file=str(api.token_file), ca_file=str(api.ca_file),
+                           environ=api.environ)
+
+
+def test_sync_reads_node_labels_capacity_and_this_nodes_gpu_pods(api):
+    k = make(api)
+    assert k.sync() is True
+    s = k.snapshot()
+    assert s.labels == {"gpu_product": "NVIDIA-H100-80GB-HBM3", "instance_type": "p5.48xlarge",
+                        "zone": "us-east-1a", "pool": "train-a"}
+    assert s.gpu_capacity == 8
+    # 4 + the init container's 1; the Succeeded pod and gpu-b's pod are filtered by the field selector
+    assert s.gpus_requested == 5
+    assert s.gpu_pods == ["team1/trainer-0", "team2/notebook"]
+    assert k.context() == {"expected_gpus": 8, "allocated_gpu_count": 5, "gpus_allocated": True,
+                           "gpu_pods": ["team1/trainer-0", "team2/notebook"]}
+    lists = [p for m, p, _ in api.requests if p.startswith("/api/v1/pods")]
+    assert "spec.nodeName%3Dgpu-a" in lists[0] and "status.phase%21%3DSucceeded" in lists[0]
+    assert all(auth.lower() == f"bearer {TOKEN}" for _, _, auth in api.requests)
+
+
+def test_policy_ignore_reports_allocation_without_gating(api):
+    k = make(api, gpu_allocation_policy="ignore")
+    k.sync()
+    assert k.context()["gpus_allocated"] is False and k.context()["allocated_gpu_count"] == 5
+
+
+def test_requests_only_pods_count_and_no_gpu_pods_do_not_gate(api):
+    api.pods = [pod("a", "x", "gpu-a", gpus=2, requests_only=True)]
+    k = make(api)
+    k.sync()
+    assert k.context()["allocated_gpu_count"] == 2
+    api.pods = [pod("a", "cpu-only", "gpu-a")]
+    k.sync()
+    assert k.context()["gpus_allocated"] is False
+
+
+@pytest.mark.parametrize("op,code,reason", [("list_pods", 403, "forbidden"), ("read_node", 500, "server_error"),
+                                            ("list_pods", 500, "server_error"), ("read_node", 403, "forbidden")])
+def test_api_errors_are_counted_and_the_last_known_state_kept(api, op, code, reason):
+    k = make(api)
+    assert k.sync()
+    before = k.snapshot()
+    api.fail[op] = code
+    api.pods = []
+    api.nodes["gpu-a"] = node("gpu-a", {}, 4)
+    assert k.sync() is False
+    s = k.snapshot()
+    assert s.errors[(op, reason)] == 1 and sum(s.errors.values()) == 1
+    if op == "list_pods":
+        assert s.gpus_requested == before.gpus_requested == 5
+        assert s.gpu_capacity == 4  # the node read still succeeded
+    else:
+        assert s.labels == before.labels and s.gpu_capacity == 8
+        assert s.gpus_requested == 0  # the pod list still succeeded
+    assert s.last_success == before.last_success
+
+
+def test_a_hung_api_server_times_out_within_the_bound(api):
+    k = make(api, api_timeout_seconds=0.5)
+    api.hang.add("read_node")
+    t0 = time.monotonic()
+    assert k.sync() is False
+    took = time.monotonic() - t0
+    assert took < 3.0, f"sync took {took:.1f}s with a 0.5 s timeout"
+    assert k.snapshot().errors[("read_node", "timeout")] == 1
+    assert k.snapshot().gpus_requested == 5  # the pod list was still read
+
+
+def test_unreachable_api_server_is_a_connection_error(api, tmp_path):
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1"}
+    k = Kube.in_cluster(kube_cfg(), "gpu-a", token_file=str(api.token_file), ca_file=str(api.ca_file), environ=env)
+    assert k.sync() is False
+    errs = k.snapshot().errors
+    assert errs[("read_node", "connection")] == 1 and errs[("list_pods", "connection")] == 1
+
+
+def test_node_condition_goes_false_after_n_failures_and_true_after_a_success(api):
+    k = make(api, node_condition={"enabled": True, "consecutive_failures": 2, "probes": ["gpu_bandwidth"]})
+    assert k.patch_condition() is True            # starts healthy
+    ctype, body = api.patches[-1]
+    assert ctype == "application/strategic-merge-patch+json"
+    cond = body["status"]["conditions"][0]
+    assert cond["type"] == "FleetCanaryHealthy" and cond["status"] == "True"
+    k.observe("gpu_bandwidth", "failure", "busbw wrong")
+    k.observe("gpu_health", "failure")               # not watched
+    k.observe("gpu_bandwidth", "skipped")            # neither counts nor resets
+    assert k.patch_condition() is False              # one failure, already True: nothing due
+    k.observe("gpu_bandwidth", "timeout", "deadline 120 s")
+    assert k.patch_condition() is True
+    cond = api.patches[-1][1]["status"]["conditions"][0]
+    assert cond["status"] == "False" and cond["reason"] == "ProbeFailing"
+    assert "gpu_bandwidth failed 2 consecutive runs" in cond["message"] and "deadline 120 s" in cond["message"]
+    assert k.snapshot().condition_status == "False"
+    k.observe("gpu_bandwidth", "success")
+    assert k.patch_condition() is True
+    assert api.patches[-1][1]["status"]["conditions"][0]["status"] == "True"
+
+
+def test_a_forbidden_status_patch_is_counted_not_fatal(api):
+    api.fail["patch_node_status"] = 403
+    k = make(api, node_condition={"enabled": True, "consecutive_failures": 1, "probes": ["gpu_health"]})
+    k.observe("gpu_health", "crash")
+    assert k.patch_condition() is False
+    assert k.snapshot().errors[("patch_node_status", "forbidden")] == 1
+    assert k.snapshot().condition_status is None
+
+
+def test_unknown_condition_probe_is_a_config_error(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("kubernetes:\n  node_condition:\n    probes: [gpu_helth]\n")
+    with pytest.raises(configmod.ConfigError) as e:
+        configmod.load(f)
+    assert "unknown probe gpu_helth" in e.value.lines[0]
+
+
+def test_daemon_gates_gpu_probes_and_labels_node_info_from_the_api(api, tmp_path, start_daemon):
+    env = {**api.environ, "FLEETCANARY_KUBE_TOKEN_FILE": str(api.token_file),
+           "FLEETCANARY_KUBE_CA_FILE": str(api.ca_file), "NODE_NAME": "gpu-a",
+           "FLEETCANARY_FAKE_NVML": str(ROOT / "tests/fixtures/nvml/h100_8gpu_healthy.json")}
+    d = start_daemon({"kubernetes": {"pool_label": "example.com/pool",
+                                     "node_condition": {"enabled": True, "probes": ["gpu_health"]}},
+                      "probes": {"gpu_bandwidth": {"interval_seconds": 600}, "host_memory_bandwidth": {"enabled": False}}},
+                     env=env)
+    skip = 'fleetcanary_probe_skips_total{probe="gpu_bandwidth",reason="gpu_allocated"} 1.0'
+    m = wait_for(lambda: (lambda t: t if skip in t else None)(d.metrics()),
+                 timeout=60, what="gpu_bandwidth skipped for gpu_allocated")
+    assert "fleetcanary_kubernetes_gpus_requested 5.0" in m
+    info = next(line for line in m.splitlines() if line.startswith("fleetcanary_node_info{"))
+    for frag in ('gpu_product="NVIDIA-H100-80GB-HBM3"', 'instance_type="p5.48xlarge"', 'zone="us-east-1a"',
+                 'pool="train-a"', 'node_name="gpu-a"'):
+        assert frag in info
+    assert 'fleetcanary_kubernetes_api_errors_total{operation="list_pods",reason="forbidden"} 0.0' in m
+    wait_for(lambda: api.patches, timeout=30, what="the node condition patch")
+    assert api.patches[0][1]["status"]["conditions"][0]["status"] == "True"
+    assert d.stop() == 0
+    assert "Traceback" not in d.log()
+
+
+def test_daemon_without_in_cluster_credentials_runs_without_the_api(tmp_path, start_daemon):
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1", "NODE_NAME": "gpu-a",
+           "FLEETCANARY_KUBE_TOKEN_FILE": str(tmp_path / "missing-token")}
+    d = start_daemon({"probes": {"host_memory_bandwidth": {"enabled": False}}}, env=env)
+    assert "fleetcanary_kubernetes_api_errors_total" not in d.metrics()
+    assert "cannot load the in-cluster config" in d.log() and "Traceback" not in d.log()
+    assert os.path.exists(d.config_path)

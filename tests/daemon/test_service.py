@@ -1,0 +1,182 @@
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetcanary.core import config as configmod
+from fleetcanary.daemon.service import Daemon
+from fleetcanary.probes import PROBES
+from tests.conftest import SMALL_HOST_BW
+from tests.support.fault_probes import FAULT_PROBES
+from tests.support.helpers import free_port, http_get, pid_alive, wait_for
+from tests.support.helpers import metric_value as value
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_daemon_serves_host_bandwidth_results_and_health(start_daemon):
+    d = start_daemon({"probes": {"host_memory_bandwidth": SMALL_HOST_BW}}, env={"NODE_NAME": "node-a"})
+    wait_for(lambda: value(d.metrics(), "fleetcanary_probe_success", probe="host_memory_bandwidth") == 1.0,
+             timeout=60, what="first host bandwidth run")
+    text = d.metrics()
+    for op in ("copy", "triad"):
+        assert value(text, "fleetcanary_host_memory_bandwidth_bytes_per_second", op=op) > 1e8
+    assert value(text, "fleetcanary_probe_runs_total", probe="host_memory_bandwidth", outcome="success") >= 1
+    assert value(text, "fleetcanary_probe_last_success_timestamp_seconds", probe="host_memory_bandwidth") > 1.7e9
+    assert value(text, "fleetcanary_config_last_reload_successful") == 1.0
+    assert value(text, "fleetcanary_build_info") == 1.0
+    info = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "fleetcanary_node_info"][0]
+    assert info.labels["node_name"] == "node-a" and info.labels["cpu_cores"] == str(os.cpu_count())
+    assert "From the last scheduled run" in text
+
+    code, headers, body = http_get(d.url + "/metrics", headers={"Accept-Encoding": "gzip"})
+    assert code == 200 and headers["Content-Encoding"] == "gzip"
+    unzipped = gzip.decompress(body).decode()
+    assert "fleetcanary_host_memory_bandwidth_bytes_per_second" in unzipped
+    assert "process_resident_memory_bytes" in unzipped
+
+    code, _, body = http_get(d.url + "/results")
+    rec = json.loads(body)["host_memory_bandwidth"]
+    assert code == 200 and rec["outcome"] == "success"
+    fig = rec["result"]["figures"][0]
+    assert len(fig["repeats"]) == 3 and fig["median"] > 0 and {"mad", "cv", "min", "max"} <= set(fig["dispersion"])
+    assert rec["environment"]["gpu_count"] in (0, "unknown")
+    assert http_get(d.url + "/healthz")[0] == 200
+    assert http_get(d.url + "/readyz")[0] == 200
+    assert http_get(d.url + "/nope")[0] == 404
+
+    hist = [json.loads(x) for x in (d.state_dir / "results.jsonl").read_text().splitlines()]
+    host = [h for h in hist if h["probe"] == "host_memory_bandwidth"]
+    assert host and host[0]["outcome"] == "success" and host[0]["environment"]["hostname"]
+    assert {h["outcome"] for h in hist if h["probe"].startswith("gpu_")} <= {"skipped"}
+
+
+def test_sighup_reload_good_then_bad_keeps_serving(start_daemon):
+    d = start_daemon({"probes": {"host_memory_bandwidth": SMALL_HOST_BW}})
+    d.config_path.write_text(d.config_path.read_text() + "log_level: debug\n")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: value(d.metrics(), "fleetcanary_config_reloads_total", result="success") == 1.0,
+             what="good reload")
+    d.config_path.write_text("probes:\n  host_memory_bandwidth:\n    interval_seconds: -1\n")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: value(d.metrics(), "fleetcanary_config_last_reload_successful") == 0.0, what="bad reload flagged")
+    assert value(d.metrics(), "fleetcanary_probe_enabled", probe="host_memory_bandwidth") == 1.0
+    assert http_get(d.url + "/healthz")[0] == 200
+    assert "probes.host_memory_bandwidth.interval_seconds" in d.log()
+    assert "Traceback" not in d.log()
+
+
+def test_sigterm_stops_promptly_and_cleanly(start_daemon):
+    d = start_daemon({"probes": {"host_memory_bandwidth": SMALL_HOST_BW}})
+    t0 = time.monotonic()
+    assert d.stop() == 0
+    assert time.monotonic() - t0 < 10
+    assert "Traceback" not in d.log()
+
+
+def test_port_in_use_is_one_line_and_nonzero(tmp_path, start_daemon):
+    d = start_daemon({"probes": {"host_memory_bandwidth": {**SMALL_HOST_BW, "enabled": False}}})
+    r = subprocess.run([sys.executable, "-m", "fleetcanary", "run", "--listen-address", f"127.0.0.1:{d.port}"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={**os.environ, "FLEETCANARY_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 1 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_daemon_never_imports_torch_or_nvml(tmp_path):
+    """Runs a daemon with every probe once, in a fresh interpreter, then checks its modules."""
+    script = f"""
+import sys, json
+from fleetcanary.core import config
+from fleetcanary.daemon.service import Daemon
+s = config.load(None, env={{"FLEETCANARY_STATE_DIR": {str(tmp_path)!r}, "FLEETCANARY_LISTEN_ADDRESS": "127.0.0.1:{free_port()}"}})
+d = Daemon(s)
+outs = [d.run_probe(n).outcome for n in d.probe_map]
+bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pynvml", "probes.nvml"))
+maps = open("/proc/self/maps").read()
+print(json.dumps({{"outcomes": outs, "bad": bad, "libs": [x for x in ("libtorch", "libnvidia-ml", "libcuda") if x in maps]}}))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["outcomes"] and set(res["outcomes"]) <= {"success", "skipped"}, res
+    assert res["bad"] == [] and res["libs"] == [], res
+
+
+def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
+    """Four faulty probes on short intervals; /metrics answers throughout and each runs again."""
+    probe_map = {**PROBES, **{n: FAULT_PROBES[n] for n in ("hang", "ignore_term", "abort", "fork_hang")}}
+    port = free_port()
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    cfg = {"state_dir": str(tmp_path / "s"), "server": {"listen_address": f"127.0.0.1:{port}"},
+           "worker_kill_grace_seconds": 1.0,
+           "probes": {"host_memory_bandwidth": {**SMALL_HOST_BW, "enabled": False},
+                      # abort gets a deadline that covers a worker's start-up on a loaded machine: it
+                      # must reach os.abort() to be counted as the crash it is.
+                      **{n: {"interval_seconds": 4, "timeout_seconds": 2.5 if n == "abort" else 1,
+                             "jitter_seconds": 0, "params": {"pid_file": str(pid_dir / n)}}
+                         for n in ("hang", "ignore_term", "abort", "fork_hang")}}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    settings = configmod.load(p, probe_map=probe_map, env={})
+    d = Daemon(settings, config_path=str(p), probe_map=probe_map)
+    d.start()
+    failures, stop = [], threading.Event()
+
+    def scrape():
+        while not stop.is_set():
+            code, _, _ = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            if code != 200:
+                failures.append(code)
+
+    t = threading.Thread(target=scrape, daemon=True)
+    t.start()
+    try:
+        def all_ran_twice():
+            text = http_get(f"http://127.0.0.1:{port}/metrics")[2].decode()
+            runs = {n: value(text, "fleetcanary_probe_runs_total", probe=n,
+                             outcome="crash" if n == "abort" else "timeout") or 0
+                    for n in ("hang", "ignore_term", "abort", "fork_hang")}
+            return all(v >= 2 for v in runs.values()) and text
+        text = wait_for(all_ran_twice, timeout=60, what="each faulty probe to run twice")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        d.stop()
+    assert failures == []
+    assert value(text, "fleetcanary_probe_runs_total", probe="abort", outcome="crash") >= 2
+    assert value(text, "fleetcanary_probe_runs_total", probe="ignore_term", outcome="timeout") >= 2
+    for n in ("hang", "ignore_term", "abort", "fork_hang"):
+        assert value(text, "fleetcanary_probe_success", probe=n) == 0.0
+        assert value(text, "fleetcanary_probe_duration_seconds", probe=n) < (2.5 if n == "abort" else 1.0) + 1.0 + 1.5
+    pids = [int(x) for f in pid_dir.iterdir() for x in f.read_text().split()]
+    assert len(pids) >= 8
+    wait_for(lambda: not any(pid_alive(x) for x in pids), timeout=5, what="no faulty probe process left")
+
+
+def test_gpu_seconds_feed_the_metric_and_the_hourly_budget(tmp_path):
+    cfg = {"state_dir": str(tmp_path), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
+           "probes": {"gpu_bandwidth": {"params": {"device": "cpu", "d2d_bytes": 4 << 20, "host_bytes": 2 << 20,
+                                                   "repeats": 2}}}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    out = d.run_probe("gpu_bandwidth")
+    assert out.outcome == "success", out
+    spent = out.result["gpu_seconds"]["0"]
+    assert spent > 0
+    assert d.budget.left()["0"] == 18.0 - spent
+    assert f'fleetcanary_gpu_probe_seconds_total{{gpu="0"}} {spent!r}' in d.store.exposition.decode()
+    d.server.stop()

@@ -1,0 +1,75 @@
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetcanary.core.record import RunRecord
+from tests.support.helpers import run_job
+from fleetcanary.daemon.state import MAX_LABEL_VALUE, ResultStore
+from fleetcanary.probes import PROBES
+from tests.support.fault_probes import FAULT_PROBES
+
+
+def parse(store):
+    return {s.name + str(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(store.exposition.decode()) for s in f.samples}
+
+
+def test_undeclared_metrics_and_wrong_labels_are_dropped_and_counted(tmp_path):
+    probes = {**PROBES, "bad_samples": FAULT_PROBES["bad_samples"]}
+    store = ResultStore(probes, list(probes))
+    out = run_job(FAULT_PROBES["bad_samples"], {}, tmp_path, 10, name="bad_samples")
+    store.apply(out)
+    text = store.exposition.decode()
+    assert 'fleetcanary_test_fault_value{mode="good"} 1.0' in text
+    assert "fleetcanary_not_declared" not in text
+    assert 'fleetcanary_probe_invalid_samples_total{probe="bad_samples"} 2.0' in text
+
+
+def test_hostile_label_values_keep_the_exposition_valid():
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    hostile = 'a"b\\c\nd} x{y="1"} ' + "z" * 500
+    store.apply(RunRecord("ok", "success", samples=[
+        {"metric": "fleetcanary_test_fault_value", "labels": {"mode": hostile}, "value": 2.0}]))
+    fams = list(text_string_to_metric_families(store.exposition.decode()))
+    vals = [s for f in fams for s in f.samples if s.name == "fleetcanary_test_fault_value"]
+    assert len(vals) == 1 and vals[0].labels["mode"] == hostile[:MAX_LABEL_VALUE] and vals[0].value == 2.0
+
+
+def test_failed_run_clears_values_and_skip_keeps_them():
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    good = RunRecord("ok", "success", samples=[{"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 3.0}],
+                   started_at=1000.0, wall_seconds=1.0)
+    store.apply(good)
+    store.apply(RunRecord("ok", "skipped", "gpu_busy", started_at=2000.0))
+    v = parse(store)
+    assert v["fleetcanary_test_fault_value[('mode', 'm')]"] == 3.0
+    assert v["fleetcanary_probe_skips_total[('probe', 'ok'), ('reason', 'gpu_busy')]"] == 1.0
+    assert v["fleetcanary_probe_skips_total[('probe', 'ok'), ('reason', 'budget')]"] == 0.0
+    assert v["fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]"] == 1001.0
+    store.apply(RunRecord("ok", "timeout", "deadline", started_at=3000.0, wall_seconds=5.0))
+    v = parse(store)
+    assert "fleetcanary_test_fault_value[('mode', 'm')]" not in v
+    assert v["fleetcanary_probe_success[('probe', 'ok')]"] == 0.0
+    assert v["fleetcanary_probe_last_run_timestamp_seconds[('probe', 'ok')]"] == 3005.0
+    assert v["fleetcanary_probe_runs_total[('outcome', 'timeout'), ('probe', 'ok')]"] == 1.0
+
+
+def test_gpu_seconds_accumulate_per_gpu():
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    for _ in range(3):
+        store.apply(RunRecord("ok", "success", result={"gpu_seconds": {"0": 0.25, "1": 0.5}}))
+    v = parse(store)
+    assert v["fleetcanary_gpu_probe_seconds_total[('gpu', '0')]"] == 0.75
+    assert v["fleetcanary_gpu_probe_seconds_total[('gpu', '1')]"] == 1.5
+
+
+def test_a_failed_run_publishes_the_evidence_it_carries():
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    store.apply(RunRecord("ok", "failure", "other", samples=[
+        {"metric": "fleetcanary_test_fault_value", "labels": {"mode": "target_down"}, "value": 0.0}]))
+    v = parse(store)
+    assert v["fleetcanary_test_fault_value[('mode', 'target_down')]"] == 0.0
+    assert v["fleetcanary_probe_success[('probe', 'ok')]"] == 0.0
+    assert "fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]" not in v

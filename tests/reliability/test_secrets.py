@@ -1,0 +1,48 @@
+"""An API key given to the inference canary appears nowhere: logs, /metrics, /results, history, state."""
+import json
+
+from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+from tests.support.helpers import http_get, wait_for
+
+KEY = "sk-live-FLEETCANARYSECRET-7f3a9c"
+
+
+def test_api_key_never_leaks(tmp_path, start_daemon):
+    server, _ = start_in_thread(SimSettings(ttft_ms=5, itl_ms=1, api_key=KEY))
+    base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    token_file = tmp_path / "token"
+    token_file.write_text(KEY + "\n")
+    try:
+        d = start_daemon({
+            "log_level": "debug",
+            "probes": {
+                "host_memory_bandwidth": {"enabled": False},
+                "inference": {"interval_seconds": 4, "timeout_seconds": 3, "jitter_seconds": 0, "params": {
+                    "targets": [
+                        {"name": "with-env", "base_url": base, "model": "m", "token_env": "LLM_KEY",
+                         "prefix_words": 32, "stream_max_tokens": 8},
+                        {"name": "with-file", "base_url": base, "model": "m", "token_file": str(token_file),
+                         "prefix_words": 32, "stream_max_tokens": 8},
+                        {"name": "no-key", "base_url": base, "model": "m", "prefix_words": 32,
+                         "stream_max_tokens": 8, "headers": {"X-Api-Key": KEY}},
+                    ]}}}}, env={"LLM_KEY": KEY})
+
+        def two_runs():
+            text = d.metrics()
+            return text.count('fleetcanary_inference_success{target="with-env"} 1.0') and \
+                'fleetcanary_probe_runs_total{outcome="success",probe="inference"} 2.0' in text
+        wait_for(two_runs, timeout=60, what="two inference runs")
+        metrics = d.metrics()
+        assert 'fleetcanary_inference_success{target="with-file"} 1.0' in metrics
+        assert 'fleetcanary_inference_requests_total{model="m",outcome="http_4xx",target="no-key"}' in metrics
+        results = http_get(d.url + "/results")[2].decode()
+        assert json.loads(results)["inference"]["outcome"] == "success"
+    finally:
+        server.shutdown()
+        server.server_close()
+    d.stop()
+    history = "".join(p.read_text() for p in d.state_dir.rglob("*") if p.is_file())
+    for name, text in (("log", d.log()), ("metrics", metrics), ("results", results), ("state dir", history)):
+        assert KEY not in text, f"the API key leaked into the {name}"
+        assert "FLEETCANARYSECRET" not in text, f"part of the API key leaked into the {name}"
+    assert "inference" in history and len(history) > 1000  # the records are there, only the key is not
