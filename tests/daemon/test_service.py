@@ -103,8 +103,7 @@ from fleetcanary.daemon.service import Daemon
 s = config.load(None, env={{"FLEETCANARY_STATE_DIR": {str(tmp_path)!r}, "FLEETCANARY_LISTEN_ADDRESS": "127.0.0.1:{free_port()}"}})
 d = Daemon(s)
 outs = [d.run_probe(n).outcome for n in d.probe_map]
-bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pynvml") or m == "fleetcanary.probes.lib.nvml"
-             or m.startswith("fleetcanary.offline"))
+bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pynvml") or m.startswith("fleetcanary.offline"))
 maps = open("/proc/self/maps").read()
 print(json.dumps({{"outcomes": outs, "bad": bad, "libs": [x for x in ("libtorch", "libnvidia-ml", "libcuda") if x in maps]}}))
 """
