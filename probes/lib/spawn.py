@@ -3,7 +3,9 @@
 Isolated mode (``-I``) keeps the working directory, PYTHONPATH and the user's
 site-packages off the child's import path: a stray ``probes/`` or ``fleetcanary/``
 folder where the daemon happens to run cannot shadow the installed package, and
-the child imports exactly the installation its parent runs from.
+the child imports exactly the installation its parent runs from. ``-I`` also ignores
+PYTHONUNBUFFERED, so ``-u`` keeps the child's output unbuffered: a worker killed at its
+deadline still leaves what it printed in the output tail.
 """
 from __future__ import annotations
 
@@ -11,4 +13,4 @@ import sys
 
 
 def module_command(module: str) -> list[str]:
-    return [sys.executable, "-I", "-m", module]
+    return [sys.executable, "-I", "-u", "-m", module]
