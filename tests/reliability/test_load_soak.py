@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.scrape import wrk as bench_wrk
 from tests.conftest import SMALL_HOST_BW
-from tests.support.reliability import FaultDaemon, children, fd_count, leaked, pids_in, rss_bytes, scaled
+from tests.support.reliability import FaultDaemon, children, fd_count, leaked, pids_in, rss_bytes, runs_of, scaled
 from tests.support.helpers import metric_value as value
 from tests.support.helpers import require_binary, wait_for
 
@@ -29,7 +29,7 @@ def test_200_concurrent_scrapers_while_probes_run_get_zero_errors(tmp_path):
     try:
         wait_for(lambda: value(d.metrics(), "fleetcanary_probe_success", probe="host_memory_bandwidth") == 1.0,
                  timeout=60, what="a first host bandwidth result")
-        before = quick_runs(d.metrics())
+        before = runs_of(d.metrics(), "quick")
         res = wrk(d.url + "/metrics", 200, seconds)
         after = d.metrics()
     finally:
@@ -39,12 +39,8 @@ def test_200_concurrent_scrapers_while_probes_run_get_zero_errors(tmp_path):
     assert res["requests"] >= 200, res["raw"]  # every connection was answered, however slow the machine
     # The probes kept being scheduled under the load. Any outcome counts: on a machine this busy a
     # worker may not even start within quick's 0.9 s deadline, and how fast it is is not the point.
-    assert quick_runs(after) >= before + 2
+    assert runs_of(after, "quick") >= before + 2
 
-
-def quick_runs(text: str) -> float:
-    return sum(value(text, "fleetcanary_probe_runs_total", probe="quick", outcome=o) or 0
-               for o in ("success", "failure", "timeout", "crash", "skipped"))
 
 
 @pytest.mark.slow

