@@ -129,6 +129,7 @@ def run_local(ep: llm_client.Endpoint, wl: Workload, mode: str, level: float, t_
     while (left := t_start - time.perf_counter()) > 0:  # the agreed start time of every process
         time.sleep(min(left, 0.05))
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     end = t0 + seconds
     if mode == "concurrency" and level >= 1:
         def worker():
@@ -179,7 +180,9 @@ def run_local(ep: llm_client.Endpoint, wl: Workload, mode: str, level: float, t_
     t_end = time.perf_counter()
     with lock:
         done = list(results)
-    return partial(done, started[0], t0, t_end)
+    out = partial(done, started[0], t0, t_end)
+    out["cpu_seconds"] = time.process_time() - cpu0  # this process, every thread: the generator's own cost
+    return out
 
 
 def partial(done: list[llm_client.RequestResult], started: int, t0: float, t_end: float) -> dict[str, Any]:
@@ -215,7 +218,8 @@ def merge(parts: list[dict[str, Any]], mode: str, level: float, seconds: float, 
            "outcomes": outcomes, "error_rate": errors / started if started else 0.0,
            "throughput_rps": finished / wall,
            "output_tokens_per_second": sum(p["output_tokens"] for p in parts) / wall,
-           "retry_after_seen": sum(p["retry_after_seen"] for p in parts)}
+           "retry_after_seen": sum(p["retry_after_seen"] for p in parts),
+           "generator_cpu_seconds": sum(p.get("cpu_seconds", 0.0) for p in parts)}
     for name in ("ttft", "itl", "e2e"):
         h = LatencyHistogram()
         for p in parts:
