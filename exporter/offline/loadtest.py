@@ -19,7 +19,7 @@ exactly, so the percentiles are those of every request. Beyond one machine, Locu
 master/worker mode runs the same client (offline/locustfile.py, docs/loadtest.md). Goodput is the highest throughput of a step
 whose P99 TTFT and P99 ITL are within the SLO and whose error rate is within bound.
 Quality is not checked here (the inference probe does that); every request is
-timed with probes/llm_client.py, the canary's own definitions.
+timed with probes/lib/llm_client.py, the canary's own definitions.
 """
 from __future__ import annotations
 
