@@ -74,7 +74,9 @@ def run_loadtest(port: int, level: int, workers: int, a) -> dict:
 def run_locust(port: int, level: int, a) -> dict:
     locustfile = str(ROOT / "exporter/offline/locustfile.py")
     mport = free_port()
-    env = {**os.environ, "FLEETCANARY_OUTPUT_TOKENS": str(a.tokens), "FLEETCANARY_INPUT_WORDS": "16"}
+    # the same drain as loadtest's steps below (15 s): requests in flight at the stop are waited for
+    env = {**os.environ, "FLEETCANARY_OUTPUT_TOKENS": str(a.tokens), "FLEETCANARY_INPUT_WORDS": "16",
+           "FLEETCANARY_DRAIN_SECONDS": "15"}
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out.json"
         env["FLEETCANARY_LOCUST_OUT"] = str(out)
@@ -83,13 +85,13 @@ def run_locust(port: int, level: int, a) -> dict:
         master = subprocess.Popen(base + ["--master", "--headless", "--master-bind-host", "127.0.0.1",
                                           "--master-bind-port", str(mport), "--expect-workers", "2",
                                           "-u", str(level), "-r", str(max(level, 1)), "-t", f"{a.step_seconds:g}s",
-                                          "--stop-timeout", "15", "--only-summary"],
+                                          "--only-summary"],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         workers = [subprocess.Popen(base + ["--worker", "--master-host", "127.0.0.1", "--master-port", str(mport)],
                                     cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                    for _ in range(2)]
         try:
-            master.communicate(timeout=a.step_seconds + 120)
+            stdout, _ = master.communicate(timeout=a.step_seconds + 120)
             for w in workers:
                 w.wait(timeout=60)
         finally:
@@ -97,8 +99,9 @@ def run_locust(port: int, level: int, a) -> dict:
                 if p.poll() is None:
                     p.terminate()
                     p.wait(timeout=30)
-        if not out.exists():
-            raise SystemExit("loadgen: the locust master wrote no result")
+        if not out.exists() or master.returncode != 0:
+            raise SystemExit(f"loadgen: the locust master failed (exit {master.returncode}): "
+                             f"{stdout.strip().splitlines()[-1:]}")
         d = json.loads(out.read_text())
     errors = sum(v for k, v in d["outcomes"].items() if k != "success") / max(sum(d["outcomes"].values()), 1)
     return {"rps": d["throughput_rps"], "finished": d["finished"], "wall": d["wall_seconds"],
@@ -130,6 +133,7 @@ def main() -> int:
             for level in levels:
                 if level < workers:
                     continue  # each process needs at least one user
+                load0 = os.getloadavg()[0]
                 s0, c0, g0, t0 = stats(port), sim_cpu(sim.pid), children_cpu(), time.monotonic()
                 r = run_loadtest(port, level, workers, a) if mode == "loadtest" else run_locust(port, level, a)
                 s1, c1, g1 = stats(port), sim_cpu(sim.pid), children_cpu()
@@ -145,25 +149,28 @@ def main() -> int:
                        / max(r["finished"], 1),
                        "gen_cpu_share": (g1 - g0) / (time.monotonic() - t0),
                        "sim_cpu_share": (c1 - c0) / r["wall"] if r["wall"] else None,
-                       "error_rate": r["errors"],
+                       "error_rate": r["errors"], "load_before": load0, "load_after": os.getloadavg()[0],
                        "ideal_rps": level / ((a.ttft_ms + (a.tokens - 1) * a.itl_ms) / 1e3)}
                 rows.append(row)
                 print(f"{mode:8} w={workers} c={level:5d}: {row['rps']:8.1f} req/s (ideal {row['ideal_rps']:8.1f}, "
                       f"sim {sim_rps:8.1f}), TTFT err p50 {row['ttft_p50_error_ms']:+.2f} ms p99 "
                       f"{row['ttft_p99_error_ms']:+.2f} ms, gen CPU {row['gen_cpu_ms_per_request']:.2f} ms/req, "
-                      f"sim CPU {row['sim_cpu_share']:.2f} cores, err {row['error_rate']:.3f}", flush=True)
+                      f"sim CPU {row['sim_cpu_share']:.2f} cores, err {row['error_rate']:.3f}, load "
+                      f"{row['load_before']:.1f}->{row['load_after']:.1f}", flush=True)
     finally:
         sim.terminate()
         sim.wait(timeout=30)
     print()
     print("| generator | procs | conc. | req/s | ideal req/s | sim completions/s | count err % | TTFT p50 err ms "
-          "| TTFT p99 err ms | gen CPU ms/req | sim CPU cores |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| TTFT p99 err ms | gen CPU ms/req | sim CPU cores | load avg |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['mode']} | {r['workers']} | {r['concurrency']} | {r['rps']:.1f} | {r['ideal_rps']:.1f} | "
               f"{r['sim_rps']:.1f} | {r['count_error_pct']:+.2f} | {r['ttft_p50_error_ms']:+.2f} | "
-              f"{r['ttft_p99_error_ms']:+.2f} | {r['gen_cpu_ms_per_request']:.2f} | {r['sim_cpu_share']:.2f} |")
-    write_result(a.out, {"settings": vars(a), "cpus": os.cpu_count(), "rows": rows})
+              f"{r['ttft_p99_error_ms']:+.2f} | {r['gen_cpu_ms_per_request']:.2f} | {r['sim_cpu_share']:.2f} | "
+              f"{r['load_before']:.1f} |")
+    write_result(a.out, {"settings": vars(a), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+                         "rows": rows})
     return 0
 
 
