@@ -204,6 +204,11 @@ def test_locust_loadtest_example_builds_validates_and_wires_workers_to_the_maste
     workers = one(docs, "Deployment", "locust-worker")
     settings = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("loadtest-settings")]
     assert len(settings) == 1 and settings[0]["data"]["LOCUST_HOST"].startswith("http")
+    # the result goes to the master's log (a finished Job's volume cannot be read) after a drain
+    assert settings[0]["data"]["FLEETCANARY_LOCUST_OUT"] == "-" and float(settings[0]["data"]["FLEETCANARY_DRAIN_SECONDS"]) > 0
+    # the default image has no Locust: the example names one built with the loadtest extra
+    assert master["spec"]["template"]["spec"]["containers"][0]["image"].endswith("-loadtest")
+    assert "EXTRAS=kube,loadtest" in (ROOT / "deploy/loadtest/kustomization.yaml").read_text()
     margs = " ".join(master["spec"]["template"]["spec"]["containers"][0]["args"])
     wargs = " ".join(workers["spec"]["template"]["spec"]["containers"][0]["args"])
     assert "fleetcanary.offline.locustfile" in margs and "--master" in margs and "--expect-workers" in margs

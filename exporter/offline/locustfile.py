@@ -15,11 +15,13 @@ request, waits for the ones in flight (the drain, at most FLEETCANARY_DRAIN_SECO
 sends the master its whole tally (``fleetcanary_final``: counts and histograms since the
 start, the first request's start and the drain's end). The master waits for every
 worker's final message (bounded: the drain plus 15 s), adds them up (exact) and writes
-FLEETCANARY_LOCUST_OUT (JSON) and a one-line summary. Throughput = requests finished /
+FLEETCANARY_LOCUST_OUT (JSON; "-" prints it on one line of standard output) and a one-line
+summary. Throughput = requests finished /
 (from the first request's start to the end of the last worker's drain), as in
 `loadtest`; requests still running at the drain's end are reported as ``unfinished``.
 A worker whose final message never came is named in ``workers_missing`` and the master
-exits 1: its requests are not in the figures. Times are wall-clock (time.time) so workers
+exits 1: its requests are not in the figures. A local run (no --master) drains and writes
+the same way. Times are wall-clock (time.time) so workers
 on several machines share them; keep their clocks synchronised (NTP) as usual.
 
 Workload from the environment: FLEETCANARY_MODEL (sim-model), FLEETCANARY_API (chat),
@@ -248,7 +250,9 @@ def _write(environment) -> None:
         for q in (0.5, 0.95, 0.99):
             out[f"{k}_p{int(q * 100)}"] = hist.percentile(q)
     path = os.environ.get("FLEETCANARY_LOCUST_OUT")
-    if path:
+    if path == "-":  # standard output (a pod's log), one line
+        print(json.dumps(out), flush=True)
+    elif path:
         with open(path, "w") as f:
             json.dump(out, f, indent=1)
     ttft = out["ttft_p50"]
