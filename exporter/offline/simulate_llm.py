@@ -12,8 +12,10 @@ Tests, benchmarks and the demo use it instead of a GPU model server. It:
 - injects faults: errors, 429/503 with Retry-After, stalls, mid-stream error events,
   errors in a 200 stream, non-JSON data, no [DONE], CRLF delimiters, comments,
   split and coalesced events, empty output;
-- records its own emit times (perf_counter_ns: CLOCK_MONOTONIC, the clock a client
-  on the same machine reads) per response id: GET /sim/emits (per serving process);
+- records its own receive and emit times (perf_counter_ns: CLOCK_MONOTONIC, the clock a
+  client on the same machine reads) per response id: GET /sim/emits (per serving process);
+  a request's receive time, from which its TTFT runs, is the kernel's stamp of its arrival
+  (see Handler.setup);
 - reports the truth a load test is judged against: GET /sim/stats gives requests
   received, streams/answers completed, output tokens sent, requests active now, and the
   capacity the model implies (batch_size / ITL tokens per second), summed over every
