@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[test,gpu,dashboards,kube,report]"
+	$(PIP) install -q -e ".[test,gpu,dashboards,kube,report,loadtest]"
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -253,6 +253,11 @@ def hard_cases() -> list[dict]:
              [(f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="success"}}', "0+1x60"),
               (f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="http_5xx"}}', "0+1x60")],
              "10m", "40m", {"node": "n1", "target": "llm", "model": "m"}, "50%"),
+        # a truncated stream (closed with no end of answer) is an error like any other outcome
+        case("FleetCanaryInferenceErrors",
+             [(f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="success"}}', "0+3x60"),
+              (f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="truncated"}}', "0+1x60")],
+             "10m", "40m", {"node": "n1", "target": "llm", "model": "m"}, "25%"),
         case("FleetCanaryInferenceTTFTSLOBreach", ttft_buckets, "10m", "50m",
              {"node": "n1", "target": "llm", "model": "m"}, "3.9s"),
         case("FleetCanaryInferenceITLSLOBreach", itl_buckets, "10m", "50m",

@@ -181,6 +181,8 @@ class Probe:
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     exclusive: ClassVar[str | None] = None      # "gpu": never overlaps another "gpu" probe
     failure_reasons: ClassVar[tuple[str, ...]] = ()
+    # optional: what produces each outcome or failure reason, for docs/metrics.md
+    reason_docs: ClassVar[dict[str, str]] = {}
     # Defaults for the schedule, overridable in config.
     default_interval_seconds: ClassVar[float] = 300.0
     default_timeout_seconds: ClassVar[float] = 60.0

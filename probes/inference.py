@@ -14,6 +14,15 @@ Timing definitions are those of probes/lib/llm_client.py. A request that returns
 fails its quality check counts as outcome quality_fail, and quality-failed requests
 are never observed into the latency histograms: performance without quality does
 not enter the figures.
+
+Deadlines: the targets run one after another, and each gets a fair share of the time
+left before the probe's deadline (time left / targets not yet run; what a fast target
+leaves over goes to the ones after it). Every request of a target is bounded by what
+is left of its share, reads included, so a stalled or slow target times out on its own
+and the other targets' figures of the run are kept. A request its target's share has
+no time left for is not sent (recorded, not counted). When any target fails, the run
+is a failure (ProbeError) that still publishes everything measured; the per-target
+outcomes are in the record (extra.targets).
 """
 from __future__ import annotations
 
@@ -39,6 +48,7 @@ TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.45, 0.5, 1.0, 2.0, 4.0, 6.0, 10.0, 30.0
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.175, 0.2, 0.5, 1.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 MARGIN = 0.5  # seconds of the deadline kept for the worker to report
+MIN_REQUEST_SECONDS = 0.05  # a request with less time left than this is not sent
 FILLER = ("Fleet canaries measure what users feel: the first token, the pace of the rest, and whether the "
           "answer is still right. ")
 
@@ -87,6 +97,8 @@ class Target(BaseModel):
     prefix_cache_pair: bool = Field(True, description="Send the shared-prefix pair.")
     prefix_words: int = Field(1024, ge=16, le=100_000, description="Words of the shared prefix.")
     extra_body: dict = Field(default_factory=dict, description="Extra request body fields (e.g. vLLM's ignore_eos).")
+    max_line_bytes: int = Field(1 << 20, ge=1024, le=256 << 20, description="Longest SSE line or event (bytes) "
+                                "accepted; a longer one is a stream_error, not an unbounded buffer.")
 
     @model_validator(mode="after")
     def _token_source(self) -> "Target":
@@ -119,7 +131,9 @@ class Inference(Probe):
     name = "inference"
     Config = Config
     failure_reasons = ("http_4xx", "http_429", "http_5xx", "connect_error", "timeout", "stream_error", "empty",
-                       "quality_fail")
+                       "truncated", "quality_fail")
+    # what produces each request outcome; also the run's failure reason (docs/metrics.md)
+    reason_docs: ClassVar[dict[str, str]] = dict(llm_client.OUTCOME_DOCS)
     default_interval_seconds = 60.0
     default_timeout_seconds = 50.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
@@ -131,7 +145,8 @@ class Inference(Probe):
         MetricSpec(P + "request_duration_seconds", "histogram", "Send to the last content chunk (streaming) or the "
                    "whole response (non-streaming).", "seconds", LABELS, E2E_BUCKETS),
         MetricSpec(P + "requests_total", "counter", "Canary requests by outcome: success, http_4xx, http_429, "
-                   "http_5xx, connect_error, timeout, stream_error, empty, quality_fail.", "total",
+                   "http_5xx, connect_error, timeout, stream_error, empty, truncated, quality_fail (each explained "
+                   "under Outcomes below).", "total",
                    ("target", "model", "outcome")),
         MetricSpec(P + "output_tokens_total", "counter", "Output tokens received by successful canary requests.",
                    "total", LABELS),
@@ -154,25 +169,32 @@ class Inference(Probe):
             raise ProbeSkipped("not_configured", "no inference targets")
         res = ProbeResult(touched={"targets": []})
         failures = {}
-        for t in config.targets:
+        per_target = res.extra.setdefault("targets", {})
+        n = len(config.targets)
+        for i, t in enumerate(config.targets):
             res.touched["targets"].append({"target": t.name, "model": t.model, "api": t.api,
                                            "host": t.base_url.split("/")[2].rsplit("@", 1)[-1]})
-            outcome, detail = self._target(t, ctx, res)
+            start = time.monotonic()
+            share = max(ctx.deadline_monotonic - MARGIN - start, 0.0) / (n - i)
+            try:
+                outcome, detail = self._target(t, ctx, res, start + share)
+            except ProbeError as exc:  # this target's setup is broken (its token); the others still run
+                outcome, detail = exc.reason, exc.detail
+            per_target[t.name] = {"outcome": outcome, "detail": detail, "budget_seconds": round(share, 3),
+                                  "seconds": round(time.monotonic() - start, 3)}
             res.samples.append(Sample(P + "success", {"target": t.name}, 1.0 if outcome == "success" else 0.0))
             if outcome != "success":
                 failures[t.name] = (outcome, detail)
         res.extra["failures"] = {k: {"outcome": o, "detail": d} for k, (o, d) in failures.items()}
-        if failures and len(failures) == len(config.targets):
-            name, (outcome, detail) = next(iter(failures.items()))
-            raise ProbeError(outcome, f"{name}: {detail}", result=res)
+        if failures:
+            name, (outcome, _) = next(iter(failures.items()))
+            summary = "; ".join(f"{k}: {o} ({d})" for k, (o, d) in failures.items())
+            raise ProbeError(outcome, f"{len(failures)} of {n} targets failed: {summary}"[:1000], result=res)
         return res
 
-    def _target(self, t: Target, ctx: ProbeContext, res: ProbeResult) -> tuple[str, str]:
-        ep = llm_client.Endpoint(base_url=t.base_url, api=t.api, token=read_token(t), headers=dict(t.headers),
-                                 ca_file=t.ca_file, verify_tls=t.verify_tls, connect_timeout=t.connect_timeout_seconds,
-                                 read_timeout=t.read_timeout_seconds,
-                                 total_timeout=min(t.request_timeout_seconds,
-                                                   max(ctx.deadline_monotonic - time.monotonic() - MARGIN, 0.5)))
+    def _target(self, t: Target, ctx: ProbeContext, res: ProbeResult, deadline: float) -> tuple[str, str]:
+        """Probe one target; every request ends before ``deadline`` (time.monotonic())."""
+        token = read_token(t)
         labels = {"target": t.name, "model": t.model}
         requests: list[dict] = []
         worst = ("success", "")
@@ -196,15 +218,29 @@ class Inference(Probe):
                 if r.e2e is not None:
                     res.samples.append(Sample(P + "request_duration_seconds", labels, r.e2e))
 
-        def call(prompt: str, max_tokens: int, stream: bool) -> llm_client.RequestResult:
-            if time.monotonic() > ctx.deadline_monotonic - MARGIN:
-                return llm_client.RequestResult(outcome="timeout", detail="no time left in the probe's deadline")
+        not_sent: list[str] = []
+
+        def call(kind: str, prompt: str, max_tokens: int, stream: bool) -> llm_client.RequestResult | None:
+            nonlocal worst
+            left = deadline - time.monotonic()
+            if left < MIN_REQUEST_SECONDS:
+                not_sent.append(kind)
+                if worst[0] == "success":
+                    worst = ("timeout", f"{kind}: the target's share of the deadline was spent before it was sent")
+                return None
+            ep = llm_client.Endpoint(base_url=t.base_url, api=t.api, token=token, headers=dict(t.headers),
+                                     ca_file=t.ca_file, verify_tls=t.verify_tls,
+                                     connect_timeout=t.connect_timeout_seconds, read_timeout=t.read_timeout_seconds,
+                                     total_timeout=min(t.request_timeout_seconds, left),
+                                     max_line_bytes=t.max_line_bytes)
             body = llm_client.build_body(t.api, t.model, prompt, max_tokens, stream, 0.0, t.extra_body)
             return llm_client.request(ep, body)
 
         # 1. golden prompts: quality
         for g in t.golden:
-            r = call(g.prompt, g.max_tokens, True)
+            r = call(f"golden:{g.check}", g.prompt, g.max_tokens, True)
+            if r is None:
+                continue
             passed = r.outcome == "success" and re.search(g.expect, r.text) is not None
             if r.outcome == "success":
                 res.samples.append(Sample(P + "quality_pass", {"target": t.name, "check": g.check},
@@ -212,9 +248,10 @@ class Inference(Probe):
             note(f"golden:{g.check}", r, None if r.outcome != "success" else ("success" if passed else "quality_fail"))
             requests[-1]["quality"] = {"check": g.check, "pass": passed}
         # 2. the streaming request: latency, tokens/s and stability
-        r = call(t.stream_prompt, t.stream_max_tokens, True)
-        note("stream", r)
-        if r.outcome == "success":
+        r = call("stream", t.stream_prompt, t.stream_max_tokens, True)
+        if r is not None:
+            note("stream", r)
+        if r is not None and r.outcome == "success":
             tps = r.tokens_per_second()
             if tps:
                 res.samples.append(Sample(P + "output_tokens_per_second", labels, tps))
@@ -229,18 +266,24 @@ class Inference(Probe):
             res.extra.setdefault("stability", {})[t.name] = stable
         # 3. non-streaming
         if t.non_streaming:
-            note("non_stream", call(t.stream_prompt, t.stream_max_tokens, False))
+            r = call("non_stream", t.stream_prompt, t.stream_max_tokens, False)
+            if r is not None:
+                note("non_stream", r)
         # 4. shared-prefix pair, unique to this run so the first request is cold
         if t.prefix_cache_pair:
             prefix = f"[canary {uuid.uuid4().hex}] " + " ".join((FILLER * (t.prefix_words // 15 + 1)).split()[
                 :t.prefix_words])
-            a = call(prefix + " Question one: summarise.", 4, True)
-            note("prefix_first", a)
-            b = call(prefix + " Question two: summarise again.", 4, True)
-            note("prefix_second", b)
-            if a.ttft and b.ttft:
+            a = call("prefix_first", prefix + " Question one: summarise.", 4, True)
+            if a is not None:
+                note("prefix_first", a)
+            b = call("prefix_second", prefix + " Question two: summarise again.", 4, True) if a is not None else None
+            if b is not None:
+                note("prefix_second", b)
+            if a is not None and b is not None and a.ttft and b.ttft:
                 res.samples.append(Sample(P + "prefix_cache_ttft_ratio", {"target": t.name}, b.ttft / a.ttft))
         res.extra.setdefault("requests", {})[t.name] = requests
+        if not_sent:
+            res.extra.setdefault("not_sent", {})[t.name] = not_sent
         return worst
 
 

@@ -44,6 +44,10 @@ def metrics_markdown() -> str:
                 out.append(f"| | | | | buckets: {', '.join(f'{b:g}' for b in s.buckets)} |")
         if cls.failure_reasons:
             out += ["", "Failure reasons: " + ", ".join(f"`{r}`" for r in cls.all_failure_reasons()) + "."]
+        if cls.reason_docs:
+            out += ["", "Outcomes (the `outcome` label; a failed run's reason is the first failed outcome):", "",
+                    "| outcome | produced by |", "| --- | --- |"]
+            out += [f"| `{k}` | {v.replace('|', '/')} |" for k, v in cls.reason_docs.items()]
     from fleetcanary.probes.base import SKIP_REASONS
 
     out += ["", "## Skip reasons", "", ", ".join(f"`{r}`" for r in SKIP_REASONS) + ".", ""]

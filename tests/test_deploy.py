@@ -193,3 +193,28 @@ def test_systemd_unit_verifies():
     problems = [ln for ln in (r.stdout + r.stderr).splitlines()
                 if ln.strip() and "/opt/fleetcanary/bin/fleetcanary is not executable" not in ln]
     assert not problems, problems
+
+
+def test_locust_loadtest_example_builds_validates_and_wires_workers_to_the_master():
+    docs = kustomize("deploy/loadtest")
+    for d in docs:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    master = one(docs, "Job", "locust-master")
+    svc = one(docs, "Service", "locust-master")
+    workers = one(docs, "Deployment", "locust-worker")
+    settings = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("loadtest-settings")]
+    assert len(settings) == 1 and settings[0]["data"]["LOCUST_HOST"].startswith("http")
+    # the result goes to the master's log (a finished Job's volume cannot be read) after a drain
+    assert settings[0]["data"]["FLEETCANARY_LOCUST_OUT"] == "-" and float(settings[0]["data"]["FLEETCANARY_DRAIN_SECONDS"]) > 0
+    # the default image has no Locust: the example names one built with the loadtest extra
+    assert master["spec"]["template"]["spec"]["containers"][0]["image"].endswith("-loadtest")
+    assert "EXTRAS=kube,loadtest" in (ROOT / "deploy/loadtest/kustomization.yaml").read_text()
+    margs = " ".join(master["spec"]["template"]["spec"]["containers"][0]["args"])
+    wargs = " ".join(workers["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert "fleetcanary.offline.locustfile" in margs and "--master" in margs and "--expect-workers" in margs
+    assert "fleetcanary.offline.locustfile" in wargs and f"--master-host {svc['metadata']['name']}" in wargs
+    assert svc["spec"]["selector"] == master["spec"]["template"]["metadata"]["labels"]
+    for pod in (master, workers):
+        spec = pod["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True

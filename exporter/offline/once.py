@@ -50,21 +50,46 @@ def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=
 
 
 def rows(outcomes: list[RunRecord]) -> list[dict[str, Any]]:
+    """One row per figure; a run without figures gets one row with its status. A failed run
+    that still measured something (a probe with several targets, one of them broken) shows
+    its figures too, each with the run's status, and its detail once."""
     out = []
     for o in outcomes:
         figs = o.figures
-        if o.outcome != "success" or not figs:
+        status = o.outcome + (f" ({o.reason})" if o.reason else "")
+        if o.outcome != "success" and (not figs or o.outcome != "failure"):
             out.append({"probe": o.probe, "figure": "-", "unit": "", "median": None, "mad": None, "cv": None,
-                        "n": 0, "status": o.outcome + (f" ({o.reason})" if o.reason else ""),
-                        "detail": o.detail})
+                        "n": 0, "status": status, "detail": o.detail})
             continue
-        for f in figs:
+        if not figs:
+            out.append({"probe": o.probe, "figure": "-", "unit": "", "median": None, "mad": None, "cv": None,
+                        "n": 0, "status": status, "detail": ""})
+            continue
+        for i, f in enumerate(figs):
             labels = ",".join(f"{k}={v}" for k, v in (f.get("labels") or {}).items())
             d = f.get("dispersion") or {}
             out.append({"probe": o.probe, "figure": f["name"] + (f" {{{labels}}}" if labels else ""),
                         "unit": f["unit"], "median": f.get("median"), "mad": d.get("mad"), "cv": d.get("cv"),
-                        "n": int(d.get("n", 0)), "status": "success", "detail": ""})
+                        "n": int(d.get("n", 0)), "status": status,
+                        "detail": o.detail if o.outcome != "success" and i == 0 else ""})
     return out
+
+
+def target_lines(outcomes: list[RunRecord]) -> list[str]:
+    """Per-target outcomes of probes that report them (result.extra.targets: name -> outcome, detail)."""
+    lines = []
+    for o in outcomes:
+        targets = ((o.result.get("extra") or {}).get("targets")) or {}
+        if not isinstance(targets, dict):
+            continue
+        for name, t in targets.items():
+            if not isinstance(t, dict):
+                continue
+            detail = f": {t['detail']}" if t.get("detail") else ""
+            took = f" in {t['seconds']:.1f}s of {t['budget_seconds']:.1f}s" if isinstance(
+                t.get("seconds"), (int, float)) and isinstance(t.get("budget_seconds"), (int, float)) else ""
+            lines.append(f"{o.probe} target {name}: {t.get('outcome', '?')}{took}{detail}")
+    return lines
 
 
 def table(rs: list[dict[str, Any]]) -> str:
@@ -99,7 +124,7 @@ def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1, 
     rs = rows(outcomes)
     verdict = acceptance.run_checks(expectations, outcomes) if expectations is not None else None
     if as_json:
-        json.dump({"runs": [o.to_json() for o in outcomes], "table": rs,
+        json.dump({"runs": [o.to_json() for o in outcomes], "table": rs, "targets": target_lines(outcomes),
                    **({"acceptance": verdict} if verdict is not None else {}),
                    "wall_seconds": time.monotonic() - t0}, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
@@ -108,6 +133,11 @@ def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1, 
         broken = [r for r in rs if r["detail"] and not r["status"].startswith("skipped")]
         for r in broken:
             print(f"{r['probe']}: {r['detail']}")
+        per_target = target_lines(outcomes)
+        if per_target:
+            print()
+            for line in per_target:
+                print(line)
         if verdict is not None:
             print()
             print(acceptance.table(verdict))

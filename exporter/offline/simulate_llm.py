@@ -12,8 +12,17 @@ Tests, benchmarks and the demo use it instead of a GPU model server. It:
 - injects faults: errors, 429/503 with Retry-After, stalls, mid-stream error events,
   errors in a 200 stream, non-JSON data, no [DONE], CRLF delimiters, comments,
   split and coalesced events, empty output;
-- records its own emit times (perf_counter_ns: CLOCK_MONOTONIC, the clock a client
-  on the same machine reads) per response id: GET /sim/emits.
+- records its own receive and emit times (perf_counter_ns: CLOCK_MONOTONIC, the clock a
+  client on the same machine reads) per response id: GET /sim/emits (per serving process);
+  a request's receive time, from which its TTFT runs, is the kernel's stamp of its arrival
+  (see Handler.setup);
+- reports the truth a load test is judged against: GET /sim/stats gives requests
+  received, streams/answers completed, output tokens sent, requests active now, and the
+  capacity the model implies (batch_size / ITL tokens per second), summed over every
+  serving process;
+- serves load from several processes (``--processes N``: pre-forked, one listening
+  socket, the capacity model's active count shared between them), so the server is
+  not the first thing to saturate when a test drives it hard.
 
 Per-request overrides of any setting: an ``X-Sim`` header holding a JSON object.
 It answers golden arithmetic prompts ("What is 17 + 25?") and a few facts correctly;
@@ -24,8 +33,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
+import os
 import random
+import signal
 import re
+import socket
+import struct
 import sys
 import threading
 import time
@@ -83,10 +97,15 @@ def answer(prompt: str, wrong: bool) -> str | None:
     return None
 
 
+ACTIVE, REQUESTS, COMPLETIONS, TOKENS = range(4)
+
+
 class Simulator:
-    def __init__(self, settings: SimSettings) -> None:
+    def __init__(self, settings: SimSettings, processes: int = 1) -> None:
         self.settings = settings
-        self.active = 0
+        self.processes = processes
+        # counters shared by every serving process (fork-inherited shared memory)
+        self.shared = multiprocessing.get_context("fork").Array("q", 4)
         self.lock = threading.Lock()
         self.emits: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.prefixes: deque[str] = deque(maxlen=4096)
@@ -112,9 +131,47 @@ class Simulator:
                 self.prefix_set.add(key)
         return False
 
+    @property
+    def active(self) -> int:
+        return self.shared[ACTIVE]
+
+    def count(self, what: int, n: int = 1) -> None:
+        with self.shared.get_lock():
+            self.shared[what] += n
+
     def load_factor(self) -> float:
-        with self.lock:
-            return max(1.0, self.active / self.settings.batch_size)
+        return max(1.0, self.shared[ACTIVE] / self.settings.batch_size)
+
+    def stats(self) -> dict[str, Any]:
+        with self.shared.get_lock():
+            active, requests, completions, tokens = self.shared[:]
+        s = self.settings
+        return {"processes": self.processes, "active": active, "requests": requests, "completions": completions,
+                "output_tokens": tokens, "batch_size": s.batch_size, "ttft_ms": s.ttft_ms, "itl_ms": s.itl_ms,
+                "capacity_tokens_per_second": s.batch_size / (s.itl_ms / 1000) if s.itl_ms > 0 else None,
+                "capacity_note": "requests/s for N output tokens = batch_size / (ttft + (N - 1) * itl); beyond "
+                                 "batch_size active requests, TTFT and ITL stretch by active / batch_size"}
+
+
+# SO_TIMESTAMPNS: the kernel stamps each received segment (CLOCK_REALTIME); Linux has it on TCP
+# sockets too. Python's socket module does not name it; 35 is its value on Linux.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+
+
+def _arrival_ns(sock: socket.socket) -> int | None:
+    """When the next request's first byte reached this host, on the perf_counter_ns clock, from
+    the kernel's receive timestamp (a peek: the bytes stay for the HTTP parser). Waits for the
+    byte as the parser would. None where the kernel gives no timestamp or the peer closed."""
+    try:
+        data, anc, _, _ = sock.recvmsg(1, 64, socket.MSG_PEEK)
+    except OSError:
+        return None
+    now_real, now_mono = time.time_ns(), time.perf_counter_ns()
+    for level, kind, raw in anc:
+        if data and level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+            sec, nsec = struct.unpack("qq", raw[:16])
+            return min(sec * 1_000_000_000 + nsec - (now_real - now_mono), now_mono)
+    return None
 
 
 def _sleep_until(deadline_ns: int) -> None:
@@ -128,9 +185,35 @@ def _sleep_until(deadline_ns: int) -> None:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     sim: Simulator
+    # TCP_NODELAY: every token is its own small write and must leave at once, not wait for the
+    # ACK of the previous one (Nagle), as a real streaming server's do
+    disable_nagle_algorithm = True
 
     def log_message(self, *a):
         pass
+
+    # --- the clock of a request starts when it arrived -----------------------------------
+    # The injected TTFT runs from the request's receipt. Taking the time when the handler
+    # gets to it would start the clock late by this server's own overhead (a thread started
+    # per connection, the request line and headers parsed): measured at 0.3-0.6 ms median on
+    # a busy 2-core machine, which the client then sees as TTFT error. So the first request of
+    # a connection (the buffer is empty then) is stamped with the kernel's receive time of
+    # its first byte; later requests on a kept-alive connection with the time its request
+    # line was read.
+    def setup(self) -> None:
+        super().setup()
+        self._arrival: int | None = None
+        if SO_TIMESTAMPNS is not None:
+            try:
+                self.connection.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                self._arrival = _arrival_ns(self.connection)
+            except OSError:
+                pass
+
+    def parse_request(self) -> bool:
+        self.recv_ns = self._arrival if self._arrival is not None else time.perf_counter_ns()
+        self._arrival = None
+        return super().parse_request()
 
     # --- helpers --------------------------------------------------------------------
     def _json(self, code: int, obj: Any, extra: dict[str, str] | None = None) -> None:
@@ -164,13 +247,15 @@ class Handler(BaseHTTPRequestHandler):
                 if "clear=1" in self.path:
                     self.sim.emits.clear()
             self._json(200, data)
+        elif self.path.startswith("/sim/stats"):
+            self._json(200, self.sim.stats())
         elif self.path.startswith("/health"):
             self._json(200, {"status": "ok", "active": self.sim.active})
         else:
             self._json(404, {"error": {"message": "not found"}})
 
     def do_POST(self):
-        recv_ns = time.perf_counter_ns()
+        recv_ns = self.recv_ns
         s = self._settings()
         try:
             n = int(self.headers.get("Content-Length") or 0)
@@ -191,8 +276,8 @@ class Handler(BaseHTTPRequestHandler):
             extra = {"Retry-After": f"{s.retry_after:g}"} if s.retry_after is not None else {}
             self._json(s.status, {"error": {"message": f"simulated {s.status}", "type": "server_error"}}, extra)
             return
+        self.sim.count(REQUESTS)
         with self.sim.lock:
-            self.sim.requests += 1
             fail = self.sim.rng.random() < s.error_rate
         if fail:
             self._json(500, {"error": {"message": "simulated failure", "type": "server_error"}})
@@ -216,8 +301,7 @@ class Handler(BaseHTTPRequestHandler):
         if hit:
             prefill *= 1 - s.prefix_cache_speedup * min(1.0, s.prefix_chars / max(len(prompt), 1))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        with self.sim.lock:
-            self.sim.active += 1
+        self.sim.count(ACTIVE)
         try:
             if body.get("stream"):
                 usage = s.usage and bool((body.get("stream_options") or {}).get("include_usage"))
@@ -238,11 +322,12 @@ class Handler(BaseHTTPRequestHandler):
                                  "model": body.get("model", "sim-model"), "choices": [choice],
                                  "usage": {"prompt_tokens": input_tokens, "completion_tokens": len(tokens),
                                            "total_tokens": input_tokens + len(tokens)}})
+                self.sim.count(COMPLETIONS)
+                self.sim.count(TOKENS, len(tokens))
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            with self.sim.lock:
-                self.sim.active -= 1
+            self.sim.count(ACTIVE, -1)
 
     def _stream(self, s: SimSettings, rid: str, chat: bool, tokens: list[str], prefill_ms: float, recv_ns: int,
                 usage: bool, input_tokens: int, hit: bool) -> None:
@@ -344,6 +429,8 @@ class Handler(BaseHTTPRequestHandler):
                               "prefix_hit": hit})
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+        self.sim.count(COMPLETIONS)  # the whole stream was written (a client that cancelled breaks the pipe first)
+        self.sim.count(TOKENS, sent)
 
 
 class _Server(ThreadingHTTPServer):
@@ -351,9 +438,20 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024
     allow_reuse_address = True
 
+    def server_bind(self) -> None:
+        # on the listening socket, so that accepted sockets stamp a request that arrives before
+        # their handler thread runs (Linux copies the flag to them)
+        if SO_TIMESTAMPNS is not None:
+            try:
+                self.socket.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            except OSError:
+                pass
+        super().server_bind()
 
-def serve(settings: SimSettings, host: str = "127.0.0.1", port: int = 0) -> tuple[_Server, Simulator]:
-    sim = Simulator(settings)
+
+def serve(settings: SimSettings, host: str = "127.0.0.1", port: int = 0,
+          processes: int = 1) -> tuple[_Server, Simulator]:
+    sim = Simulator(settings, processes)
     handler = type("SimHandler", (Handler,), {"sim": sim})
     server = _Server((host, port), handler)
     return server, sim
@@ -368,10 +466,13 @@ def start_in_thread(settings: SimSettings, host: str = "127.0.0.1", port: int = 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="serve from N pre-forked processes sharing the socket and the capacity model")
     for f in fields(SimSettings):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool) or isinstance(f.default, bool):
-            p.add_argument(flag, action="store_true", default=f.default)
+            # --usage / --no-usage: a flag whose default is true must be able to turn it off
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name in ("retry_after",):
             p.add_argument(flag, type=float, default=None)
         elif f.name in ("stall_after_tokens", "error_event_after", "data_error_after", "non_json_after"):
@@ -384,29 +485,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import os
-
     names = {f.name for f in fields(SimSettings)}
     values = {k: v for k, v in vars(args).items() if k in names and k != "api_key"}
     if getattr(args, "api_key_env", None):
         values["api_key"] = os.environ.get(args.api_key_env) or None
+    if not 1 <= args.processes <= 64:
+        print("fleetcanary simulate-llm: --processes must be within 1..64", file=sys.stderr)
+        return 2
+    if values["batch_size"] < 1 or values["itl_ms"] < 0 or values["ttft_ms"] < 0 or values["tokens_per_chunk"] < 1:
+        print("fleetcanary simulate-llm: --batch-size and --tokens-per-chunk must be at least 1, --ttft-ms and "
+              "--itl-ms not negative", file=sys.stderr)
+        return 2
     settings = SimSettings(**values)
     host, _, port = args.listen.rpartition(":")
     try:
-        server, _ = serve(settings, host or "127.0.0.1", int(port))
+        server, _ = serve(settings, host or "127.0.0.1", int(port), args.processes)
     except (OSError, ValueError) as exc:
         print(f"fleetcanary simulate-llm: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1
+    children = []
+    for _ in range(args.processes - 1):  # pre-fork: every process accepts on the one listening socket
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+            try:
+                server.serve_forever()
+            finally:
+                os._exit(0)
+        children.append(pid)
     print(f"simulate-llm listening on http://{host or '127.0.0.1'}:{server.server_address[1]}/v1 "
-          f"(TTFT {settings.ttft_ms:g} ms, ITL {settings.itl_ms:g} ms, batch {settings.batch_size})", flush=True)
+          f"(TTFT {settings.ttft_ms:g} ms, ITL {settings.itl_ms:g} ms, batch {settings.batch_size}, "
+          f"{args.processes} process{'es' if args.processes > 1 else ''})", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
         server.server_close()
     return 0
-
 
 
 __all__ = ["SimSettings", "Simulator", "serve", "start_in_thread"]

@@ -69,3 +69,109 @@ def test_distributions_and_percentiles():
     vals = sorted(Dist.parse("lognormal:100:0.3").sample(rng) for _ in range(2001))
     assert 90 <= vals[1000] <= 110
     assert percentile([1, 2, 3, 4], 0.5) == 2.5 and percentile([], 0.5) is None
+
+
+def _sim_process(*extra):
+    from tests.support.helpers import free_port, wait_for, http_get
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "simulate-llm", "--listen", f"127.0.0.1:{port}",
+                             *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: http_get(f"http://127.0.0.1:{port}/sim/stats", timeout=2)[0] == 200, 60, what="simulate-llm")
+    return proc, port
+
+
+def _stats(port):
+    from tests.support.helpers import http_get
+
+    return json.loads(http_get(f"http://127.0.0.1:{port}/sim/stats")[2])
+
+
+def test_workers_merge_exactly_and_throughput_matches_the_servers_completions():
+    """2 loadtest processes against a 2-process simulator: every request the simulator completed is
+    counted once, throughput is completions over the step's measured wall time (drain included)."""
+    proc, port = _sim_process("--processes", "2", "--ttft-ms", "30", "--itl-ms", "5", "--batch-size", "64")
+    try:
+        before = _stats(port)
+        r = subprocess.run(
+            [sys.executable, "-m", "fleetcanary", "loadtest", f"http://127.0.0.1:{port}/v1", "--mode", "concurrency",
+             "--concurrency", "8", "--workers", "2", "--step-seconds", "2", "--output-len", "fixed:8",
+             "--input-len", "fixed:8", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=180)
+        after = _stats(port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    st = out["steps"][0]
+    assert out["workers"] == 2 and st["processes"] == 2 and "drain" in out["throughput_definition"]
+    assert before["processes"] == 2
+    assert st["finished"] == after["completions"] - before["completions"] > 0
+    assert st["wall_seconds"] >= 2.0
+    assert st["throughput_rps"] == pytest.approx(st["finished"] / st["wall_seconds"])
+    assert st["ttft_histogram"]["n"] == st["finished"] and st["ttft_p50"] >= 0.03
+    assert st["error_rate"] == 0
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["--concurrency", "4"], "--mode concurrency"),
+    (["--mode", "concurrency", "--rates", "3"], "--mode poisson"),
+    (["--mode", "concurrency", "--concurrency", "1", "--workers", "2"], "at least --workers"),
+    (["--workers", "0"], "--workers"),
+    (["--header", "novalue"], "NAME:VALUE"),
+])
+def test_contradicting_flags_are_refused_in_one_line(argv, word):
+    r = subprocess.run([sys.executable, "-m", "fleetcanary", "loadtest", "http://127.0.0.1:9/v1", *argv],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_simulator_true_by_default_flags_can_be_turned_off():
+    import argparse
+
+    from fleetcanary.offline import simulate_llm
+
+    p = argparse.ArgumentParser()
+    simulate_llm.add_arguments(p)
+    a = p.parse_args([])
+    assert a.usage is True and a.role_chunk is True
+    a = p.parse_args(["--no-usage", "--no-role-chunk", "--crlf"])
+    assert a.usage is False and a.role_chunk is False and a.crlf is True
+
+
+def test_simulator_stats_count_completions_and_tokens():
+    from fleetcanary.probes.lib import llm_client
+
+    server, sim = start_in_thread(SimSettings(ttft_ms=1, itl_ms=1, batch_size=4))
+    try:
+        ep = llm_client.Endpoint(f"http://127.0.0.1:{server.server_address[1]}/v1")
+        for stream in (True, False):
+            assert llm_client.request(ep, llm_client.build_body("chat", "m", "story", 5, stream)).outcome == "success"
+        r = llm_client.request(ep, llm_client.build_body("chat", "m", "story", 50, True), cancel_after_chunks=2)
+        assert r.cancelled
+        st = sim.stats()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert st["requests"] == 3 and st["completions"] == 2 and st["output_tokens"] == 10
+    assert st["capacity_tokens_per_second"] == 4000
+
+
+def test_latency_histograms_merge_exactly():
+    import random
+
+    from fleetcanary.offline.latency_hist import LatencyHistogram
+
+    rng = random.Random(1)
+    a = [rng.lognormvariate(-3, 1) for _ in range(3000)]
+    b = [rng.lognormvariate(-1, 0.3) for _ in range(1000)]
+    merged = LatencyHistogram().extend(a).merge(LatencyHistogram.from_json(LatencyHistogram().extend(b).to_json()))
+    whole = LatencyHistogram().extend(a + b)
+    assert merged.to_json() == whole.to_json()
+    ordered = sorted(a + b)
+    for q in (0.5, 0.9, 0.99, 0.999):
+        exact = ordered[max(1, int(-(-q * len(ordered) // 1))) - 1]
+        assert merged.percentile(q) == pytest.approx(exact, rel=0.0006)
+    # averaging the two processes' p99s would be far off: the merge is not that
+    avg = (LatencyHistogram().extend(a).percentile(0.99) + LatencyHistogram().extend(b).percentile(0.99)) / 2
+    assert abs(avg - merged.percentile(0.99)) > 0.05

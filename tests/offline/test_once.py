@@ -54,3 +54,27 @@ def test_once_with_fake_nvml_runs_gpu_health(tmp_path):
 def test_unknown_probe_is_a_usage_error(tmp_path):
     r = once(tmp_path, "--probe", "nope")
     assert r.returncode == 2 and "unknown probe nope" in r.stderr
+
+
+def test_once_shows_every_inference_target_and_fails_when_one_failed(tmp_path):
+    """One target healthy, one answering 503: the healthy one's figures and both outcomes are printed,
+    the run is a failure and `once` exits 1."""
+    from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+
+    server, _ = start_in_thread(SimSettings(ttft_ms=5, itl_ms=1))
+    base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"state_dir: {tmp_path}\nprobes:\n  inference:\n    params:\n      targets:\n"
+                       f"      - {{name: good, base_url: '{base}', model: m, prefix_words: 32, stream_max_tokens: 8}}\n"
+                       f"      - {{name: bad, base_url: '{base}', model: m, headers: {{X-Sim: '{{\"status\": 503}}'}}}}\n")
+        r = subprocess.run([sys.executable, "-m", "fleetcanary", "once", "--config", str(cfg), "--probe", "inference"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    out = r.stdout
+    assert "inference target good: success" in out and "inference target bad: http_5xx" in out
+    assert any("ttft {target=good" in ln and "failure (http_5xx)" in ln for ln in out.splitlines()), out
+    assert "1 of 2 targets failed" in out

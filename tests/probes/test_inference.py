@@ -161,7 +161,7 @@ def test_token_from_env_is_sent_and_required(tmp_path, sim, monkeypatch):
     with pytest.raises(ProbeError) as ei:
         run(tmp_path, target(base))
     assert ei.value.reason == "http_4xx"
-    assert "sk-test" not in json.dumps(r.to_dict(), default=str)
+    assert "sk-test" not in json.dumps([r.to_dict(), [s.__dict__ for s in r.samples]], default=str)
 
 
 def test_golden_regex_must_compile():
@@ -187,3 +187,44 @@ def test_fuzz_any_stream_ends_in_a_classified_outcome(raw, body):
     r = llm_client.request(llm_client.Endpoint(f"http://127.0.0.1:{raw.port}/v1", read_timeout=2),
                            llm_client.build_body("chat", "m", "p", 4, True))
     assert r.outcome in llm_client.OUTCOMES
+
+
+def test_one_stalled_target_of_three_fails_alone_and_the_others_are_published(tmp_path, sim):
+    """Default target settings (30 s read timeout): the stalled target's requests are cut at its
+    share of the deadline, the run ends before the deadline, and both healthy targets' figures,
+    histograms and success gauges are in the failure's result."""
+    base, _ = sim
+    a = Target(name="a", base_url=base, model="sim-model", prefix_words=64, stream_max_tokens=16)
+    stalled = Target(name="stalled", base_url=base, model="sim-model", prefix_words=64, stream_max_tokens=16,
+                     headers=sim_headers(stall_after_tokens=3, max_tokens_default=16), golden=(
+                         Golden(check="story", prompt="Tell a story.", expect=".", max_tokens=16),))
+    c = Target(name="c", base_url=base, model="sim-model", prefix_words=64, stream_max_tokens=16)
+    context = ctx(tmp_path, seconds=6.0)
+    with pytest.raises(ProbeError) as ei:
+        Inference().run(Config(targets=(a, stalled, c)), context)
+    assert time.monotonic() < context.deadline_monotonic  # finished before its deadline
+    assert ei.value.reason == "timeout" and "1 of 3 targets failed" in ei.value.detail
+    r = ei.value.result
+    per = r.extra["targets"]
+    assert [per[k]["outcome"] for k in ("a", "stalled", "c")] == ["success", "timeout", "success"]
+    assert per["stalled"]["seconds"] <= per["stalled"]["budget_seconds"] + 0.5
+    assert value(r, P + "success", target="a") == 1 and value(r, P + "success", target="c") == 1
+    assert value(r, P + "success", target="stalled") == 0
+    for name in ("a", "c"):
+        ttft = [s for s in r.samples if s.metric == P + "time_to_first_token_seconds" and s.labels["target"] == name]
+        assert len(ttft) == 5
+        assert any(f.name == "ttft" and f.labels["target"] == name for f in r.figures)
+    stalled_outcomes = [s.labels["outcome"] for s in r.samples if s.metric == P + "requests_total"
+                        and s.labels["target"] == "stalled"]
+    assert stalled_outcomes == ["timeout"]  # what had no time left was not sent, and not counted
+    assert r.extra["not_sent"]["stalled"] == ["stream", "non_stream", "prefix_first"]
+
+
+def test_a_missing_token_fails_its_target_only(tmp_path, sim, monkeypatch):
+    base, _ = sim
+    monkeypatch.delenv("NO_SUCH_TOKEN_VAR", raising=False)
+    with pytest.raises(ProbeError) as ei:
+        run(tmp_path, target(base), Target(name="b", base_url=base, model="m", token_env="NO_SUCH_TOKEN_VAR"))
+    assert ei.value.reason == "other"
+    assert value(ei.value.result, P + "success", target="llm") == 1
+    assert ei.value.result.extra["targets"]["b"]["outcome"] == "other"
