@@ -9,6 +9,7 @@ from __future__ import annotations
 from fleetcanary.probes.base import Probe
 from fleetcanary.probes.collectives import Collectives
 from fleetcanary.probes.gpu_bandwidth import GpuBandwidth
+from fleetcanary.probes.gpu_compute import GpuCompute
 from fleetcanary.probes.gpu_health import GpuHealth
 from fleetcanary.probes.gpu_p2p import GpuP2P
 from fleetcanary.probes.host_memory_bandwidth import HostMemoryBandwidth
@@ -20,6 +21,7 @@ PROBES: dict[str, type[Probe]] = {
     HostMemoryBandwidth.name: HostMemoryBandwidth,
     GpuHealth.name: GpuHealth,
     GpuBandwidth.name: GpuBandwidth,
+    GpuCompute.name: GpuCompute,
     GpuP2P.name: GpuP2P,
     Collectives.name: Collectives,
     Storage.name: Storage,
