@@ -12,6 +12,7 @@ from fleetcanary.probes.gpu_bandwidth import GpuBandwidth
 from fleetcanary.probes.gpu_compute import GpuCompute
 from fleetcanary.probes.gpu_health import GpuHealth
 from fleetcanary.probes.gpu_p2p import GpuP2P
+from fleetcanary.probes.gpu_sustained import GpuSustained
 from fleetcanary.probes.host_memory_bandwidth import HostMemoryBandwidth
 from fleetcanary.probes.inference import Inference
 from fleetcanary.probes.object_storage import ObjectStorage
@@ -23,6 +24,7 @@ PROBES: dict[str, type[Probe]] = {
     GpuBandwidth.name: GpuBandwidth,
     GpuCompute.name: GpuCompute,
     GpuP2P.name: GpuP2P,
+    GpuSustained.name: GpuSustained,
     Collectives.name: Collectives,
     Storage.name: Storage,
     ObjectStorage.name: ObjectStorage,
