@@ -17,6 +17,7 @@ from fleetcanary.probes.host_memory_bandwidth import HostMemoryBandwidth
 from fleetcanary.probes.inference import Inference
 from fleetcanary.probes.object_storage import ObjectStorage
 from fleetcanary.probes.storage import Storage
+from fleetcanary.probes.train_step import TrainStep
 
 PROBES: dict[str, type[Probe]] = {
     HostMemoryBandwidth.name: HostMemoryBandwidth,
@@ -29,6 +30,7 @@ PROBES: dict[str, type[Probe]] = {
     Storage.name: Storage,
     ObjectStorage.name: ObjectStorage,
     Inference.name: Inference,
+    TrainStep.name: TrainStep,
 }
 
 __all__ = ["PROBES", "Probe"]
