@@ -47,6 +47,7 @@ class Family:
     severity: str = "warning"
     alert: str = ""       # CamelCase stem of the alert name
     rel: float = REL_DROP  # the relative floor: at least this far from the peer median
+    for_minutes: int = 0   # override the peer alert's `for` (default: 2 intervals, at least 15 minutes)
 
     @property
     def group(self) -> tuple[str, ...]:
@@ -79,6 +80,19 @@ FAMILIES = [
            alert="StorageRead"),
     Family("storage_first_byte", "storage first-byte latency", "fleetcanary_storage_first_byte_seconds", "node",
            ("node", "target", "cache"), ("target", "cache"), "3h", False, "pool", 30, alert="StorageFirstByte"),
+    # Matmul throughput per GPU and dtype (gpu_compute, every 30 minutes): 6 runs in the window.
+    Family("gpu_matmul_throughput", "GPU matrix-multiply throughput", "fleetcanary_gpu_matmul_flops_per_second", "gpu",
+           ("node", "gpu", "dtype"), ("dtype",), "3h", True, "gpu_model", 30, history=True,
+           alert="GPUMatmulThroughput"),
+    # Sustained/initial throughput of the daily burn (gpu_sustained): a 3-day median holds 3 runs, the MAD gate
+    # and the peer floor guard against a single odd burn; `for` is an hour, not two daily intervals. No
+    # self-history: a 3-day smoothing needs a week of runs before a history ratio means anything.
+    Family("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "fleetcanary_gpu_sustained_throughput_ratio",
+           "gpu", ("node", "gpu"), (), "3d", True, "gpu_model", 1440, alert="GPUSustainedThroughput", for_minutes=60),
+    # Training-step time of the canary transformer (train_step, hourly): 5 runs in the window. Peer rules
+    # only: the history rules and their tests assume higher is better.
+    Family("train_step_time", "training step time", "fleetcanary_train_step_seconds", "gpu",
+           ("node", "gpu", "dtype"), ("dtype",), "5h", False, "gpu_model", 60, alert="TrainStepTime"),
     Family("inference_ttft", "inference time to first token (p95)", "node:fleetcanary_inference_ttft_seconds:p95_30m",
            "node", ("node", "target", "model"), ("target", "model"), "30m", False, "pool", 1,
            alert="InferenceTTFT"),
@@ -158,6 +172,13 @@ def inventory_rules() -> list[dict]:
         rec("node:fleetcanary_inference_errors:ratio_rate15m",
             'sum by (node, target, model) (rate(fleetcanary_inference_requests_total{outcome!="success"}[15m])) '
             "/ sum by (node, target, model) (rate(fleetcanary_inference_requests_total[15m]))"),
+        rec("gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model",
+            "fleetcanary_gpu_sustained_slowdown_ratio * on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info "
+            "* on(node) group_left(pool) node:fleetcanary_pool:info"),
+        rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median",
+            "quantile by (model, pool) (0.5, gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
+        rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count",
+            "count by (model, pool) (gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
         rec("node:fleetcanary_gpu_probe_seconds:duty_cycle_1h",
             "sum by (node, gpu) (rate(fleetcanary_gpu_probe_seconds_total[1h]))"),
     ]
@@ -182,7 +203,7 @@ def peer_alert(f: Family) -> dict:
         value = "{{ $value | humanizePercentage }} slower than"
     name = f"FleetCanary{f.alert}BelowPeers" if f.higher_is_better else f"FleetCanary{f.alert}SlowerThanPeers"
     ent = ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
-    for_m = 2 * f.interval_minutes if f.interval_minutes >= 10 else 15
+    for_m = f.for_minutes or (2 * f.interval_minutes if f.interval_minutes >= 10 else 15)
     return {"alert": name, "expr": " ".join(cond.split()), "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m",
             "labels": {"severity": f.severity, "family": f.key},
             "annotations": annotations(f"{f.title} {words} its peers",
@@ -267,6 +288,26 @@ def hard_alerts() -> list[dict]:
           'increase(fleetcanary_probe_failures_total{probe="collectives", reason="wrong_result"}[2h]) > 0', "0m",
           "critical", "A collective returned wrong data",
           "The collectives probe on {{ $labels.node }} found wrong elements in a collective's output.", keep="2h"),
+        a("FleetCanaryGPUWrongResult", 'max by (node, gpu) (fleetcanary_gpu_sdc_status{status="mismatch"}) == 1',
+          "0m", "critical", "A GPU computed a wrong result (silent data corruption)",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} produced a checksum for the deterministic canary products that "
+          "differs from the golden its model's GPUs agreed on.", keep="2h"),
+        a("FleetCanaryGPUSDCNoConsensus",
+          'max by (node, gpu) (fleetcanary_gpu_sdc_status{status="no_consensus"}) == 1', "0m", "warning",
+          "The SDC canary found no majority",
+          "The GPUs of {{ $labels.node }} disagree on the canary checksum with no strict majority (or all disagree "
+          "with the stored golden); GPU {{ $labels.gpu }} is one of them. Not judged; a person must.", keep="1h"),
+        a("FleetCanaryGPUThrottlingUnlikePeers",
+          f"(gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model > 0.05) "
+          f"and on(model, pool) (pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median < 0.01) "
+          f"and on(model, pool) (pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count >= {MIN_PEERS})",
+          "10m", "critical", "A GPU throttles under load where its peers do not",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} spent {{ $value | humanizePercentage }} of its sustained burn "
+          "in a thermal, power-brake or HW slowdown; the median of its peers (same model and pool) is under 1%."),
+        a("FleetCanaryTrainStepLossWrong", "fleetcanary_train_step_loss_check_pass == 0", "0m", "critical",
+          "The training-step canary's loss is off its golden",
+          "The canary transformer trained on GPU {{ $labels.gpu }} of {{ $labels.node }} ({{ $labels.dtype }}) ended "
+          "with a loss outside its tolerance of the golden value.", keep="1h"),
         a("FleetCanaryInferenceErrors", "node:fleetcanary_inference_errors:ratio_rate15m > 0.1", "15m", "warning",
           "Inference canary requests fail",
           "{{ $value | humanizePercentage }} of canary requests from {{ $labels.node }} to {{ $labels.target }} "

@@ -29,10 +29,11 @@ if _spec.name not in sys.modules:
 HERE = Path(__file__).resolve().parent
 HEALTHY = {"gpu_memory_bandwidth": 3.0e12, "gpu_p2p_bandwidth": 3.5e11, "collective_bus_bandwidth": 3.0e11,
            "host_memory_bandwidth": 1.0e11, "storage_read": 2.0e9, "storage_first_byte": 0.002,
-           "inference_ttft": None}
+           "inference_ttft": None, "gpu_matmul_throughput": 7.8e14, "gpu_sustained_ratio": 0.97,
+           "train_step_time": 0.004}
 ENTITY_VALUES = {"gpu": "0", "direction": "d2d", "src_gpu": "0", "dst_gpu": "1", "collective": "all_reduce",
                  "size_bytes": "67108864", "ranks": "8", "backend": "nccl", "op": "triad", "target": "nvme",
-                 "cache": "cold", "model": "llama"}
+                 "cache": "cold", "model": "llama", "dtype": "bf16"}
 
 
 def series_for_runs(runs: list[float], per_run: int) -> str:
@@ -249,6 +250,23 @@ def hard_cases() -> list[dict]:
         case("FleetCanaryCollectiveWrongResult",
              [(f'fleetcanary_probe_failures_total{{{n}, probe="collectives", reason="wrong_result"}}', "0x10 1x200")],
              "9m", "130m", {"node": "n1", "probe": "collectives", "reason": "wrong_result"}, "1"),
+        case("FleetCanaryGPUWrongResult",
+             [(f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="mismatch"}}', "0x10 1x30"),
+              (f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="match"}}', "1x10 0x30")],
+             "9m", "12m", {"node": "n1", "gpu": "3"}, "1"),
+        silent("FleetCanaryGPUWrongResult",
+               [(f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="mismatch"}}', "0x40"),
+                (f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="unjudged"}}', "1x40")], "30m"),
+        case("FleetCanaryGPUSDCNoConsensus",
+             [(f'fleetcanary_gpu_sdc_status{{{n}, gpu="0", status="no_consensus"}}', "0x10 1x30")],
+             "9m", "12m", {"node": "n1", "gpu": "0"}, "1"),
+        case("FleetCanaryGPUThrottlingUnlikePeers", _throttle_fleet(hot=0.6, peers=0.0), "5m", "15m",
+             {"node": "n6", "gpu": "0", "model": "H100", "pool": "pool-a"}, "60%"),
+        silent("FleetCanaryGPUThrottlingUnlikePeers", _throttle_fleet(hot=0.6, peers=0.4), "30m"),
+        silent("FleetCanaryGPUThrottlingUnlikePeers", _throttle_fleet(hot=0.6, peers=0.0, nodes=4), "30m"),
+        case("FleetCanaryTrainStepLossWrong",
+             [(f'fleetcanary_train_step_loss_check_pass{{{n}, gpu="2", dtype="bf16"}}', "1x10 0x30")],
+             "9m", "12m", {"node": "n1", "gpu": "2", "dtype": "bf16"}, "0"),
         case("FleetCanaryInferenceErrors",
              [(f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="success"}}', "0+1x60"),
               (f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="http_5xx"}}', "0+1x60")],
@@ -267,6 +285,20 @@ def hard_cases() -> list[dict]:
         case("FleetCanaryConfigReloadFailed", [(f"fleetcanary_config_last_reload_successful{{{n}}}", "0x30")],
              "4m", "6m", {"node": "n1"}, "0"),
     ]
+
+
+def _throttle_fleet(hot: float, peers: float, nodes: int = 6) -> list[tuple[str, str]]:
+    """GPU 0 of ``nodes`` nodes of one model and pool; the last node's GPU spends ``hot`` of its burn in a
+    slowdown, the others ``peers``."""
+    out = []
+    for i in range(1, nodes + 1):
+        node = f'node="n{i}"'
+        out += [(f'fleetcanary_node_info{{{node}, pool="pool-a", cpu_model="Xeon 8480", driver_version="550.90.07"}}',
+                 "1x40"),
+                (f'fleetcanary_gpu_info{{{node}, gpu="0", model="H100", uuid="GPU-{i}"}}', "1x40"),
+                (f'fleetcanary_gpu_sustained_slowdown_ratio{{{node}, gpu="0"}}',
+                 f"{hot if i == nodes else peers:g}x40")]
+    return out
 
 
 def history_cases() -> list[dict]:

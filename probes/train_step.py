@@ -72,7 +72,7 @@ class Config(ProbeConfig):
     busy_policy: Literal["node", "gpu"] = Field(
         "node", description="node: any busy GPU skips the run; gpu: use the first idle GPU.")
     expected_gpu_seconds: float = Field(
-        2.0, gt=0, description="GPU seconds one run is assumed to cost, for the budget check before it runs.")
+        0.3, gt=0, description="GPU seconds one run is assumed to cost, for the budget check before it runs.")
 
     @model_validator(mode="after")
     def _check(self) -> "Config":
@@ -94,7 +94,7 @@ class TrainStep(Probe):
     Config = Config
     exclusive = "gpu"
     failure_reasons = ("nvml_error", "cuda_error", "out_of_memory", "loss_mismatch", "dataset_error")
-    default_interval_seconds = 1800.0
+    default_interval_seconds = 3600.0
     default_timeout_seconds = 180.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec(STEP, "gauge", "Training step time (forward, backward, optimizer step) of the canary transformer, "
