@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
-# fleetcanary image: multi-stage, non-root, no compilers in the final stage.
-#   docker build -t fleetcanary:0.1.0 .
-#   docker build --build-arg EXTRAS=kube,gpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 -t fleetcanary:0.1.0-cuda .
+# fleetcanary image: multi-stage, non-root, no compilers in the final stage. The image
+# installs the wheel (the same artefact users install), built in the first stage from
+# the sdist, with the commit it came from stamped in (fleetcanary version, build_info).
+#   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) -t fleetcanary:0.2.0 .
+#   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) --build-arg EXTRAS=kube,gpu \
+#                --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 -t fleetcanary:0.2.0-cuda .
 # The NVIDIA container runtime mounts the driver (libnvidia-ml, libcuda) at run time;
 # the CUDA torch wheel brings its own CUDA runtime libraries.
 
@@ -10,22 +13,29 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ARG EXTRAS=kube
 ARG TORCH_INDEX=""
+ARG GIT_COMMIT=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md LICENSE config.example.yaml ./
 COPY exporter ./exporter
 COPY probes ./probes
-RUN python -m venv /opt/fleetcanary \
+COPY alerts ./alerts
+COPY dashboards ./dashboards
+RUN python -m pip install "build>=1.2" \
+ && FLEETCANARY_GIT_COMMIT="${GIT_COMMIT}" python -m build --wheel --outdir /dist . \
+ && python -m venv /opt/fleetcanary \
  && /opt/fleetcanary/bin/pip install --upgrade pip \
  && if [ -n "$TORCH_INDEX" ]; then /opt/fleetcanary/bin/pip install --index-url "$TORCH_INDEX" torch; fi \
- && /opt/fleetcanary/bin/pip install ".[${EXTRAS}]"
+ && wheel="$(ls /dist/fleetcanary-*.whl)" \
+ && /opt/fleetcanary/bin/pip install "${wheel}[${EXTRAS}]"
 
 FROM ${PYTHON_IMAGE}
+ARG GIT_COMMIT=""
 LABEL org.opencontainers.image.title="fleetcanary" \
       org.opencontainers.image.description="Prometheus exporter and canary benchmarker for GPU nodes" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.revision="${GIT_COMMIT}"
 COPY --from=build /opt/fleetcanary /opt/fleetcanary
-COPY alerts /opt/fleetcanary/share/alerts
 ENV PATH=/opt/fleetcanary/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

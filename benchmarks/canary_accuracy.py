@@ -3,7 +3,7 @@
 
 The reference server (`fleetcanary simulate-llm`, in its own process) records when it
 wrote each token (perf_counter_ns: CLOCK_MONOTONIC, the clock the client reads too).
-The canary's client (probes/llm_client.py, the probe's own code) sends N streaming
+The canary's client (probes/lib/llm_client.py, the probe's own code) sends N streaming
 requests; each is matched to the server's record by response id:
 - TTFT error: the client's first-content arrival minus the server's first emit
   (both absolute on one clock): what the canary adds to TTFT;

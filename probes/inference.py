@@ -10,7 +10,7 @@ Per target and run:
 - a pair of requests sharing a long prefix, unique to the run: the TTFT of the second
   against the first shows whether the prefix cache works.
 
-Timing definitions are those of probes/llm_client.py. A request that returns but
+Timing definitions are those of probes/lib/llm_client.py. A request that returns but
 fails its quality check counts as outcome quality_fail, and quality-failed requests
 are never observed into the latency histograms: performance without quality does
 not enter the figures.

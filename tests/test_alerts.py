@@ -54,7 +54,7 @@ def known_names() -> set[str]:
     from fleetcanary.daemon.collector import EXPORTER_METRICS
     from fleetcanary.probes import PROBES
 
-    names = {m[0] for m in EXPORTER_METRICS} | {"up"}
+    names = {m.name for m in EXPORTER_METRICS} | {"up"}
     for cls in PROBES.values():
         for s in cls.metrics:
             names.add(s.name)

@@ -181,6 +181,9 @@ def test_dockerfile_is_multi_stage_and_non_root():
     assert user and not user[-1].startswith(("0", "root")), user
     assert ":latest" not in text
     assert "COPY --from=build" in final
+    # The image installs the wheel (the artefact users install), stamped with its commit.
+    assert re.search(r"python -m build --wheel", text) and re.search(r'pip install "\$\{wheel\}', text)
+    assert "FLEETCANARY_GIT_COMMIT" in text
 
 
 def test_systemd_unit_verifies():

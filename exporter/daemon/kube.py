@@ -130,7 +130,7 @@ class Kube:
             return copy.deepcopy(self._snap)
 
     def context(self) -> dict[str, Any]:
-        """What invasive probes' gating needs (probes/gpu_gate.py reads it)."""
+        """What invasive probes' gating needs (fleetcanary.probes.lib.gpu_gate reads it)."""
         s = self.snapshot()
         ctx: dict[str, Any] = {}
         if s.gpu_capacity is not None:

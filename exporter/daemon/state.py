@@ -65,7 +65,7 @@ class ResultStore:
         self.gpu_seconds: dict[str, float] = defaultdict(float)
         self.node_environment: dict[str, Any] = {}
         self.node_extra_labels: dict[str, str] = {}
-        self.kube = None  # exporter.kube.Snapshot when the Kubernetes integration runs
+        self.kube = None  # daemon.kube.Snapshot when the Kubernetes integration runs
         self.kube_condition_type = ""
         self.config_reload_ok = 1
         self.config_reload_ts = time.time()
@@ -173,7 +173,7 @@ class ResultStore:
         self.rerender()
 
     def set_kube(self, snapshot, condition_type: str, node_extra_labels: dict[str, str]) -> None:
-        """The Kubernetes integration's state (exporter/kube.py Snapshot) and the node labels it
+        """The Kubernetes integration's state (daemon.kube.Snapshot) and the node labels it
         feeds, rendered together once."""
         with self._lock:
             self.kube = snapshot

@@ -10,7 +10,7 @@ waited for (bounded), then P50/P95/P99 TTFT, ITL and E2E, throughput, tokens per
 second and the error rate are reported. Goodput is the highest throughput of a step
 whose P99 TTFT and P99 ITL are within the SLO and whose error rate is within bound.
 Quality is not checked here (the inference probe does that); every request is
-timed with probes/llm_client.py, the canary's own definitions.
+timed with probes/lib/llm_client.py, the canary's own definitions.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Worker-side only: the daemon never imports this. Every NVML call goes through a
 ``Session`` so that the backend can be the real library or, in tests, a fake built
 from recorded device facts (``FLEETCANARY_FAKE_NVML=/path/facts.json``; see
-``probes/nvml_fake.py``). The same code reads both.
+``probes/testing/nvml_fake.py``). The same code reads both.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A fake NVML backend built from recorded device facts (JSON), for tests and demos.
 
-It implements the subset of the ``pynvml`` API that ``probes.nvml.Session`` calls,
+It implements the subset of the ``pynvml`` API that ``fleetcanary.probes.lib.nvml.Session`` calls,
 with the same error behaviour: NVMLError carrying NVML's return codes (3 = not
 supported, 15 = GPU is lost), so the code under test cannot tell it from the real
 library. ``scripts/record-nvml-facts`` writes such a file from a real GPU node.

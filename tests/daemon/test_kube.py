@@ -1,4 +1,4 @@
-"""exporter/kube.py with the real kubernetes client against a local API server (HTTPS, bearer token)."""
+"""fleetcanary.daemon.kube with the real kubernetes client against a local API server (HTTPS, bearer token)."""
 import os
 import time
 

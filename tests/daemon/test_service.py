@@ -103,7 +103,7 @@ from fleetcanary.daemon.service import Daemon
 s = config.load(None, env={{"FLEETCANARY_STATE_DIR": {str(tmp_path)!r}, "FLEETCANARY_LISTEN_ADDRESS": "127.0.0.1:{free_port()}"}})
 d = Daemon(s)
 outs = [d.run_probe(n).outcome for n in d.probe_map]
-bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pynvml", "probes.nvml"))
+bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pynvml") or m.startswith("fleetcanary.offline"))
 maps = open("/proc/self/maps").read()
 print(json.dumps({{"outcomes": outs, "bad": bad, "libs": [x for x in ("libtorch", "libnvidia-ml", "libcuda") if x in maps]}}))
 """
@@ -114,8 +114,15 @@ print(json.dumps({{"outcomes": outs, "bad": bad, "libs": [x for x in ("libtorch"
     assert res["bad"] == [] and res["libs"] == [], res
 
 
+DEADLINE = 8.0
+
+
 def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
-    """Four faulty probes on short intervals; /metrics answers throughout and each runs again."""
+    """Four faulty probes on short intervals; /metrics answers throughout and each runs again.
+
+    The deadlines (8 s) cover a worker's start-up on a busy 2-core machine in a fresh clone
+    (no compiled bytecode yet): every run must reach its fault (write its PIDs, abort) before
+    it is killed, or the test would measure the machine's speed instead of the daemon."""
     probe_map = {**PROBES, **{n: FAULT_PROBES[n] for n in ("hang", "ignore_term", "abort", "fork_hang")}}
     port = free_port()
     pid_dir = tmp_path / "pids"
@@ -123,9 +130,7 @@ def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
     cfg = {"state_dir": str(tmp_path / "s"), "server": {"listen_address": f"127.0.0.1:{port}"},
            "worker_kill_grace_seconds": 1.0,
            "probes": {"host_memory_bandwidth": {**SMALL_HOST_BW, "enabled": False},
-                      # abort gets a deadline that covers a worker's start-up on a loaded machine: it
-                      # must reach os.abort() to be counted as the crash it is.
-                      **{n: {"interval_seconds": 4, "timeout_seconds": 2.5 if n == "abort" else 1,
+                      **{n: {"interval_seconds": 10, "timeout_seconds": DEADLINE,
                              "jitter_seconds": 0, "params": {"pid_file": str(pid_dir / n)}}
                          for n in ("hang", "ignore_term", "abort", "fork_hang")}}}
     p = tmp_path / "c.yaml"
@@ -150,7 +155,7 @@ def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
                              outcome="crash" if n == "abort" else "timeout") or 0
                     for n in ("hang", "ignore_term", "abort", "fork_hang")}
             return all(v >= 2 for v in runs.values()) and text
-        text = wait_for(all_ran_twice, timeout=60, what="each faulty probe to run twice")
+        text = wait_for(all_ran_twice, timeout=120, what="each faulty probe to run twice")
     finally:
         stop.set()
         t.join(timeout=10)
@@ -160,7 +165,7 @@ def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
     assert value(text, "fleetcanary_probe_runs_total", probe="ignore_term", outcome="timeout") >= 2
     for n in ("hang", "ignore_term", "abort", "fork_hang"):
         assert value(text, "fleetcanary_probe_success", probe=n) == 0.0
-        assert value(text, "fleetcanary_probe_duration_seconds", probe=n) < (2.5 if n == "abort" else 1.0) + 1.0 + 1.5
+        assert value(text, "fleetcanary_probe_duration_seconds", probe=n) < DEADLINE + 1.0 + 1.5
     pids = [int(x) for f in pid_dir.iterdir() for x in f.read_text().split()]
     assert len(pids) >= 8
     wait_for(lambda: not any(pid_alive(x) for x in pids), timeout=5, what="no faulty probe process left")

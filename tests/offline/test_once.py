@@ -36,6 +36,9 @@ def test_once_json_has_records_with_environment(tmp_path):
     run = data["runs"][0]
     assert run["outcome"] == "success" and run["environment"]["cpu_model"]
     assert data["table"][0]["median"] > 0
+    assert not (tmp_path / "results.jsonl").exists(), "once leaves the daemon's history alone unless asked"
+    r = once(tmp_path, "--probe", "host_memory_bandwidth", "--history")
+    assert r.returncode == 0, r.stderr
     assert (tmp_path / "results.jsonl").read_text().count("\n") == 1
 
 

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import run_job
-from fleetcanary.probes.collectives import nccl_tests
 from fleetcanary.probes.base import ProbeError, ProbeSkipped
-from fleetcanary.probes.collectives import ALGBW, BUSBW, COLLECTIVES, LAT, Collectives, Config, bus_factor
+from fleetcanary.probes.collectives import ALGBW, BUSBW, COLLECTIVES, LAT, Collectives, Config, bus_factor, nccl_tests
 from tests.support.gpu import ctx
-from tests.support.helpers import pid_alive, wait_for
+from tests.support.helpers import pid_alive, run_job, wait_for
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
 SIZES = (8, 4096, 262144)
@@ -105,6 +103,18 @@ def test_auto_uses_gloo_without_a_gpu_and_nccl_request_skips(tmp_path, monkeypat
 
 
 # --- nccl-tests output parsing -----------------------------------------------------------
+@pytest.mark.parametrize("backend", ["auto", "gloo", "nccl"])
+def test_without_torch_the_probe_skips_with_dependency_missing(tmp_path, monkeypatch, backend):
+    """A default install (no `gpu` extra) has no torch: a skip with its reason, not a rank failure."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(ProbeSkipped) as e:
+        Collectives().run(Config(backend=backend), ctx(tmp_path))
+    assert e.value.reason == "dependency_missing"
+
+
 def test_parse_text_all_reduce():
     p = nccl_tests.parse_text((FIX / "all_reduce_perf_8xH100.txt").read_text())
     assert len(p["rows"]) == 24 and p["out_of_bounds"] == 0 and p["avg_busbw_gbps"] == pytest.approx(49.6713)

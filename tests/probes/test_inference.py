@@ -161,7 +161,7 @@ def test_token_from_env_is_sent_and_required(tmp_path, sim, monkeypatch):
     with pytest.raises(ProbeError) as ei:
         run(tmp_path, target(base))
     assert ei.value.reason == "http_4xx"
-    assert "sk-test" not in json.dumps(r.record(), default=str)
+    assert "sk-test" not in json.dumps(r.to_dict(), default=str)
 
 
 def test_golden_regex_must_compile():

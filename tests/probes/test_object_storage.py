@@ -151,7 +151,7 @@ def test_presigned_url_from_env_never_appears_in_the_record(server, monkeypatch)
     secret = "X-Amz-Signature=0123456789abcdefSECRET"
     monkeypatch.setenv("MODEL_URL", f"{server.base}/models/llama.bin?size=4096&{secret}")
     r = run([Target(name="model", url_env="MODEL_URL")], repeats=1)
-    blob = json.dumps(r.record()) + json.dumps([s.__dict__ for s in r.samples])
+    blob = json.dumps(r.to_dict()) + json.dumps([s.__dict__ for s in r.samples])
     assert "SECRET" not in blob and "Signature" not in blob
     assert r.touched["targets"] == [{"target": "model", "scheme": "http", "host": "127.0.0.1"}]
     monkeypatch.setenv("MODEL_URL", f"{server.base}/x?status=403&{secret}")

@@ -80,3 +80,18 @@ def test_probe_exception_is_a_crash_with_its_type(tmp_path):
 
 def test_result_limit_is_large_enough_for_real_records():
     assert MAX_RESULT_BYTES >= 16 << 20
+
+
+def test_a_worker_gets_only_the_import_path_an_out_of_package_probe_needs():
+    """Our own probes: nothing beyond the installation (workers start with python -I). A test's
+    probe class: the folder above its top-level package, and nothing else of ours."""
+    from pathlib import Path
+
+    from fleetcanary.probes import PROBES
+    from fleetcanary.runner import job
+
+    assert all(job.import_path(cls) == [] for cls in PROBES.values())
+    root = Path(__file__).resolve().parents[2]
+    assert job.import_path(FAULT_PROBES["hang"]) == [str(root)]
+    built = job.build("hang", FAULT_PROBES["hang"], {}, {"node_name": "n"})
+    assert built["class"] == "tests.support.fault_probes:Hang" and built["import_path"] == [str(root)]

@@ -79,10 +79,13 @@ def pid_alive(pid: int) -> bool:
 def load_script(path, name: str):
     """Import a script (alerts/build.py, dashboards/build.py, ...) under its own module name: several are
     called build.py, and a plain `import build` would hand every test the first one imported."""
+    import importlib.machinery
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location(name, str(path))
+    # An explicit loader: scripts/ holds executables without a .py suffix.
+    spec = importlib.util.spec_from_file_location(name, str(path),
+                                                  loader=importlib.machinery.SourceFileLoader(name, str(path)))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

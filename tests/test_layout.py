@@ -1,0 +1,115 @@
+"""The package's layers hold: import-linter contracts pass, a broken import fails them, no
+module imports itself in a circle, and the CLI loads a tool only when its subcommand runs."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.helpers import load_script
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = ROOT / "scripts/lint-imports"
+
+
+def lint(source: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LINT), "--source", str(source)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def scratch_copy(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    for top in ("exporter", "probes", "alerts", "dashboards"):
+        shutil.copytree(ROOT / top, src / top, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "pyproject.toml", src / "pyproject.toml")
+    return src
+
+
+def test_the_contracts_pass():
+    r = lint(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "BROKEN" not in r.stdout and r.stdout.count("KEPT") >= 4
+
+
+@pytest.mark.parametrize("file, line, contract", [
+    ("exporter/daemon/service.py", "from fleetcanary.offline import once", "exporter layers"),
+    ("exporter/core/units.py", "from fleetcanary.runner import job", "exporter layers"),
+    ("probes/storage.py", "from fleetcanary.core import units", "probes import nothing of the exporter"),
+    ("probes/lib/sse.py", "from fleetcanary.probes import inference", "probe libraries never import a probe"),
+])
+def test_a_broken_import_in_a_scratch_copy_fails_them(tmp_path, file, line, contract):
+    src = scratch_copy(tmp_path)
+    target = src / file
+    text = target.read_text()
+    marker = "from __future__ import annotations\n"
+    target.write_text(text.replace(marker, marker + line + "  # noqa\n", 1) if marker in text else line + "\n" + text)
+    r = lint(src)
+    assert r.returncode != 0, r.stdout[-3000:]
+    broken = r.stdout[r.stdout.index("Broken contracts"):]
+    assert contract in broken, broken
+
+
+def test_no_module_imports_itself_in_a_circle(tmp_path):
+    stage = load_script(LINT, "fleetcanary_lint_imports").stage
+    stage(ROOT, tmp_path)
+    code = """
+import json, grimp
+g = grimp.build_graph("fleetcanary", cache_dir=None)
+edges = {m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}
+print(json.dumps(edges))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    edges = json.loads(r.stdout)
+    assert len(edges) > 50
+    # Depth-first search for a back edge; report the circle.
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in edges.get(m, []):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        state[m] = 2
+        path.pop()
+        return None
+
+    for m in sorted(edges):
+        if m not in state:
+            circle = visit(m)
+            assert circle is None, " -> ".join(circle)
+
+
+def test_the_cli_imports_a_tool_only_when_its_subcommand_runs():
+    code = """
+import json, sys
+from fleetcanary import cli
+cli.build_parser("run")
+before = sorted(m for m in sys.modules if m.startswith(("fleetcanary.offline", "fleetcanary.daemon")))
+cli.build_parser("compare")
+after = sorted(m for m in sys.modules if m.startswith("fleetcanary.offline"))
+print(json.dumps([before, after]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    before, after = json.loads(r.stdout)
+    assert before == [], before
+    assert "fleetcanary.offline.compare" in after and "fleetcanary.offline.loadtest" not in after
+
+
+def test_fleetcanary_help_lists_every_subcommand():
+    r = subprocess.run([sys.executable, "-m", "fleetcanary", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    for cmd in ("run", "once", "check-config", "version", "probes", "compare", "report", "demo", "simulate-llm",
+                "loadtest"):
+        assert cmd in r.stdout
