@@ -13,8 +13,12 @@ the duty cycle at the default schedule.
 4. GPU budget: GPU seconds per hour per GPU of every invasive GPU probe at its default
    schedule, from each probe's configured ``expected_gpu_seconds`` (what the scheduler's
    budget check charges), summed and compared with the default budget (gpu.budget_ratio
-   x 3600 s). Exits 1 when the defaults together exceed it. `--gpu-budget-only` prints
-   just this (no daemon, no runs).
+   x 3600 s). A daily probe counts as its amortized share (22 s a day = 0.92 s an hour), as
+   the daemon's budget does (daemon/scheduler.py GpuBudget: each probe is held to the ratio
+   over a window as long as its interval, one hour to one day; at steady state every probe
+   finds its charge in its window exactly when these shares sum to the hourly budget). Each
+   probe's single run must also fit its own window (a 22 s burn cannot fit an 18 s hour).
+   Exits 1 when either fails. `--gpu-budget-only` prints just this (no daemon, no runs).
 
 Loopback only (the inference canary probes the built-in reference server, storage a temp
 directory). Prints tables and writes benchmarks/results/overhead.json.
@@ -40,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import free_port, get, proc_stats, write_result  # noqa: E402
 from fleetcanary.core import config as configmod  # noqa: E402
 from fleetcanary.runner import job  # noqa: E402
+from fleetcanary.daemon.scheduler import budget_window  # noqa: E402
 from fleetcanary.runner.isolation import become_subreaper, run_isolated  # noqa: E402
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread  # noqa: E402
 from fleetcanary.probes import PROBES  # noqa: E402
@@ -146,23 +151,32 @@ def gpu_budget() -> dict:
             continue
         entry = settings.probe_entries()[name]
         per_run = float(expected.default)
+        window = budget_window(entry.interval_seconds)
         rows[name] = {"enabled": entry.enabled, "interval_seconds": entry.interval_seconds,
-                      "expected_gpu_seconds": per_run, "gpu_seconds_per_hour": per_run * 3600.0 / entry.interval_seconds}
+                      "expected_gpu_seconds": per_run, "gpu_seconds_per_hour": per_run * 3600.0 / entry.interval_seconds,
+                      "budget_window_seconds": window, "window_budget_seconds": settings.gpu.budget_ratio * window,
+                      "fits_window": per_run <= settings.gpu.budget_ratio * window}
     total = sum(r["gpu_seconds_per_hour"] for r in rows.values() if r["enabled"])
     budget = settings.gpu.budget_ratio * 3600.0
+    fits = all(r["fits_window"] for r in rows.values() if r["enabled"])
     return {"probes": rows, "gpu_seconds_per_hour": total, "budget_seconds_per_hour": budget,
-            "budget_ratio": settings.gpu.budget_ratio, "within_budget": total <= budget}
+            "budget_ratio": settings.gpu.budget_ratio, "every_run_fits_its_window": fits,
+            "within_budget": total <= budget and fits}
 
 
 def print_gpu_budget(b: dict) -> None:
-    print(f"{'GPU probe':16} {'enabled':>8} {'interval':>10} {'GPU s/run':>10} {'GPU s/hour':>11}")
+    print(f"{'GPU probe':16} {'enabled':>8} {'interval':>10} {'GPU s/run':>10} {'GPU s/hour':>11} "
+          f"{'window':>8} {'its budget':>11}")
     for name, r in b["probes"].items():
         print(f"{name:16} {str(r['enabled']):>8} {r['interval_seconds']:>9.0f}s {r['expected_gpu_seconds']:>10.2f} "
-              f"{r['gpu_seconds_per_hour']:>11.2f}")
+              f"{r['gpu_seconds_per_hour']:>11.2f} {r['budget_window_seconds']:>7.0f}s "
+              f"{r['window_budget_seconds']:>10.1f}s{'' if r['fits_window'] else '  RUN OVER ITS WINDOW'}")
     print(f"{'all enabled':16} {'':>8} {'':>10} {'':>10} {b['gpu_seconds_per_hour']:>11.2f}  per GPU; budget "
           f"{b['budget_seconds_per_hour']:.1f} s/hour ({100 * b['budget_ratio']:.1f}%): "
           f"{'within' if b['within_budget'] else 'OVER'} "
           f"({100 * b['gpu_seconds_per_hour'] / b['budget_seconds_per_hour']:.0f}% of it)")
+    print("(GPU s/hour: per-run charge x runs per hour, a daily probe amortized; window: the span each probe is "
+          "held to the ratio over, its interval clamped to 1 h..1 day.)")
     print("(GPU s/run: each probe's expected_gpu_seconds default, what the budget check charges before a run; "
           "measured GPU seconds on an H200 are in docs/gpu-validation.md.)")
 

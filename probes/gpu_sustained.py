@@ -23,6 +23,15 @@ power brake. Nothing about the GPU's clocks, power limit or modes is changed.
 
 If a compute process appears on a burning GPU (a job started), the burn stops at once and
 the run skips with gpu_busy.
+
+GPU-time budget: a burn of 20 s (charged as ``expected_gpu_seconds`` = 22 s) is more than
+the 18 s an hour that the default gpu.budget_ratio of 0.5% allows, so a sliding hour would
+always skip it. The daemon holds each probe to the ratio over a window as long as its
+interval (one hour to one day): at the daily default that is 432 s per GPU per day, of
+which the other GPU probes' runs of the last day use their share, and hourly probes count
+this burn as its amortized 22/24 s an hour (daemon/scheduler.py GpuBudget;
+benchmarks/overhead.py sums the same per-hour shares). A shorter interval makes the burn
+count more often and, below an hour, in full against the hour.
 """
 from __future__ import annotations
 
