@@ -14,7 +14,8 @@ keep_firing_for (new in 2.42). Nothing experimental.
 Thresholds (defaults): an outlier is at least 10% worse than its peer median AND more
 than 5 median absolute deviations of the peers' ratios (about 3.4 sigma for normal
 noise), with at least 5 peers; self-history: 10% below the median of the previous 3
-days, with no driver change in that window.
+days (10% above it for a lower-is-better family: the training step time), with no driver
+change in that window.
 """
 from __future__ import annotations
 
@@ -89,10 +90,10 @@ FAMILIES = [
     # self-history: a 3-day smoothing needs a week of runs before a history ratio means anything.
     Family("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "fleetcanary_gpu_sustained_throughput_ratio",
            "gpu", ("node", "gpu"), (), "3d", True, "gpu_model", 1440, alert="GPUSustainedThroughput", for_minutes=60),
-    # Training-step time of the canary transformer (train_step, hourly): 5 runs in the window. Peer rules
-    # only: the history rules and their tests assume higher is better.
+    # Training-step time of the canary transformer (train_step, hourly): 5 runs in the window. Lower is
+    # better, so its history alerts fire on a rise (ratio above 1 + rel) and name it RiseAfterDriverChange.
     Family("train_step_time", "training step time", "fleetcanary_train_step_seconds", "gpu",
-           ("node", "gpu", "dtype"), ("dtype",), "5h", False, "gpu_model", 60, alert="TrainStepTime"),
+           ("node", "gpu", "dtype"), ("dtype",), "5h", False, "gpu_model", 60, history=True, alert="TrainStepTime"),
     Family("inference_ttft", "inference time to first token (p95)", "node:fleetcanary_inference_ttft_seconds:p95_30m",
            "node", ("node", "target", "model"), ("target", "model"), "30m", False, "pool", 1,
            alert="InferenceTTFT"),
@@ -213,22 +214,25 @@ def peer_alert(f: Family) -> dict:
 
 
 def history_alerts(f: Family) -> list[dict]:
+    """Against its own past: below 1 - rel of it (higher is better), or above 1 + rel (lower is better:
+    a step time that rises)."""
     n = names(f)
     ent = ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
     reg = f"FleetCanary{f.alert}Regression"
-    drv = f"FleetCanary{f.alert}DropAfterDriverChange"
+    drv = f"FleetCanary{f.alert}{'Drop' if f.higher_is_better else 'Rise'}AfterDriverChange"
+    worse = f"< {1 - f.rel:g}" if f.higher_is_better else f"> {1 + f.rel:g}"
     for_m = max(3 * f.interval_minutes, 30)
     return [
-        {"alert": reg, "expr": f"({n['history_ratio']} < {1 - f.rel:g}) unless on(node) "
+        {"alert": reg, "expr": f"({n['history_ratio']} {worse}) unless on(node) "
                                f"(node:fleetcanary_driver_versions:count3d > 1)",
          "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m", "labels": {"severity": "warning", "family": f.key},
-         "annotations": annotations(f"{f.title} below its own history",
+         "annotations": annotations(f"{f.title} {'below' if f.higher_is_better else 'above'} its own history",
                                     f"{ent}: {{{{ $value | humanizePercentage }}}} of its median over the previous "
                                     f"3 days (the driver did not change in that time).", reg)},
-        {"alert": drv, "expr": f"({n['pre_change_ratio']} < {1 - f.rel:g}) and on(node) "
+        {"alert": drv, "expr": f"({n['pre_change_ratio']} {worse}) and on(node) "
                                f"(node:fleetcanary_driver_versions:count1d > 1)",
          "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m", "labels": {"severity": "warning", "family": f.key},
-         "annotations": annotations(f"{f.title} dropped after a driver change",
+         "annotations": annotations(f"{f.title} {'dropped' if f.higher_is_better else 'rose'} after a driver change",
                                     f"{ent}: {{{{ $value | humanizePercentage }}}} of its median before the driver "
                                     f"changed on this node in the last day.", drv)},
     ]
@@ -363,10 +367,10 @@ def runbooks_markdown() -> str:
             fam = by_family.get(a["labels"].get("family", ""))
             if name in rb.HARD:
                 meaning, checks, causes = rb.HARD[name]
-            elif name.endswith("DropAfterDriverChange"):
-                meaning, checks, causes = rb.driver_text(fam.title, fam.key)
+            elif name.endswith(("DropAfterDriverChange", "RiseAfterDriverChange")):
+                meaning, checks, causes = rb.driver_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Regression"):
-                meaning, checks, causes = rb.regression_text(fam.title, fam.key)
+                meaning, checks, causes = rb.regression_text(fam.title, fam.key, not fam.higher_is_better)
             else:
                 meaning, checks, causes = rb.peer_text(fam.title, fam.key, not fam.higher_is_better)
             out += [f"## {name}", "", f"Severity: {a['labels']['severity']}. Fires after {a.get('for', '0m')}"

@@ -154,16 +154,17 @@ def peer_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
             "or more peers, for several probe intervals.", checks, causes)
 
 
-def regression_text(family_title: str, key: str) -> tuple[str, str, str]:
+def regression_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} is below its own median over the previous 3 days by its floor (10%; 4% for GPU "
-            "memory bandwidth) or more, and the driver did "
+    return (f"The {family_title} is {'above' if lower else 'below'} its own median over the previous 3 days by its "
+            "floor (10%; 4% for GPU memory bandwidth) or more, and the driver did "
             "not change in that time.", checks, causes)
 
 
-def driver_text(family_title: str, key: str) -> tuple[str, str, str]:
+def driver_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} dropped by its floor (10%; 4% for GPU memory bandwidth) or more against its "
+    return (f"The {family_title} {'rose' if lower else 'dropped'} by its floor (10%; 4% for GPU memory bandwidth) "
+            "or more against its "
             "median from before a driver change on this node "
             "in the last day: the guide's before/after upgrade check.",
             "Compare with nodes still on the old driver (`fleetcanary_node_info` by driver_version); `fleetcanary "
