@@ -14,7 +14,8 @@ keep_firing_for (new in 2.42). Nothing experimental.
 Thresholds (defaults): an outlier is at least 10% worse than its peer median AND more
 than 5 median absolute deviations of the peers' ratios (about 3.4 sigma for normal
 noise), with at least 5 peers; self-history: 10% below the median of the previous 3
-days, with no driver change in that window.
+days (10% above it for a lower-is-better family: the training step time), with no driver
+change in that window.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class Family:
     severity: str = "warning"
     alert: str = ""       # CamelCase stem of the alert name
     rel: float = REL_DROP  # the relative floor: at least this far from the peer median
+    for_minutes: int = 0   # override the peer alert's `for` (default: 2 intervals, at least 15 minutes)
 
     @property
     def group(self) -> tuple[str, ...]:
@@ -79,6 +81,19 @@ FAMILIES = [
            alert="StorageRead"),
     Family("storage_first_byte", "storage first-byte latency", "fleetcanary_storage_first_byte_seconds", "node",
            ("node", "target", "cache"), ("target", "cache"), "3h", False, "pool", 30, alert="StorageFirstByte"),
+    # Matmul throughput per GPU and dtype (gpu_compute, every 30 minutes): 6 runs in the window.
+    Family("gpu_matmul_throughput", "GPU matrix-multiply throughput", "fleetcanary_gpu_matmul_flops_per_second", "gpu",
+           ("node", "gpu", "dtype"), ("dtype",), "3h", True, "gpu_model", 30, history=True,
+           alert="GPUMatmulThroughput"),
+    # Sustained/initial throughput of the daily burn (gpu_sustained): a 3-day median holds 3 runs, the MAD gate
+    # and the peer floor guard against a single odd burn; `for` is an hour, not two daily intervals. No
+    # self-history: a 3-day smoothing needs a week of runs before a history ratio means anything.
+    Family("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "fleetcanary_gpu_sustained_throughput_ratio",
+           "gpu", ("node", "gpu"), (), "3d", True, "gpu_model", 1440, alert="GPUSustainedThroughput", for_minutes=60),
+    # Training-step time of the canary transformer (train_step, hourly): 5 runs in the window. Lower is
+    # better, so its history alerts fire on a rise (ratio above 1 + rel) and name it RiseAfterDriverChange.
+    Family("train_step_time", "training step time", "fleetcanary_train_step_seconds", "gpu",
+           ("node", "gpu", "dtype"), ("dtype",), "5h", False, "gpu_model", 60, history=True, alert="TrainStepTime"),
     Family("inference_ttft", "inference time to first token (p95)", "node:fleetcanary_inference_ttft_seconds:p95_30m",
            "node", ("node", "target", "model"), ("target", "model"), "30m", False, "pool", 1,
            alert="InferenceTTFT"),
@@ -158,6 +173,13 @@ def inventory_rules() -> list[dict]:
         rec("node:fleetcanary_inference_errors:ratio_rate15m",
             'sum by (node, target, model) (rate(fleetcanary_inference_requests_total{outcome!="success"}[15m])) '
             "/ sum by (node, target, model) (rate(fleetcanary_inference_requests_total[15m]))"),
+        rec("gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model",
+            "fleetcanary_gpu_sustained_slowdown_ratio * on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info "
+            "* on(node) group_left(pool) node:fleetcanary_pool:info"),
+        rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median",
+            "quantile by (model, pool) (0.5, gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
+        rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count",
+            "count by (model, pool) (gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
         rec("node:fleetcanary_gpu_probe_seconds:duty_cycle_1h",
             "sum by (node, gpu) (rate(fleetcanary_gpu_probe_seconds_total[1h]))"),
     ]
@@ -182,7 +204,7 @@ def peer_alert(f: Family) -> dict:
         value = "{{ $value | humanizePercentage }} slower than"
     name = f"FleetCanary{f.alert}BelowPeers" if f.higher_is_better else f"FleetCanary{f.alert}SlowerThanPeers"
     ent = ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
-    for_m = 2 * f.interval_minutes if f.interval_minutes >= 10 else 15
+    for_m = f.for_minutes or (2 * f.interval_minutes if f.interval_minutes >= 10 else 15)
     return {"alert": name, "expr": " ".join(cond.split()), "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m",
             "labels": {"severity": f.severity, "family": f.key},
             "annotations": annotations(f"{f.title} {words} its peers",
@@ -192,22 +214,25 @@ def peer_alert(f: Family) -> dict:
 
 
 def history_alerts(f: Family) -> list[dict]:
+    """Against its own past: below 1 - rel of it (higher is better), or above 1 + rel (lower is better:
+    a step time that rises)."""
     n = names(f)
     ent = ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
     reg = f"FleetCanary{f.alert}Regression"
-    drv = f"FleetCanary{f.alert}DropAfterDriverChange"
+    drv = f"FleetCanary{f.alert}{'Drop' if f.higher_is_better else 'Rise'}AfterDriverChange"
+    worse = f"< {1 - f.rel:g}" if f.higher_is_better else f"> {1 + f.rel:g}"
     for_m = max(3 * f.interval_minutes, 30)
     return [
-        {"alert": reg, "expr": f"({n['history_ratio']} < {1 - f.rel:g}) unless on(node) "
+        {"alert": reg, "expr": f"({n['history_ratio']} {worse}) unless on(node) "
                                f"(node:fleetcanary_driver_versions:count3d > 1)",
          "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m", "labels": {"severity": "warning", "family": f.key},
-         "annotations": annotations(f"{f.title} below its own history",
+         "annotations": annotations(f"{f.title} {'below' if f.higher_is_better else 'above'} its own history",
                                     f"{ent}: {{{{ $value | humanizePercentage }}}} of its median over the previous "
                                     f"3 days (the driver did not change in that time).", reg)},
-        {"alert": drv, "expr": f"({n['pre_change_ratio']} < {1 - f.rel:g}) and on(node) "
+        {"alert": drv, "expr": f"({n['pre_change_ratio']} {worse}) and on(node) "
                                f"(node:fleetcanary_driver_versions:count1d > 1)",
          "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m", "labels": {"severity": "warning", "family": f.key},
-         "annotations": annotations(f"{f.title} dropped after a driver change",
+         "annotations": annotations(f"{f.title} {'dropped' if f.higher_is_better else 'rose'} after a driver change",
                                     f"{ent}: {{{{ $value | humanizePercentage }}}} of its median before the driver "
                                     f"changed on this node in the last day.", drv)},
     ]
@@ -267,6 +292,26 @@ def hard_alerts() -> list[dict]:
           'increase(fleetcanary_probe_failures_total{probe="collectives", reason="wrong_result"}[2h]) > 0', "0m",
           "critical", "A collective returned wrong data",
           "The collectives probe on {{ $labels.node }} found wrong elements in a collective's output.", keep="2h"),
+        a("FleetCanaryGPUWrongResult", 'max by (node, gpu) (fleetcanary_gpu_sdc_status{status="mismatch"}) == 1',
+          "0m", "critical", "A GPU computed a wrong result (silent data corruption)",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} produced a checksum for the deterministic canary products that "
+          "differs from the golden its model's GPUs agreed on.", keep="2h"),
+        a("FleetCanaryGPUSDCNoConsensus",
+          'max by (node, gpu) (fleetcanary_gpu_sdc_status{status="no_consensus"}) == 1', "0m", "warning",
+          "The SDC canary found no majority",
+          "The GPUs of {{ $labels.node }} disagree on the canary checksum with no strict majority (or all disagree "
+          "with the stored golden); GPU {{ $labels.gpu }} is one of them. Not judged; a person must.", keep="1h"),
+        a("FleetCanaryGPUThrottlingUnlikePeers",
+          f"(gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model > 0.05) "
+          f"and on(model, pool) (pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median < 0.01) "
+          f"and on(model, pool) (pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count >= {MIN_PEERS})",
+          "10m", "critical", "A GPU throttles under load where its peers do not",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} spent {{ $value | humanizePercentage }} of its sustained burn "
+          "in a thermal, power-brake or HW slowdown; the median of its peers (same model and pool) is under 1%."),
+        a("FleetCanaryTrainStepLossWrong", "fleetcanary_train_step_loss_check_pass == 0", "0m", "critical",
+          "The training-step canary's loss is off its golden",
+          "The canary transformer trained on GPU {{ $labels.gpu }} of {{ $labels.node }} ({{ $labels.dtype }}) ended "
+          "with a loss outside its tolerance of the golden value.", keep="1h"),
         a("FleetCanaryInferenceErrors", "node:fleetcanary_inference_errors:ratio_rate15m > 0.1", "15m", "warning",
           "Inference canary requests fail",
           "{{ $value | humanizePercentage }} of canary requests from {{ $labels.node }} to {{ $labels.target }} "
@@ -322,10 +367,10 @@ def runbooks_markdown() -> str:
             fam = by_family.get(a["labels"].get("family", ""))
             if name in rb.HARD:
                 meaning, checks, causes = rb.HARD[name]
-            elif name.endswith("DropAfterDriverChange"):
-                meaning, checks, causes = rb.driver_text(fam.title, fam.key)
+            elif name.endswith(("DropAfterDriverChange", "RiseAfterDriverChange")):
+                meaning, checks, causes = rb.driver_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Regression"):
-                meaning, checks, causes = rb.regression_text(fam.title, fam.key)
+                meaning, checks, causes = rb.regression_text(fam.title, fam.key, not fam.higher_is_better)
             else:
                 meaning, checks, causes = rb.peer_text(fam.title, fam.key, not fam.higher_is_better)
             out += [f"## {name}", "", f"Severity: {a['labels']['severity']}. Fires after {a.get('for', '0m')}"

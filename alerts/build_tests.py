@@ -4,10 +4,22 @@
 For every family of alerts/build.py, on a fleet of peers scraped every minute:
 - a degraded member fires at the right evaluation time with the expected labels and
   annotations, and stays silent one minute before its `for:` has elapsed;
-- a pool of 4 (fewer than 5 peers) with the same degradation stays silent;
+- a pool of 4 (fewer than 5 peers) with the same degradation stays silent when the pool of 6
+  fires and one `for:` later;
 - one junk run (a single run at half the value) stays silent;
 - +-3% noise on every member stays silent.
 The hard-failure and history alerts have hand-written tests beside it.
+
+promtool evaluates every rule group at every `evaluation_interval` step up to the last
+`eval_time` of a case, whatever the groups' own intervals. A family run once a day needs a
+timeline of days (its junk case needs 4 runs, its smoothing window is 3 days), which at one
+step a minute with one sample a minute in 3-day windows took promtool over 7 minutes for that
+family alone. Families with an interval of a day or more (SLOW_MINUTES) are therefore written
+to peers_daily.test.yml with samples and evaluation every COARSE_STEP_MINUTES: the same
+timelines, values, peers, junk and noise, each eval_time on that grid, and the firing checked
+as silent one step before its `for:` elapses and firing one step after (one minute either
+side in the per-minute file). A daily series changes once a day, so a 5-minute grid sees every
+change the per-minute one does.
 """
 from __future__ import annotations
 
@@ -29,27 +41,39 @@ if _spec.name not in sys.modules:
 HERE = Path(__file__).resolve().parent
 HEALTHY = {"gpu_memory_bandwidth": 3.0e12, "gpu_p2p_bandwidth": 3.5e11, "collective_bus_bandwidth": 3.0e11,
            "host_memory_bandwidth": 1.0e11, "storage_read": 2.0e9, "storage_first_byte": 0.002,
-           "inference_ttft": None}
+           "inference_ttft": None, "gpu_matmul_throughput": 7.8e14, "gpu_sustained_ratio": 0.97,
+           "train_step_time": 0.004}
+SLOW_MINUTES = 1440        # families run this rarely or less go to the coarse-step file
+COARSE_STEP_MINUTES = 5    # sample and evaluation step of that file (divides every `for:` there)
+HISTORY_STEP_MINUTES = 5   # sample and evaluation step of history.test.yml (divides every `for:` there)
 ENTITY_VALUES = {"gpu": "0", "direction": "d2d", "src_gpu": "0", "dst_gpu": "1", "collective": "all_reduce",
                  "size_bytes": "67108864", "ranks": "8", "backend": "nccl", "op": "triad", "target": "nvme",
-                 "cache": "cold", "model": "llama"}
+                 "cache": "cold", "model": "llama", "dtype": "bf16"}
 
 
 def series_for_runs(runs: list[float], per_run: int) -> str:
     return " ".join(f"{v:g}x{per_run - 1}" for v in runs)
 
 
+def step_of(f: build.Family) -> int:
+    """Minutes between samples and between evaluations in this family's test file."""
+    return COARSE_STEP_MINUTES if f.interval_minutes >= SLOW_MINUTES else 1
+
+
 def fleet(f: build.Family, n_nodes: int, values: dict[int, list[float]], minutes: int) -> list[dict]:
+    step = step_of(f)
     per_run = f.interval_minutes if f.interval_minutes > 1 else 1
     runs = minutes // per_run
+    assert per_run % step == 0 and minutes % step == 0, (f.key, per_run, minutes, step)
+    samples = minutes // step
     out = []
     for i in range(1, n_nodes + 1):
         node = f"n{i}"
         out.append({"series": f'fleetcanary_node_info{{node="{node}", pool="pool-a", cpu_model="Xeon 8480", '
-                              f'driver_version="550.90.07"}}', "values": f"1x{minutes}"})
+                              f'driver_version="550.90.07"}}', "values": f"1x{samples}"})
         if f.join in ("gpu_model", "node_model"):
             out.append({"series": f'fleetcanary_gpu_info{{node="{node}", gpu="0", model="H100", uuid="GPU-{i}"}}',
-                        "values": f"1x{minutes}"})
+                        "values": f"1x{samples}"})
         labels = ", ".join(f'{k}="{ENTITY_VALUES[k]}"' for k in f.entity if k != "node")
         if f.key == "inference_ttft":
             # All observations of a run in one bucket: 0.05 < TTFT <= 0.1 (or 0.2 < TTFT <= 0.45 when slow).
@@ -57,12 +81,13 @@ def fleet(f: build.Family, n_nodes: int, values: dict[int, list[float]], minutes
             for le in build_ttft_buckets():
                 inc = 1 if (le >= 0.45 if slow else le >= 0.1) else 0
                 out.append({"series": f'fleetcanary_inference_time_to_first_token_seconds_bucket{{node="{node}", '
-                                      f'{labels}, le="{le:g}"}}', "values": f"0+{inc}x{minutes}"})
+                                      f'{labels}, le="{le:g}"}}', "values": f"0+{inc}x{samples}"})
             out.append({"series": f'fleetcanary_inference_time_to_first_token_seconds_bucket{{node="{node}", '
-                                  f'{labels}, le="+Inf"}}', "values": f"0+1x{minutes}"})
+                                  f'{labels}, le="+Inf"}}', "values": f"0+1x{samples}"})
             continue
         runs_v = values[i][:runs] + [values[i][-1]] * max(0, runs - len(values[i]))
-        out.append({"series": f"{f.metric}{{node=\"{node}\", {labels}}}", "values": series_for_runs(runs_v, per_run)})
+        out.append({"series": f"{f.metric}{{node=\"{node}\", {labels}}}",
+                    "values": series_for_runs(runs_v, per_run // step)})
     return out
 
 
@@ -95,8 +120,20 @@ def expected(f: build.Family, node: str, value_pct: str) -> dict:
 
 
 def tests_for(f: build.Family) -> list[dict]:
+    out = _tests_for(f)
+    step = step_of(f)
+    for case in out:
+        case["interval"] = f"{step}m"
+        for check in case["alert_rule_test"]:
+            assert int(check["eval_time"].rstrip("m")) % step == 0, (f.key, check["eval_time"], step)
+    return out
+
+
+def _tests_for(f: build.Family) -> list[dict]:
     a = build.peer_alert(f)
+    step = step_of(f)
     for_m = int(a["for"].rstrip("m"))
+    assert for_m % step == 0, (f.key, for_m, step)
     per_run = max(f.interval_minutes, 1)
     minutes = for_m + 4 * per_run + 120
     base = 1.0
@@ -106,7 +143,7 @@ def tests_for(f: build.Family) -> list[dict]:
     out = []
     vals = {i: [base] for i in range(1, 7)}
     vals[6] = [bad]
-    fire_at = for_m + 1
+    fire_at = for_m + step
     if f.key == "inference_ttft":
         fire_at = for_m + 2  # the rate window needs two samples
         pct = None
@@ -115,7 +152,7 @@ def tests_for(f: build.Family) -> list[dict]:
     healthy = HEALTHY[f.key]
     scale = (lambda v: v * healthy) if healthy else (lambda v: v)
     case = {"interval": "1m", "input_series": fleet(f, 6, {i: [scale(x) for x in v] for i, v in vals.items()}, minutes),
-            "alert_rule_test": [{"eval_time": f"{fire_at - 2}m", "alertname": name, "exp_alerts": []}]}
+            "alert_rule_test": [{"eval_time": f"{fire_at - 2 * step}m", "alertname": name, "exp_alerts": []}]}
     if pct:
         case["alert_rule_test"].append({"eval_time": f"{fire_at}m", "alertname": name,
                                         "exp_alerts": [expected(f, "n6", pct)]})
@@ -125,7 +162,11 @@ def tests_for(f: build.Family) -> list[dict]:
     vals4[4] = [bad]
     out.append({"interval": "1m", "input_series": fleet(f, 4, {i: [scale(x) for x in v] for i, v in vals4.items()},
                                                          minutes),
-                "alert_rule_test": [{"eval_time": f"{minutes - 5}m", "alertname": name, "exp_alerts": []}]})
+                # When the 6-member fleet fires and one `for:` later: every value is constant from the
+                # start, so a later time would evaluate the same ratios again (and cost promtool a step
+                # per minute up to it).
+                "alert_rule_test": [{"eval_time": f"{m}m", "alertname": name, "exp_alerts": []}
+                                    for m in (fire_at, fire_at + for_m)]})
     if f.key != "inference_ttft":
         # one junk run
         runs = minutes // per_run
@@ -144,9 +185,9 @@ def tests_for(f: build.Family) -> list[dict]:
     return out
 
 
-def render() -> str:
-    doc = {"rule_files": ["../fleetcanary.rules.yml", "../fleetcanary.alerts.yml"], "evaluation_interval": "1m",
-           "tests": [t for f in build.FAMILIES for t in tests_for(f)]}
+def render(step: int = 1) -> str:
+    doc = {"rule_files": ["../fleetcanary.rules.yml", "../fleetcanary.alerts.yml"], "evaluation_interval": f"{step}m",
+           "tests": [t for f in build.FAMILIES if step_of(f) == step for t in tests_for(f)]}
     return ("# Generated by alerts/build_tests.py; do not edit.\n" +
             yaml.safe_dump(doc, sort_keys=False, width=200))
 
@@ -249,6 +290,23 @@ def hard_cases() -> list[dict]:
         case("FleetCanaryCollectiveWrongResult",
              [(f'fleetcanary_probe_failures_total{{{n}, probe="collectives", reason="wrong_result"}}', "0x10 1x200")],
              "9m", "130m", {"node": "n1", "probe": "collectives", "reason": "wrong_result"}, "1"),
+        case("FleetCanaryGPUWrongResult",
+             [(f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="mismatch"}}', "0x10 1x30"),
+              (f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="match"}}', "1x10 0x30")],
+             "9m", "12m", {"node": "n1", "gpu": "3"}, "1"),
+        silent("FleetCanaryGPUWrongResult",
+               [(f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="mismatch"}}', "0x40"),
+                (f'fleetcanary_gpu_sdc_status{{{n}, gpu="3", status="unjudged"}}', "1x40")], "30m"),
+        case("FleetCanaryGPUSDCNoConsensus",
+             [(f'fleetcanary_gpu_sdc_status{{{n}, gpu="0", status="no_consensus"}}', "0x10 1x30")],
+             "9m", "12m", {"node": "n1", "gpu": "0"}, "1"),
+        case("FleetCanaryGPUThrottlingUnlikePeers", _throttle_fleet(hot=0.6, peers=0.0), "5m", "15m",
+             {"node": "n6", "gpu": "0", "model": "H100", "pool": "pool-a"}, "60%"),
+        silent("FleetCanaryGPUThrottlingUnlikePeers", _throttle_fleet(hot=0.6, peers=0.4), "30m"),
+        silent("FleetCanaryGPUThrottlingUnlikePeers", _throttle_fleet(hot=0.6, peers=0.0, nodes=4), "30m"),
+        case("FleetCanaryTrainStepLossWrong",
+             [(f'fleetcanary_train_step_loss_check_pass{{{n}, gpu="2", dtype="bf16"}}', "1x10 0x30")],
+             "9m", "12m", {"node": "n1", "gpu": "2", "dtype": "bf16"}, "0"),
         case("FleetCanaryInferenceErrors",
              [(f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="success"}}', "0+1x60"),
               (f'fleetcanary_inference_requests_total{{{n}, target="llm", model="m", outcome="http_5xx"}}', "0+1x60")],
@@ -274,24 +332,50 @@ def hard_cases() -> list[dict]:
     ]
 
 
+def _throttle_fleet(hot: float, peers: float, nodes: int = 6) -> list[tuple[str, str]]:
+    """GPU 0 of ``nodes`` nodes of one model and pool; the last node's GPU spends ``hot`` of its burn in a
+    slowdown, the others ``peers``."""
+    out = []
+    for i in range(1, nodes + 1):
+        node = f'node="n{i}"'
+        out += [(f'fleetcanary_node_info{{{node}, pool="pool-a", cpu_model="Xeon 8480", driver_version="550.90.07"}}',
+                 "1x40"),
+                (f'fleetcanary_gpu_info{{{node}, gpu="0", model="H100", uuid="GPU-{i}"}}', "1x40"),
+                (f'fleetcanary_gpu_sustained_slowdown_ratio{{{node}, gpu="0"}}',
+                 f"{hot if i == nodes else peers:g}x40")]
+    return out
+
+
+def _minutes(window: str) -> int:
+    return int(window[:-1]) * {"m": 1, "h": 60, "d": 1440}[window[-1]]
+
+
 def history_cases() -> list[dict]:
-    """Every history family on one node over 3 days, then a 15% drop (a 15% rise for latency
-    would not apply: history families are all higher-is-better); with and without a driver
-    change at the drop."""
+    """Every history family on one node over 3 days, then 15% worse (a drop, or a rise for a
+    lower-is-better family such as the training step time); with and without a driver change
+    at that moment. Each family's alerts are checked silent 30 minutes after the change and
+    firing once half its smoothing window, its `for:` and 15 minutes have passed (at least
+    195 minutes after it)."""
     day = 1440
     drop_at = 3 * day
-    total = drop_at + 240
     fams = [f for f in build.FAMILIES if f.history]
-    common = [('fleetcanary_gpu_info{node="n1", gpu="0", model="H100", uuid="GPU-1"}', f"1x{total}")]
+    k = HISTORY_STEP_MINUTES
+    fire_after = {f.key: max(195, -(-(_minutes(f.window) // 2 + max(3 * f.interval_minutes, 30) + 15) // k) * k)
+                  for f in fams}
+    total = drop_at + max(fire_after.values()) + 45
+    # Samples and evaluation every HISTORY_STEP minutes: the 3-day windows then hold 864 samples,
+    # not 4320, and promtool steps 5 times fewer (the history group itself runs every 15m).
+    before_n, after_n = drop_at // k, (total - drop_at) // k
+    common = [('fleetcanary_gpu_info{node="n1", gpu="0", model="H100", uuid="GPU-1"}', f"1x{total // k}")]
     for f in fams:
         labels = ", ".join(f'{k}="{ENTITY_VALUES[k]}"' for k in f.entity if k != "node")
         h = HEALTHY[f.key]
-        common.append((f'{f.metric}{{node="n1", {labels}}}', f"{h:g}x{drop_at - 1} {0.85 * h:g}x{total - drop_at}"))
+        worse = 0.85 * h if f.higher_is_better else 1.15 * h
+        common.append((f'{f.metric}{{node="n1", {labels}}}', f"{h:g}x{before_n - 1} {worse:g}x{after_n}"))
     info = 'fleetcanary_node_info{{node="n1", pool="pool-a", cpu_model="Xeon 8480", driver_version="{}"}}'
-    same_driver = [(info.format("550.90.07"), f"1x{total}")]
-    new_driver = [(info.format("550.90.07"), f"1x{drop_at - 1}"),
-                  (info.format("570.124.06"), f"_x{drop_at - 1} 1x{total - drop_at}")]
-    fire = f"{drop_at + 195}m"
+    same_driver = [(info.format("550.90.07"), f"1x{total // k}")]
+    new_driver = [(info.format("550.90.07"), f"1x{before_n - 1}"),
+                  (info.format("570.124.06"), f"_x{before_n - 1} 1x{after_n}")]
     before = f"{drop_at + 30}m"
     same, changed = [], []
     for f in fams:
@@ -299,16 +383,19 @@ def history_cases() -> list[dict]:
         labels = {k: ENTITY_VALUES.get(k, "n1") for k in f.entity}
         labels["node"] = "n1"
         reg, drv = [a["alert"] for a in build.history_alerts(f)]
+        assert all(int(a["for"].rstrip("m")) % k == 0 for a in build.history_alerts(f)), (f.key, k)
+        fire = f"{drop_at + fire_after[f.key]}m"
+        pct = "85%" if f.higher_is_better else "115%"
         extra = {"family": f.key}
         same += [{"eval_time": before, "alertname": reg, "exp_alerts": []},
-                 {"eval_time": fire, "alertname": reg, "exp_alerts": [_with(exp(reg, labels, "85%"), extra)]},
+                 {"eval_time": fire, "alertname": reg, "exp_alerts": [_with(exp(reg, labels, pct), extra)]},
                  {"eval_time": fire, "alertname": drv, "exp_alerts": []}]
         changed += [{"eval_time": fire, "alertname": reg, "exp_alerts": []},
-                    {"eval_time": fire, "alertname": drv, "exp_alerts": [_with(exp(drv, labels, "85%"), extra)]}]
+                    {"eval_time": fire, "alertname": drv, "exp_alerts": [_with(exp(drv, labels, pct), extra)]}]
     return [
-        {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in common + same_driver],
+        {"interval": f"{k}m", "input_series": [{"series": s, "values": v} for s, v in common + same_driver],
          "alert_rule_test": same},
-        {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in common + new_driver],
+        {"interval": f"{k}m", "input_series": [{"series": s, "values": v} for s, v in common + new_driver],
          "alert_rule_test": changed},
     ]
 
@@ -324,13 +411,14 @@ def render_more() -> dict[str, str]:
     return {
         "hard_failures.test.yml": head + yaml.safe_dump({"rule_files": files, "evaluation_interval": "1m",
                                                          "tests": hard_cases()}, sort_keys=False, width=200),
-        "history.test.yml": head + yaml.safe_dump({"rule_files": files, "evaluation_interval": "1m",
+        "history.test.yml": head + yaml.safe_dump({"rule_files": files,
+                                                   "evaluation_interval": f"{HISTORY_STEP_MINUTES}m",
                                                    "tests": history_cases()}, sort_keys=False, width=200),
     }
 
 
 def outputs() -> dict[str, str]:
-    return {"peers.test.yml": render(), **render_more()}
+    return {"peers.test.yml": render(), "peers_daily.test.yml": render(COARSE_STEP_MINUTES), **render_more()}
 
 
 def main() -> int:

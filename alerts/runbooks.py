@@ -29,6 +29,21 @@ FAMILY_CHECKS = {
     "storage_first_byte": ("As for storage read; first-byte latency alone points at the server or the network "
                            "rather than the disk's streaming speed.",
                            "NFS server latency, metadata server load, packet loss, DNS or connection setup delays."),
+    "gpu_matmul_throughput": ("`fleetcanary once --probe gpu_compute` on the node; `nvidia-smi -q -d CLOCK,PERFORMANCE,"
+                              "POWER` (clocks, power limit, throttle reasons); `dcgmi diag -r 3` (targeted stress); "
+                              "the gpu_sustained figures of the same GPU.",
+                              "A lower power limit or application clocks, thermal throttling, a GPU in a degraded "
+                              "state after an XID, another tenant on the GPU, a changed cuBLAS or torch version."),
+    "gpu_sustained_ratio": ("The burn trace in the gpu_sustained record (`/results`): clocks, power, temperature and "
+                            "throttle reasons over the 20 s; the same GPU's peers on the node; `nvidia-smi -q -d "
+                            "TEMPERATURE,POWER`; the BMC's fan and inlet-temperature readings.",
+                            "A failing fan or blocked airflow, bad thermal contact (paste, cold plate), a power "
+                            "brake asserted by the board or PSU, a lower power limit on this GPU."),
+    "train_step_time": ("The train_step record (step times, loss check); `fleetcanary once --probe train_step`; the "
+                        "gpu_compute figures of the same GPU; CPU load and frequency on the node (a small model's "
+                        "steps are launch-bound).",
+                        "A slow or throttled GPU, CPU contention or a lower CPU frequency (kernel launches), a changed "
+                        "torch or driver, another tenant on the GPU."),
     "inference_ttft": ("The canary's `/results` record for the target; the serving engine's queue and KV-cache "
                        "metrics; whether the slow node sits behind a different endpoint replica or network path.",
                        "An overloaded replica, a cold prefix cache, a network path with loss, a proxy in the path."),
@@ -76,6 +91,32 @@ HARD = {
                                          "Drain the node at once; the record names the collective, size and rank; run "
                                          "nccl-tests with `-c 1`; `dcgmi diag -r 3`.",
                                          "A faulty GPU, NVLink or PCIe path corrupting data; a broken NCCL build."),
+    "FleetCanaryGPUWrongResult": ("The GPU's deterministic canary products differ bitwise from the golden that a "
+                                  "majority of same-model GPUs on the same driver and software stack agreed on: "
+                                  "silent data corruption.",
+                                  "Drain the node at once; the gpu_compute record names the GPU, its checksum and the "
+                                  "golden; rerun `fleetcanary once --probe gpu_compute`; `dcgmi diag -r 3`; "
+                                  "`nvidia-smi -q -d ECC,ROW_REMAPPER`.",
+                                  "A faulty SM or tensor core, marginal HBM or voltage; repeated mismatches mean "
+                                  "an RMA."),
+    "FleetCanaryGPUSDCNoConsensus": ("The SDC canary could not judge: the GPUs split with no strict majority, or all "
+                                     "agree with each other against the stored golden.",
+                                     "The gpu_compute record's `sdc.groups` (which GPUs produced which checksum); "
+                                     "whether torch, CUDA or cuBLAS changed without the key noticing; rerun once.",
+                                     "A software change that alters algorithm choice (delete the stale entry of "
+                                     "state_dir/sdc_golden.json after checking), or several faulty GPUs."),
+    "FleetCanaryGPUThrottlingUnlikePeers": ("The GPU spent more than 5% of its sustained burn in a thermal, "
+                                            "power-brake or HW slowdown while the median of its peers is under 1%.",
+                                            "The burn trace in the gpu_sustained record; `nvidia-smi -q -d "
+                                            "PERFORMANCE,TEMPERATURE`; the BMC's fan and inlet readings.",
+                                            "A failing fan, bad thermal contact, a power brake from the board or "
+                                            "PSU, a blocked air path in this slot."),
+    "FleetCanaryTrainStepLossWrong": ("The canary transformer's loss after K steps is outside its dtype's tolerance "
+                                      "of the golden: the GPU or the stack computes training wrongly.",
+                                      "The train_step record (loss, golden, deviation); rerun `fleetcanary once "
+                                      "--probe train_step`; the gpu_compute SDC verdict of the same GPU.",
+                                      "Silent data corruption, a broken torch/cuDNN/cuBLAS build, a changed "
+                                      "default (TF32, autocast) in a new torch."),
     "FleetCanaryInferenceErrors": ("More than 10% of canary requests to the endpoint failed in 15 minutes.",
                                    "`fleetcanary_inference_requests_total` by outcome (429: overload; 5xx: server; "
                                    "connect_error/timeout: network); the serving engine's log.",
@@ -113,16 +154,17 @@ def peer_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
             "or more peers, for several probe intervals.", checks, causes)
 
 
-def regression_text(family_title: str, key: str) -> tuple[str, str, str]:
+def regression_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} is below its own median over the previous 3 days by its floor (10%; 4% for GPU "
-            "memory bandwidth) or more, and the driver did "
+    return (f"The {family_title} is {'above' if lower else 'below'} its own median over the previous 3 days by its "
+            "floor (10%; 4% for GPU memory bandwidth) or more, and the driver did "
             "not change in that time.", checks, causes)
 
 
-def driver_text(family_title: str, key: str) -> tuple[str, str, str]:
+def driver_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} dropped by its floor (10%; 4% for GPU memory bandwidth) or more against its "
+    return (f"The {family_title} {'rose' if lower else 'dropped'} by its floor (10%; 4% for GPU memory bandwidth) "
+            "or more against its "
             "median from before a driver change on this node "
             "in the last day: the guide's before/after upgrade check.",
             "Compare with nodes still on the old driver (`fleetcanary_node_info` by driver_version); `fleetcanary "

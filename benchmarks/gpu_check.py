@@ -8,6 +8,16 @@
 3. Prints a table: the probe's D2D median against the reference, the ratio (target
    within 10%), H2D/D2H, the GPU time per gpu_bandwidth run, and the health facts.
    Writes OUT/gpu_check.json.
+
+`--compute` (issue 19; a separate call so each part has its own deadline):
+1. Reference: a plain PyTorch 8192^3 bf16 matmul on GPU 0 in a child process, 5 warm-ups then
+   20 timed products with CUDA events, 2 n^3 FLOP each.
+2. `fleetcanary once --json` for gpu_compute, gpu_sustained (the default 20 s burn with its
+   NVML trace), train_step, then gpu_compute again: the SDC checksums of the two
+   gpu_compute runs must be bitwise equal (reproducible after other work ran on the GPU).
+3. Prints bf16 probe / reference (target within 10%), the burn's clocks, power, temperature
+   and throttle seconds, the SDC verdict and checksum, and the train-step figures with
+   the loss check. Writes OUT/gpu_compute_check.json and OUT/once_compute.json.
 """
 from __future__ import annotations
 
@@ -71,15 +81,123 @@ def reference_main() -> int:
     return 0
 
 
+MM_N = 8192
+
+
+def reference_matmul(torch) -> dict:
+    dev = torch.device("cuda", 0)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = (torch.rand(MM_N, MM_N, generator=g) * 2 - 1).to(dev, torch.bfloat16)
+    b = (torch.rand(MM_N, MM_N, generator=g) * 2 - 1).to(dev, torch.bfloat16)
+    for _ in range(5):
+        torch.matmul(a, b)
+    torch.cuda.synchronize()
+    rates = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.matmul(a, b)
+        e.record()
+        e.synchronize()
+        rates.append(2 * MM_N ** 3 / (s.elapsed_time(e) / 1e3))
+    return {"median_flops_per_second": statistics.median(rates), "min": min(rates), "max": max(rates), "n": MM_N,
+            "dtype": "bf16", "env": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                     "cuda_runtime": torch.version.cuda}}
+
+
+def compute_main(out: Path) -> int:
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--reference-matmul-only"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    if r.returncode != 0:
+        raise SystemExit(f"gpu-check: reference matmul failed: {r.stderr[-2000:]}")
+    ref = json.loads(r.stdout)
+    state = tempfile.mkdtemp(prefix="fc-gpu-compute-")
+    cfg = Path(state) / "config.yaml"
+    cfg.write_text(f"state_dir: {state}\n")
+    runs = []
+    for probes in (("gpu_compute", "gpu_sustained", "train_step"), ("gpu_compute",)):
+        cmd = [sys.executable, "-m", "fleetcanary", "once", "--config", str(cfg), "--json"]
+        for p in probes:
+            cmd += ["--probe", p]
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=200)
+        if r.returncode not in (0, 1):
+            print(r.stderr[-3000:], file=sys.stderr)
+            return 1
+        runs.append(json.loads(r.stdout)["runs"])
+    (out / "once_compute.json").write_text(json.dumps(runs, indent=1))
+    first = {run["probe"]: run for run in runs[0]}
+    second = runs[1][0]
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "reference": ref,
+              "outcomes": {p: (x["outcome"], x["reason"]) for p, x in first.items()},
+              "second_gpu_compute": (second["outcome"], second["reason"])}
+    env = first["gpu_compute"].get("environment", {})
+    print(f"gpu-check --compute {result['date']}: {ref['env']['gpu']}, driver {env.get('driver_version')}, CUDA driver "
+          f"{env.get('cuda_driver_version')}, torch {ref['env']['torch']} (CUDA {ref['env']['cuda_runtime']})")
+    for p, x in first.items():
+        print(f"  {p:14} {x['outcome']}{' (' + x['reason'] + ')' if x['reason'] else ''}  {x['duration_seconds']:.2f} s")
+    gc = (first["gpu_compute"].get("result") or {})
+    figs = {(f["labels"].get("gpu"), f["name"]): f for f in gc.get("figures", [])}
+    ok = True
+    bf = figs.get(("0", "bf16"))
+    if bf:
+        ratio = bf["median"] / ref["median_flops_per_second"]
+        ok &= abs(ratio - 1) <= 0.10
+        result["bf16"] = {"probe": bf["median"], "reference": ref["median_flops_per_second"], "ratio": ratio,
+                          "cv": bf["dispersion"]["cv"]}
+        print(f"  bf16 {bf['median'] / 1e12:.1f} TFLOP/s (CV {100 * bf['dispersion']['cv']:.1f}%) vs reference "
+              f"{ref['median_flops_per_second'] / 1e12:.1f}: {ratio:.3f} ({'PASS' if abs(ratio - 1) <= 0.1 else 'FAIL'})")
+    else:
+        ok = False
+    for (g, name), f in sorted(figs.items()):
+        print(f"  gpu_compute GPU {g} {name}: {f['median'] / 1e12:.1f} TFLOP/s")
+    sdc1 = (gc.get("extra") or {}).get("sdc", {})
+    sdc2 = ((second.get("result") or {}).get("extra") or {}).get("sdc", {})
+    sums1 = {g: v.get("sdc_checksums") for g, v in (gc.get("extra") or {}).get("per_gpu", {}).items()}
+    sums2 = {g: v.get("sdc_checksums") for g, v in ((second.get("result") or {}).get("extra") or {}).get("per_gpu", {}).items()}
+    result["sdc"] = {"first": sdc1, "checksums_first": sums1, "checksums_second": sums2,
+                     "bitwise_equal_after_other_work": bool(sums1) and sums1 == sums2}
+    print(f"  SDC: {sdc1.get('status')} golden {sdc1.get('golden_source')}; checksums {sums1}; second run equal: "
+          f"{result['sdc']['bitwise_equal_after_other_work']}")
+    ok &= result["sdc"]["bitwise_equal_after_other_work"]
+    su = (first.get("gpu_sustained", {}).get("result") or {})
+    for g, rec in (su.get("extra") or {}).get("per_gpu", {}).items():
+        acc = rec.get("accounting") or {}
+        ratio = next((f["median"] for f in su["figures"] if f["name"] == "sustained_ratio" and f["labels"]["gpu"] == g), None)
+        result.setdefault("sustained", {})[g] = {"ratio": ratio, "accounting": acc, "trace": rec.get("trace"),
+                                                 "chunks": rec.get("chunks")}
+        print(f"  sustained GPU {g}: ratio {ratio}, SM {acc.get('sm_mhz_tail')} MHz, mem {acc.get('mem_mhz_tail')} MHz, "
+              f"power {acc.get('power_w_tail')} W, max {acc.get('temp_c_max')} C, throttle "
+              f"{ {k: round(v, 2) for k, v in (acc.get('throttle_seconds') or {}).items() if v} }")
+    ts = (first.get("train_step", {}).get("result") or {})
+    if ts:
+        result["train_step"] = {"figures": ts.get("figures"), "loss": (ts.get("extra") or {}).get("loss")}
+        for f in ts.get("figures", []):
+            print(f"  train_step {f['name']}: {f['median']:.6g} {f['unit']}")
+        print(f"  train_step loss: {result['train_step']['loss']}")
+    result["total_wall_seconds"] = time.monotonic() - t0
+    (out / "gpu_compute_check.json").write_text(json.dumps(result, indent=1, default=str))
+    return 0 if ok else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/fleetcanary-gpu-check")
     ap.add_argument("--reference-only", action="store_true")
+    ap.add_argument("--reference-matmul-only", action="store_true")
+    ap.add_argument("--compute", action="store_true", help="the compute, burn, SDC and train-step check (issue 19)")
     args = ap.parse_args()
     if args.reference_only:
         return reference_main()
+    if args.reference_matmul_only:
+        import torch
+
+        print(json.dumps(reference_matmul(torch)))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.compute:
+        return compute_main(out)
     t0 = time.monotonic()
     ref_before = reference_in_child()
     env_info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **ref_before.pop("env")}

@@ -10,11 +10,20 @@ the duty cycle at the default schedule.
    wall time, CPU time of the worker and everything it started (RUSAGE_CHILDREN), GPU
    seconds from the record.
 3. Duty cycle: per-run cost x runs per hour at each probe's default interval.
+4. GPU budget: GPU seconds per hour per GPU of every invasive GPU probe at its default
+   schedule, from each probe's configured ``expected_gpu_seconds`` (what the scheduler's
+   budget check charges), summed and compared with the default budget (gpu.budget_ratio
+   x 3600 s). A daily probe counts as its amortized share (22 s a day = 0.92 s an hour), as
+   the daemon's budget does (daemon/scheduler.py GpuBudget: each probe is held to the ratio
+   over a window as long as its interval, one hour to one day; at steady state every probe
+   finds its charge in its window exactly when these shares sum to the hourly budget). Each
+   probe's single run must also fit its own window (a 22 s burn cannot fit an 18 s hour).
+   Exits 1 when either fails. `--gpu-budget-only` prints just this (no daemon, no runs).
 
 Loopback only (the inference canary probes the built-in reference server, storage a temp
 directory). Prints tables and writes benchmarks/results/overhead.json.
 
-    python benchmarks/overhead.py [--runs 3] [--idle 30] [--busy 30]
+    python benchmarks/overhead.py [--runs 3] [--idle 30] [--busy 30] [--gpu-budget-only]
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import free_port, get, proc_stats, write_result  # noqa: E402
 from fleetcanary.core import config as configmod  # noqa: E402
 from fleetcanary.runner import job  # noqa: E402
+from fleetcanary.daemon.scheduler import budget_window  # noqa: E402
 from fleetcanary.runner.isolation import become_subreaper, run_isolated  # noqa: E402
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread  # noqa: E402
 from fleetcanary.probes import PROBES  # noqa: E402
@@ -112,7 +122,7 @@ def per_probe(work: Path, llm_url: str, runs: int) -> dict:
     path.write_text(yaml.safe_dump(probe_config(work, llm_url, fast=False)))
     settings = configmod.load(path)
     out = {}
-    for name in CPU_PROBES + ("gpu_health", "gpu_bandwidth", "gpu_p2p"):
+    for name in CPU_PROBES + ("gpu_health", "gpu_bandwidth", "gpu_p2p", "gpu_compute", "gpu_sustained", "train_step"):
         entry = settings.probe_entries()[name]
         rows = []
         for _ in range(runs):
@@ -131,13 +141,58 @@ def per_probe(work: Path, llm_url: str, runs: int) -> dict:
     return out
 
 
+def gpu_budget() -> dict:
+    """GPU seconds per hour per GPU at the default schedule of every probe that charges the GPU budget."""
+    settings = configmod.settings_model()()
+    rows = {}
+    for name, cls in PROBES.items():
+        expected = cls.Config.model_fields.get("expected_gpu_seconds")
+        if expected is None:
+            continue
+        entry = settings.probe_entries()[name]
+        per_run = float(expected.default)
+        window = budget_window(entry.interval_seconds)
+        rows[name] = {"enabled": entry.enabled, "interval_seconds": entry.interval_seconds,
+                      "expected_gpu_seconds": per_run, "gpu_seconds_per_hour": per_run * 3600.0 / entry.interval_seconds,
+                      "budget_window_seconds": window, "window_budget_seconds": settings.gpu.budget_ratio * window,
+                      "fits_window": per_run <= settings.gpu.budget_ratio * window}
+    total = sum(r["gpu_seconds_per_hour"] for r in rows.values() if r["enabled"])
+    budget = settings.gpu.budget_ratio * 3600.0
+    fits = all(r["fits_window"] for r in rows.values() if r["enabled"])
+    return {"probes": rows, "gpu_seconds_per_hour": total, "budget_seconds_per_hour": budget,
+            "budget_ratio": settings.gpu.budget_ratio, "every_run_fits_its_window": fits,
+            "within_budget": total <= budget and fits}
+
+
+def print_gpu_budget(b: dict) -> None:
+    print(f"{'GPU probe':16} {'enabled':>8} {'interval':>10} {'GPU s/run':>10} {'GPU s/hour':>11} "
+          f"{'window':>8} {'its budget':>11}")
+    for name, r in b["probes"].items():
+        print(f"{name:16} {str(r['enabled']):>8} {r['interval_seconds']:>9.0f}s {r['expected_gpu_seconds']:>10.2f} "
+              f"{r['gpu_seconds_per_hour']:>11.2f} {r['budget_window_seconds']:>7.0f}s "
+              f"{r['window_budget_seconds']:>10.1f}s{'' if r['fits_window'] else '  RUN OVER ITS WINDOW'}")
+    print(f"{'all enabled':16} {'':>8} {'':>10} {'':>10} {b['gpu_seconds_per_hour']:>11.2f}  per GPU; budget "
+          f"{b['budget_seconds_per_hour']:.1f} s/hour ({100 * b['budget_ratio']:.1f}%): "
+          f"{'within' if b['within_budget'] else 'OVER'} "
+          f"({100 * b['gpu_seconds_per_hour'] / b['budget_seconds_per_hour']:.0f}% of it)")
+    print("(GPU s/hour: per-run charge x runs per hour, a daily probe amortized; window: the span each probe is "
+          "held to the ratio over, its interval clamped to 1 h..1 day.)")
+    print("(GPU s/run: each probe's expected_gpu_seconds default, what the budget check charges before a run; "
+          "measured GPU seconds on an H200 are in docs/gpu-validation.md.)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="isolated runs per probe (median reported)")
     ap.add_argument("--idle", type=float, default=30.0)
     ap.add_argument("--busy", type=float, default=30.0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/overhead.json"))
+    ap.add_argument("--gpu-budget-only", action="store_true", help="only the GPU-budget table (no runs)")
     args = ap.parse_args()
+    budget = gpu_budget()
+    if args.gpu_budget_only:
+        print_gpu_budget(budget)
+        return 0 if budget["within_budget"] else 1
     work = Path(tempfile.mkdtemp(prefix="fc-overhead-"))
     server, _ = start_in_thread(SimSettings(ttft_ms=40, itl_ms=8, max_tokens_default=64))
     llm_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -174,10 +229,13 @@ def main() -> int:
           f"{100 * total_cpu_hour / 3600:>8.3f}% {total_cpu_hour:>11.1f}")
     print(f"(CPU duty is of one core; this node has {cores}. GPU probes skip here without a GPU: see "
           "docs/gpu-validation.md for their GPU seconds on an H200.)")
+    print()
+    print_gpu_budget(budget)
     result = {"machine": {"arch": platform.machine(), "cores": cores, "python": platform.python_version()},
-              "daemon": daemon, "probes": probes, "cpu_seconds_per_hour_all_probes": total_cpu_hour}
+              "daemon": daemon, "probes": probes, "cpu_seconds_per_hour_all_probes": total_cpu_hour,
+              "gpu_budget": budget}
     write_result(args.out, result)
-    return 0
+    return 0 if budget["within_budget"] else 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,35 @@ panels = [
           "Good: every ratio above 0.9; a low node slows every job it joins.", "percentunit",
           [instant(f"bottomk(10, node:fleetcanary_collective_bus_bandwidth_bytes_per_second:peer_ratio{{{GPU}}})")],
           w=8),
+    panel("table", "Worst GPUs: matmul throughput vs peers", PEERS +
+          "Per GPU and dtype (bf16, fp16, tf32, fp8 where supported), from gpu_compute every 30 minutes. "
+          "Good: every ratio above 0.9; a GPU well below with the same clocks is slow tensor cores or a "
+          "throttled GPU (compare the sustained burn).", "percentunit",
+          [instant(f"bottomk(10, gpu:fleetcanary_gpu_matmul_flops_per_second:peer_ratio{{{GPU}}})")], w=8),
+    panel("table", "Worst GPUs: sustained over initial throughput (last burn)",
+          "Throughput at the end of the daily sustained burn over its throughput at the start, per GPU: "
+          "1 is no slowdown under load. Healthy GPUs that reach their power cap drop alike, so compare with "
+          "the same model. Good: every GPU near its peers; one well below throttles (fan, thermal contact, "
+          "power brake), FleetCanaryGPUSustainedThroughputBelowPeers.", "percentunit",
+          [instant("bottomk(10, fleetcanary_gpu_sustained_throughput_ratio "
+                   "* on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info{model=~\"$model\"} "
+                   "* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~\"$pool\"})")], w=8),
+    panel("table", "Most throttled GPUs: slowdown share of the burn",
+          "Share of the last sustained burn each GPU spent in a thermal, power-brake or hardware slowdown "
+          "(the power cap is left out). Good: 0 on every GPU; FleetCanaryGPUThrottlingUnlikePeers fires above 5% "
+          "while the peer median stays under 1%.", "percentunit",
+          [instant(f"topk(10, gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model{{{GPU}}})")], w=8),
+    panel("table", "Wrong results: SDC canary verdicts and training-loss checks",
+          "GPUs per silent-data-corruption verdict (match, mismatch = a wrong checksum against the golden "
+          "its model's GPUs agreed on, no_consensus, unjudged), and training-step loss checks failing per dtype. "
+          "Good: every GPU in match and 0 failing loss checks; any mismatch is critical "
+          "(FleetCanaryGPUWrongResult): drain the GPU.", "none",
+          [instant(f'sum by (status) ({in_pool("fleetcanary_gpu_sdc_status")})', ref="A"),
+           instant(f'sum by (dtype) ({in_pool("1 - fleetcanary_train_step_loss_check_pass")})', ref="B")], w=8),
+    panel("table", "Slowest GPUs: training step time vs peers", PEERS +
+          "Higher is worse here: the canary transformer's step time over its peers' median. Good: every ratio "
+          "below 1.1.", "percentunit",
+          [instant(f"topk(10, gpu:fleetcanary_train_step_seconds:peer_ratio{{{GPU}}})")], w=8),
     panel("table", "Worst nodes: host memory bandwidth vs peers", PEERS +
           "Good: every ratio above 0.9 (peers share the CPU model).", "percentunit",
           [instant('bottomk(10, node:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_ratio{pool=~"$pool"})')],

@@ -95,17 +95,65 @@ panels = [
           "rating (a few GB/s per NVMe drive); hot reads are the page cache.", "Bps",
           [(f"fleetcanary_storage_read_bytes_per_second{{{N}}}", "read {{target}} {{cache}}"),
            (f"fleetcanary_storage_write_bytes_per_second{{{N}}}", "write {{target}}")], w=12),
+    panel("timeseries", "Matmul throughput per GPU and dtype against the pool",
+          "Each GPU's matrix-multiply FLOP/s per dtype (gpu_compute, every 30 minutes), with the median of its "
+          "peers (same GPU model and pool) per dtype. Good: every GPU within 10% of its dtype's median; the "
+          "bf16 8192^3 product runs at about 770-800 TFLOP/s on an H200.", "flops",
+          [(f"fleetcanary_gpu_matmul_flops_per_second{{{N}}}", "GPU {{gpu}} {{dtype}}"),
+           (f"(pool_model:fleetcanary_gpu_matmul_flops_per_second:peer_median) {MINE}", "pool median {{dtype}}")],
+          w=12),
+    panel("table", "Correctness: SDC canary verdict and training-loss check per GPU",
+          "The silent-data-corruption verdict of each GPU's last gpu_compute run (1 on its current status) and "
+          "whether the training-step canary's loss after K steps was within tolerance of its golden (1 = pass). "
+          "Good: match and 1 on every GPU; mismatch means wrong bits: drain the GPU.", "none",
+          [instant(f"fleetcanary_gpu_sdc_status{{{N}}} == 1", ref="A"),
+           instant(f"fleetcanary_train_step_loss_check_pass{{{N}}}", ref="B")], w=12),
+    panel("timeseries", "Sustained burn: throughput at the end over the start",
+          "Per GPU, the last daily burn's sustained throughput over its initial throughput, with the pool "
+          "median (3-day smoothing). Good: every GPU close to the median; all GPUs drop a little when they "
+          "reach the power cap, one lower alone throttles.", "percentunit",
+          [(f"fleetcanary_gpu_sustained_throughput_ratio{{{N}}}", "GPU {{gpu}}"),
+           (f"(pool_model:fleetcanary_gpu_sustained_throughput_ratio:peer_median) {MINE}", "pool median")], w=12),
+    panel("timeseries", "Sustained burn: clocks over its last quarter",
+          "Median SM and memory clock per GPU over the last quarter of the burn (NVML every 100 ms). "
+          "Good: SM clocks alike on every GPU of the node; one GPU hundreds of MHz lower is throttling.",
+          "hertz", [(f"fleetcanary_gpu_sustained_clock_hertz{{{N}}}", "GPU {{gpu}} {{clock}}")], w=12),
+    panel("timeseries", "Sustained burn: hottest temperature",
+          "The hottest GPU temperature seen during the burn. Good: every GPU within a few degrees of the "
+          "others and well below its slowdown temperature; one far hotter has a cooling fault.", "celsius",
+          [(f"fleetcanary_gpu_sustained_temperature_celsius{{{N}}}", "GPU {{gpu}}")], w=8),
+    panel("timeseries", "Sustained burn: board power",
+          "Median board power over the burn's last quarter. Good: every GPU near its power limit and near "
+          "the others; one far lower at lower clocks is power-braked.", "watt",
+          [(f"fleetcanary_gpu_sustained_power_watts{{{N}}}", "GPU {{gpu}}")], w=8),
+    panel("timeseries", "Sustained burn: seconds in each throttle reason",
+          "Seconds of the burn each NVML clocks-event reason was active (reasons overlap). Good: only "
+          "sw_power_cap, alike on every GPU; thermal, power-brake or hw_slowdown seconds are a fault.", "s",
+          [(f"fleetcanary_gpu_sustained_throttle_seconds{{{N}}}", "GPU {{gpu}} {{reason}}")], w=8),
+    panel("timeseries", "Training step time against the pool",
+          "Step time (forward, backward, optimizer) of the canary transformer per GPU and dtype, with the "
+          "median of its peers (same GPU model and pool). Good: within 10% of the median.", "s",
+          [(f"fleetcanary_train_step_seconds{{{N}}}", "GPU {{gpu}} {{dtype}}"),
+           (f"(pool_model:fleetcanary_train_step_seconds:peer_median) {MINE}", "pool median {{dtype}}")], w=12),
+    panel("timeseries", "Training loss against its golden",
+          "Relative deviation of the canary's loss after K steps from the shipped golden, per GPU and dtype. "
+          "Good: within the dtype's tolerance (the check passes); a step time never counts without it.",
+          "percentunit",
+          [(f"fleetcanary_train_step_loss_deviation_ratio{{{N}}}", "GPU {{gpu}} {{dtype}}")], w=12),
     panel("timeseries", "Probe durations",
           "Wall time of each probe's last run, worker start to end. Good: steady and well under each probe's "
           "deadline; a rising duration comes before timeouts.", "s",
           [(f"fleetcanary_probe_duration_seconds{{{N}}}", "{{probe}}")], w=12),
     panel("timeseries", "GPU duty cycle of the invasive probes",
-          "Share of each GPU's time the bandwidth, P2P and collective probes used over the last hour. "
-          "Good: below the configured budget (0.5% by default); the canary must never be the load.",
+          "Share of each GPU's time the invasive probes (bandwidth, P2P, collectives, compute, sustained burn, "
+          "training step) used over the last hour; the daily burn shows as a spike. "
+          "Good: below the configured budget (0.5% by default) except in the hour after the daily burn, which the "
+          "budget holds to 0.5% of a day; the canary must never be the load.",
           "percentunit", [(f"node:fleetcanary_gpu_probe_seconds:duty_cycle_1h{{{N}}}", "GPU {{gpu}}")], w=12),
 ]
 
 dashboard = dashboard(
     "fleetcanary / Node detail", "fleetcanary-node",
-    "One node against its pool: GPU bandwidth, P2P, links, errors, collectives, storage, probe cost.",
+    "One node against its pool: GPU bandwidth, P2P, links, errors, compute, sustained load, training "
+    "step, collectives, storage, probe cost.",
     panels, [pool_var(), node_var()])

@@ -31,12 +31,22 @@ def metrics_markdown() -> str:
         out.append(f"| `{m.name}` | {mtype} | {', '.join(f'`{x}`' for x in m.labels) or '-'} | {m.help} |")
     out.append("| `process_*` | - | - | CPU seconds, resident memory, open file descriptors of the daemon "
                "(prometheus_client's process collector). |")
+    from fleetcanary.daemon.scheduler import budget_window
+
+    ratio = configmod.GpuConfig.model_fields["budget_ratio"].default
     for pname, cls in PROBES.items():
+        charge = cls.Config.model_fields.get("expected_gpu_seconds")
+        budget = ""
+        if charge is not None:
+            w = budget_window(cls.default_interval_seconds)
+            budget = (f" GPU-time budget: runs when {charge.default:g} s (its expected_gpu_seconds) are left on a "
+                      f"GPU of gpu.budget_ratio over a {w:g} s window ({ratio * w:g} s per GPU at the default "
+                      f"{ratio:g}; see [GPU-time budget](#gpu-time-budget)).")
         out += ["", f"## Probe `{pname}`", "",
                 (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0], "",
                 f"Default schedule: every {cls.default_interval_seconds:g} s, deadline "
                 f"{cls.default_timeout_seconds:g} s" + (f", exclusive class `{cls.exclusive}`" if cls.exclusive else "")
-                + ".", "", "| metric | type | unit | labels | meaning |", "| --- | --- | --- | --- | --- |"]
+                + "." + budget, "", "| metric | type | unit | labels | meaning |", "| --- | --- | --- | --- | --- |"]
         for s in cls.metrics:
             out.append(f"| `{s.name}` | {s.type} | {s.unit} | {', '.join(f'`{x}`' for x in s.labels) or '-'} | "
                        f"{s.help.replace('|', '/')} |")
@@ -50,7 +60,18 @@ def metrics_markdown() -> str:
             out += [f"| `{k}` | {v.replace('|', '/')} |" for k, v in cls.reason_docs.items()]
     from fleetcanary.probes.base import SKIP_REASONS
 
-    out += ["", "## Skip reasons", "", ", ".join(f"`{r}`" for r in SKIP_REASONS) + ".", ""]
+    out += ["", "## Skip reasons", "", ", ".join(f"`{r}`" for r in SKIP_REASONS) + ".", "",
+            "## GPU-time budget", "",
+            "Invasive GPU probes share a per-GPU budget of `gpu.budget_ratio` of wall time (default "
+            f"{ratio:g}). Each probe is held to it over a window as long as its interval, at least an hour and at "
+            "most a day: a probe that runs every 30 minutes may find at most 18 s of GPU time spent in the last "
+            "hour, the daily `gpu_sustained` at most 432 s in the last day. In a window shorter than the probe "
+            "that made it, a run counts as its amortized share (the daily 22 s burn weighs 0.92 s in every hour "
+            "of the day after it), so a daily burn longer than an hour's budget neither is refused nor makes the "
+            "hourly probes skip. A probe's own past runs count at its scheduled rate (one run per interval), so "
+            "the jitter cannot count its previous run twice. A probe skips with reason `budget` when what is left on a GPU is less than its "
+            "`expected_gpu_seconds`. `python benchmarks/overhead.py --gpu-budget-only` sums every GPU probe's "
+            "default per-hour share and fails over the budget.", ""]
     return "\n".join(out)
 
 

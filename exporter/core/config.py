@@ -85,8 +85,11 @@ class HistoryConfig(Strict):
 class GpuConfig(Strict):
     budget_ratio: float = Field(
         0.005, gt=0, le=1,
-        description="GPU-time budget for invasive probes per GPU, as a fraction of wall time over the "
-        "last hour (0.005 = 18 s per hour). Over budget, invasive probes skip with reason 'budget'.")
+        description="GPU-time budget for invasive probes per GPU, as a fraction of wall time. Each probe is "
+        "held to it over a window as long as its interval, at least an hour and at most a day (0.005 = 18 s per "
+        "hour for probes that run hourly or more often, 432 s per day for a daily probe); in a shorter window a "
+        "longer-interval probe's run counts as its amortized share (a daily 22 s burn as 0.92 s an hour). Over "
+        "budget, invasive probes skip with reason 'budget'.")
     busy_utilization_ratio: float = Field(
         0.05, ge=0, le=1,
         description="An invasive probe skips a GPU (reason gpu_busy) whose utilization is above this ratio.")

@@ -22,6 +22,13 @@ def human(value: float | None, unit: str) -> str:
             if abs(value) >= div:
                 return f"{value / div:.2f} {suffix}"
         return f"{value:.0f} B"
+    if unit == "flops_per_second":
+        for div, suffix in ((1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
+            if abs(value) >= div:
+                return f"{value / div:.2f} {suffix}"
+        return f"{value:.0f} FLOP/s"
+    if unit == "tokens_per_second":
+        return f"{value:.4g} tokens/s"
     if unit == "ratio":
         return f"{value * 100:.1f}%"
     return f"{value:.4g} {unit}".strip()

@@ -19,7 +19,7 @@ from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import webconfig
 from fleetcanary.daemon.http import MetricsServer
-from fleetcanary.daemon.scheduler import GpuBudget, Scheduler
+from fleetcanary.daemon.scheduler import GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
@@ -145,11 +145,14 @@ class Daemon:
             settings = self.settings
             history = self.history
         entry = settings.probe_entries()[name]
-        context = jobmod.probe_context(settings, self.budget.left(), self.kube.context() if self.kube else None)
+        window = budget_window(entry.interval_seconds)
+        left = self.budget.left(window=window, probe=name, interval=entry.interval_seconds)
+        context = jobmod.probe_context(settings, left,
+                                       self.kube.context() if self.kube else None, budget_window_seconds=window)
         job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
         out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
         for gpu, secs in out.gpu_seconds.items():
-            self.budget.add(gpu, secs)
+            self.budget.add(gpu, secs, window=window, probe=name)
         if self._stopping.is_set():
             # Killed by our own shutdown: not a result, not a crash of the probe.
             log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.wall_seconds)

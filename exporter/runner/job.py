@@ -29,14 +29,16 @@ def import_path(cls: type[Probe]) -> list[str]:
 
 
 def probe_context(settings, budget_left: dict[str, float] | None = None,
-                  kube_ctx: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ProbeContext fields (less the deadline, which the runner sets at start)."""
+                  kube_ctx: dict[str, Any] | None = None, budget_window_seconds: float = 3600.0) -> dict[str, Any]:
+    """The ProbeContext fields (less the deadline, which the runner sets at start). ``budget_left``
+    is per GPU over ``budget_window_seconds``, the probe's own budget window (daemon/scheduler.py)."""
     return {
         "node_name": settings.node_name,
         "state_dir": settings.state_dir,
         "gpu": {
             "budget_ratio": settings.gpu.budget_ratio,
             "budget_seconds_per_hour": settings.gpu.budget_ratio * 3600.0,
+            "budget_window_seconds": budget_window_seconds,
             "budget_left_seconds": budget_left or {},
             "busy_utilization_ratio": settings.gpu.busy_utilization_ratio,
             "skip_when_compute_processes": settings.gpu.skip_when_compute_processes,

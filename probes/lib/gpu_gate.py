@@ -2,7 +2,8 @@
 
 A GPU is not touched when it has compute processes, when its utilization is over
 the configured threshold, when Kubernetes has allocated it to a pod, or when its
-hourly GPU-time budget would be exceeded. With the default ``node`` policy, one busy
+GPU-time budget would be exceeded (what is left over the probe's budget window, its
+interval clamped to one hour..one day, as the daemon computed it: daemon/scheduler.py). With the default ``node`` policy, one busy
 GPU skips the whole probe: host-to-device copies on an idle GPU still share PCIe
 switches and host memory with a job on its neighbour. The ``gpu`` policy measures
 the idle GPUs only.
@@ -74,5 +75,7 @@ def gate(session: nvml.Session, handles: list[nvml.GpuHandle], gpu_ctx: dict[str
         if not skipped:
             raise ProbeSkipped("no_gpu", "NVML lists no GPU")
         reason = Counter(skipped.values()).most_common(1)[0][0]
-        raise ProbeSkipped(reason, f"no usable GPU: {skipped}")
+        why = (f" ({cost_seconds:g} s needed, left over the last {gpu_ctx.get('budget_window_seconds', 3600):g} s: "
+               f"{ {k: round(v, 2) for k, v in budget_left.items()} })" if reason == "budget" else "")
+        raise ProbeSkipped(reason, f"no usable GPU: {skipped}{why}")
     return Gate(usable, skipped)

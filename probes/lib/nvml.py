@@ -192,6 +192,20 @@ class Session:
             return UNKNOWN
         return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 
+    def sample(self, g: GpuHandle) -> dict[str, Any]:
+        """One reading for a load trace: SM and memory clock (MHz), power (W), temperature (C) and
+        the throttle ("clocks event") reason mask; None for what the GPU does not report."""
+        lib, h = self.lib, g.handle
+        fn = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        power = self._try(lib.nvmlDeviceGetPowerUsage, h, default=None)
+        return {
+            "sm_mhz": self._try(lib.nvmlDeviceGetClockInfo, h, 1, default=None),
+            "mem_mhz": self._try(lib.nvmlDeviceGetClockInfo, h, 2, default=None),
+            "power_w": None if power is None else power / 1000.0,
+            "temp_c": self._try(lib.nvmlDeviceGetTemperature, h, 0, default=None),  # NVML_TEMPERATURE_GPU
+            "mask": self._try(fn, h, default=None),
+        }
+
     def ecc_errors(self, g: GpuHandle) -> dict[str, Any]:
         lib, h = self.lib, g.handle
         out = {}

@@ -18,10 +18,19 @@ Facts format (every device field optional; absent means "not supported")::
                   "remapped_rows": [0, 0, false, false],
                   "nvlinks": [{"state": 1, "remote_bus_id": "...", "remote_type": 2,
                                "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}}],
-                  "lost": false}],
+                  "lost": false,
+                  "power_mw": 650000, "temperature_c": 60,
+                  "sequence": [{"sm": 1980, "mem": 2619, "power_mw": 690000, "temperature_c": 61,
+                                "throttle_mask": 4}, ...]}],
      "topology": {"0,1": 10},       # common-ancestor level per unordered pair; default "topology_default"
      "topology_default": 40, "p2p_default": 0,
      "xid_events": [{"gpu": 3, "xid": 79}]}
+
+``sequence`` is a load trace: the n-th read of a field (SM clock, memory clock, power,
+temperature, throttle mask) returns the field of the n-th sample, and the last sample
+repeats once the trace is used up. Fields a sample leaves out fall back to the device's
+static facts. Each field has its own cursor, so a sampler reading every field once per
+tick walks the trace one sample per tick whatever the order of its reads.
 """
 from __future__ import annotations
 
@@ -99,6 +108,7 @@ class FakeNvml:
         self.facts = facts
         self.devices = [_Handle(i, d) for i, d in enumerate(facts.get("devices", []))]
         self._events = [dict(e) for e in facts.get("xid_events", [])]
+        self._cursor: dict[tuple[int, str], int] = {}
         self.initialised = False
 
     @classmethod
@@ -125,6 +135,18 @@ class FakeNvml:
         if key not in h.facts:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return h.facts[key]
+
+    def _seq(self, h: _Handle, field: str, static_key: str, sub: str | None = None) -> Any:
+        """The next value of ``field`` from the device's sequence, else its static fact."""
+        seq = self._dev(h).get("sequence")
+        if seq:
+            i = self._cursor.get((h.index, field), 0)
+            self._cursor[(h.index, field)] = i + 1
+            sample = seq[min(i, len(seq) - 1)]
+            if field in sample:
+                return sample[field]
+        v = self._dev(h, static_key)
+        return v[sub] if sub is not None else v
 
     # --- system -----------------------------------------------------------------------
     def nvmlSystemGetDriverVersion(self) -> str:
@@ -167,8 +189,8 @@ class FakeNvml:
         return int(self._dev(h, "power_limit_mw"))
 
     def nvmlDeviceGetClockInfo(self, h, ctype):
-        c = self._dev(h, "clocks")
-        return int(c["sm" if ctype == 1 else "mem"])
+        key = "sm" if ctype == 1 else "mem"
+        return int(self._seq(h, key, "clocks", key))
 
     def nvmlDeviceGetMaxClockInfo(self, h, ctype):
         c = self._dev(h, "clocks")
@@ -203,7 +225,13 @@ class FakeNvml:
         return self._pcie(h, "width_max")
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return int(self._dev(h, "throttle_mask"))
+        return int(self._seq(h, "throttle_mask", "throttle_mask"))
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return int(self._seq(h, "power_mw", "power_mw"))
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return int(self._seq(h, "temperature_c", "temperature_c"))
 
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 

@@ -1,6 +1,7 @@
 import threading
 
-from fleetcanary.daemon.scheduler import BUDGET_WINDOW_SECONDS, GpuBudget, Scheduler
+from fleetcanary.daemon.scheduler import (BUDGET_WINDOW_SECONDS, MAX_BUDGET_WINDOW_SECONDS, GpuBudget,
+                                          Scheduler, budget_window)
 from tests.support.helpers import wait_for
 
 
@@ -12,6 +13,57 @@ def test_budget_is_a_sliding_hour_per_gpu():
     b.add("1", 1.0, now=2000.0)
     assert b.left(now=2000.0) == {"0": 3.0, "1": 17.0}
     assert b.left(now=1000.0 + BUDGET_WINDOW_SECONDS + 1) == {"0": 13.0, "1": 17.0}
+
+
+def test_budget_window_is_the_interval_between_an_hour_and_a_day():
+    assert budget_window(900) == BUDGET_WINDOW_SECONDS
+    assert budget_window(6 * 3600) == 6 * 3600
+    assert budget_window(86400) == MAX_BUDGET_WINDOW_SECONDS == 86400
+    assert budget_window(7 * 86400) == 86400
+
+
+def test_a_daily_burn_longer_than_an_hours_budget_fits_its_daily_window():
+    """The sustained burn (22 s charged) after a day of hourly-window probes at their default shares
+    (16.9 s an hour together): a sliding hour (18 s) could never hold it, its daily window (432 s) does."""
+    b = GpuBudget(0.005)
+    day = 86400.0
+    t0 = 10 * day
+    for k in range(96):  # every 15 minutes for a day: 4.225 s each = 16.9 s an hour
+        b.add("0", 4.225, now=t0 + 900.0 * k, window=3600.0, probe="hourly")
+    now = t0 + day - 1.0
+    assert b.left(now=now)["0"] < 22.0  # the old sliding-hour view: the burn would skip with `budget`
+    left = b.left(now=now, window=budget_window(day), probe="gpu_sustained", interval=day)["0"]
+    assert abs(left - (432.0 - 96 * 4.225)) < 1e-9
+    assert left >= 22.0
+
+
+def test_a_daily_burn_counts_as_its_amortized_share_in_an_hour():
+    b = GpuBudget(0.005)
+    b.add("0", 22.0, now=1000.0, window=86400.0, probe="gpu_sustained")
+    b.add("0", 2.0, now=1500.0, window=3600.0, probe="gpu_p2p")
+    hour = b.left(now=2000.0, window=3600.0, probe="gpu_compute", interval=1800.0)["0"]
+    assert abs(hour - (18.0 - 2.0 - 22.0 / 24)) < 1e-9
+    # A daily window counts both in full.
+    assert b.left(now=2000.0, window=86400.0)["0"] == 432.0 - 24.0
+    # Still its share 20 hours later, when the hourly charge has left the hour; gone after a day.
+    assert abs(b.left(now=1000.0 + 20 * 3600, window=3600.0)["0"] - (18.0 - 22.0 / 24)) < 1e-9
+    assert b.left(now=1000.0 + 86400 + 1, window=3600.0)["0"] == 18.0
+
+
+def test_a_probes_own_previous_run_counts_at_its_scheduled_rate_not_twice():
+    """Jitter brings two daily burns 23 hours apart: the previous one is inside the day, yet the
+    schedule allows one burn a day, so it must not leave the next one short."""
+    b = GpuBudget(0.005)
+    b.add("0", 22.0, now=0.0, window=86400.0, probe="gpu_sustained")
+    b.add("0", 400.0, now=3600.0, window=3600.0, probe="other")
+    now = 23 * 3600.0
+    assert b.left(now=now, window=86400.0)["0"] == 10.0  # by time alone: 22 + 400 spent
+    assert b.left(now=now, window=86400.0, probe="gpu_sustained", interval=86400.0)["0"] == 32.0
+    # A probe running every 30 minutes has one more run of its own in an hour: its last charge once.
+    c = GpuBudget(0.005)
+    c.add("0", 0.3, now=0.0, probe="gpu_compute")
+    c.add("0", 0.3, now=1800.0, probe="gpu_compute")
+    assert abs(c.left(now=3500.0, probe="gpu_compute", interval=1800.0)["0"] - 17.7) < 1e-9
 
 
 def test_exclusive_probes_never_overlap_and_each_runs():
@@ -69,3 +121,48 @@ def test_a_replan_right_after_a_run_does_not_run_the_probe_twice():
     finally:
         s.shutdown()
     assert starts[1] - starts[0] >= 1.0, starts
+
+
+def test_the_default_schedule_never_refuses_the_daily_burn():
+    """Five days of every default GPU probe charging its expected_gpu_seconds at its interval plus
+    APScheduler-style jitter (uniform 0..jitter after each planned time): the daily sustained burn
+    runs every day after the first under the windowed budget; a sliding hour refused it every time."""
+    import random
+
+    from fleetcanary.core import config as configmod
+    from fleetcanary.probes import PROBES
+
+    settings = configmod.settings_model()()
+    probes = {}
+    for name, cls in PROBES.items():
+        charge = cls.Config.model_fields.get("expected_gpu_seconds")
+        entry = settings.probe_entries()[name]
+        if charge is not None and entry.enabled:
+            probes[name] = (float(charge.default), entry.interval_seconds, entry.effective_jitter_seconds)
+    assert "gpu_sustained" in probes and probes["gpu_sustained"][1] == 86400
+    rng = random.Random(19)
+    events = []
+    for name, (_, interval, jitter) in probes.items():
+        offset = rng.uniform(0, interval)
+        events += [(offset + k * interval + rng.uniform(0, jitter), name)
+                   for k in range(int(5 * 86400 // interval) + 1)]
+    events.sort()
+
+    def sustained_runs(windowed: bool) -> tuple[int, int]:
+        b = GpuBudget(settings.gpu.budget_ratio)
+        ran = due = 0
+        for t, name in events:
+            cost, interval, _ = probes[name]
+            w = budget_window(interval)
+            left = (b.left(now=t, window=w, probe=name, interval=interval) if windowed else b.left(now=t)).get("0")
+            if name == "gpu_sustained" and t > 86400:
+                due += 1
+            if left is not None and left < cost:
+                continue
+            ran += name == "gpu_sustained" and t > 86400
+            b.add("0", cost, now=t, window=w if windowed else BUDGET_WINDOW_SECONDS, probe=name)
+        return ran, due
+
+    ran, due = sustained_runs(windowed=True)
+    assert due >= 3 and ran == due
+    assert sustained_runs(windowed=False)[0] == 0

@@ -152,3 +152,16 @@ def test_bad_result_files_get_one_line_errors(runs, tmp_path, content, message):
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = fleetcanary("compare", runs["base"], tmp_path / "missing.json")
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_training_throughput_gets_the_step_times_thresholds():
+    """tokens/s is the reciprocal of the step time: the same noise, the same default gate."""
+    from fleetcanary.offline.compare import Thresholds
+    from fleetcanary.offline.results import FigureSeries
+
+    t = Thresholds()
+    series = {u: FigureSeries("train_step", "f", {}, u, u != "seconds")
+              for u in ("seconds", "tokens_per_second", "flops_per_second", "ratio")}
+    assert t.for_series(series["tokens_per_second"]) == t.for_series(series["seconds"])
+    assert t.for_series(series["tokens_per_second"])["block"] == 0.10
+    assert t.for_series(series["flops_per_second"])["block"] == t.for_series(series["ratio"])["block"] == 0.05

@@ -12,7 +12,7 @@ from fleetcanary.probes.base import SKIP_REASONS, MetricSpec, ProbeSkipped
 
 NAME = re.compile(r"^fleetcanary_[a-z0-9_]+$")
 BASE_UNITS = {"bytes", "seconds", "bytes_per_second", "ratio", "info", "total", "celsius", "watts", "ops_per_second",
-              "tokens_per_second", "count", "hertz", "operations_per_second", "boolean"}
+              "tokens_per_second", "count", "flops_per_second", "hertz", "operations_per_second", "boolean"}
 
 
 @pytest.mark.parametrize("name", list(PROBES))

@@ -2,8 +2,19 @@
 
 6 HGX-H100-like nodes x 8 GPUs, one pool, 8 hours at a 5-minute step: GPU identity and
 node info, memory bandwidth per direction, the P2P matrix, PCIe and NVLink state and
-errors, XIDs, ECC, row remaps, GPU probe time, NCCL collective sweeps, and a firing
-ALERTS series. One GPU is 8% slow and one NVLink is down, so worst-N panels have a worst.
+errors, XIDs, ECC, row remaps, GPU probe time, NCCL collective sweeps, the compute
+canaries (matmul FLOP/s per dtype, the SDC verdict, the last sustained burn, the training
+step) and a firing ALERTS series. One GPU is 8% slow, one NVLink is down, one GPU computes
+10% slower matmuls, one gives a wrong SDC checksum, one throttles in the burn and one trains
+5% slower, so worst-N panels have a worst.
+
+The compute figures are placeholders, not measurements: matmul 7.8e14 FLOP/s (the bf16
+figure issue #19 reports for the H200 lent to the project, used for every dtype), the burn's
+clocks, power, temperature and throttle times from the constructed trace
+tests/fixtures/nvml/h100_8gpu_sustained_trace.json (a healthy GPU at the 700 W cap from a
+quarter of the burn, SM 1755 MHz; the hot one in thermal slowdown for 60% of it, SM 1410 MHz,
+92 C), its throughput ratio taken as the SM clock over the 1980 MHz it starts at, and the
+training step of the promtool tests (4 ms) with a passing loss check (deviation 0, a placeholder).
 """
 from __future__ import annotations
 
@@ -16,6 +27,10 @@ STEP = 300
 HOURS = 8
 D2D, H2D = 3.0e12, 5.3e10
 SIZES = (1024, 1048576, 67108864)
+MATMUL = 7.8e14
+SM_START, SM_TAIL, SM_HOT, MEM = 1980e6, 1755e6, 1410e6, 2619e6
+STEP_SECONDS = 0.004
+SDC_STATUSES = ("match", "mismatch", "no_consensus", "unjudged")
 
 
 def write(path: Path, end: int) -> tuple[int, int]:
@@ -61,6 +76,32 @@ def write(path: Path, end: int) -> tuple[int, int]:
                 const(0))
             add("fleetcanary_gpu_remapped_rows_pending", "gauge", gl, const(0))
             add("fleetcanary_gpu_probe_seconds_total", "counter", gl, [0.12 * k for k in range(steps)])
+            for dtype in ("bf16", "fp16"):
+                add("fleetcanary_gpu_matmul_flops_per_second", "gauge", {**gl, "dtype": dtype},
+                    noisy(MATMUL * (0.9 if (n, g) == (1, 3) else 1.0)))
+            status = "mismatch" if (n, g) == (4, 6) else "match"
+            for st in SDC_STATUSES:
+                add("fleetcanary_gpu_sdc_status", "gauge", {**gl, "status": st}, const(1 if st == status else 0))
+            hot = (n, g) == (5, 2)
+            add("fleetcanary_gpu_sustained_throughput_ratio", "gauge", gl,
+                const((SM_HOT if hot else SM_TAIL) / SM_START))
+            add("fleetcanary_gpu_sustained_flops_per_second", "gauge", {**gl, "dtype": "bf16"},
+                const(MATMUL * (SM_HOT if hot else SM_TAIL) / SM_START))
+            add("fleetcanary_gpu_sustained_clock_hertz", "gauge", {**gl, "clock": "sm"}, const(SM_HOT if hot else SM_TAIL))
+            add("fleetcanary_gpu_sustained_clock_hertz", "gauge", {**gl, "clock": "mem"}, const(MEM))
+            add("fleetcanary_gpu_sustained_power_watts", "gauge", gl, const(700.0))
+            add("fleetcanary_gpu_sustained_temperature_celsius", "gauge", gl, const(92.0 if hot else 70.0))
+            add("fleetcanary_gpu_sustained_slowdown_ratio", "gauge", gl, const(0.6 if hot else 0.0))
+            add("fleetcanary_gpu_sustained_burn_seconds", "gauge", gl, const(20.0))
+            for reason, secs in (("sw_power_cap", 15.0), ("sw_thermal_slowdown", 12.0 if hot else 0.0),
+                                 ("hw_thermal_slowdown", 12.0 if hot else 0.0)):
+                add("fleetcanary_gpu_sustained_throttle_seconds", "gauge", {**gl, "reason": reason}, const(secs))
+            for dtype in ("bf16",):
+                tl = {**gl, "dtype": dtype}
+                add("fleetcanary_train_step_seconds", "gauge", tl,
+                    noisy(STEP_SECONDS * (1.05 if (n, g) == (0, 4) else 1.0)))
+                add("fleetcanary_train_step_loss_check_pass", "gauge", tl, const(1))
+                add("fleetcanary_train_step_loss_deviation_ratio", "gauge", tl, const(0.0))
             for h in GPUS:
                 if h != g:
                     add("fleetcanary_gpu_p2p_bandwidth_bytes_per_second", "gauge",
