@@ -71,3 +71,12 @@ def start_daemon(tmp_path):
 
 
 SMALL_HOST_BW = {"params": {"array_bytes": 8 << 20, "repeats": 3}, "interval_seconds": 30, "timeout_seconds": 20}
+
+
+@pytest.fixture(autouse=True)
+def _test_process_stays_unpatched():
+    """Locust imports gevent, which monkey-patches threading for the whole process: every later test's
+    threads would become greenlets, and a worker's output drain would block the test run. Locust runs
+    in subprocesses only."""
+    yield
+    assert "gevent" not in sys.modules, "this test imported gevent (locust) into the test process"

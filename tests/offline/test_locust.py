@@ -2,6 +2,7 @@
 simulate-llm on 127.0.0.1. The merged count must equal the simulator's own completions
 (every worker's final tally reaches the master, requests in flight at the stop are drained)
 and the merged TTFT histogram must sit at the injected TTFT."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -39,9 +40,9 @@ def sim():
 
 
 def _locust(port: int, tmp_path: Path, users: int, seconds: int) -> tuple[subprocess.CompletedProcess, dict]:
-    try:
-        import locust  # noqa: F401
-    except ImportError:
+    # Looked up, never imported: importing locust monkey-patches this whole test process with gevent,
+    # and every later test's threads become greenlets (a worker's output drain then blocks the process).
+    if importlib.util.find_spec("locust") is None:
         unavailable("locust is not installed (pip install -e '.[loadtest]')")
     mport = free_port()
     out = tmp_path / "locust.json"
