@@ -43,14 +43,14 @@ BOOTSTRAP = 4000
 # fewer, the interval from the repeats decides alone and the output says so.
 MIN_RANK_RUNS = 3
 # Default allowed regressions by unit: bandwidths are steady, latencies and op rates noisier.
-# tokens_per_second (train_step) is batch x sequence over the step time, so it has the step
-# time's noise and gets the seconds thresholds. flops_per_second (gpu_compute, gpu_sustained) and
-# the sustained ratio keep the default until GPU runs measure their dispersion
-# (docs/gpu-validation.md); a thresholds file changes any of them.
+# train_step's tokens/s is batch x sequence over the step time, so it has the step time's noise and
+# gets the seconds thresholds (by figure: the inference canary's tokens/s share the unit and keep the
+# default). flops_per_second (gpu_compute, gpu_sustained) and the sustained ratio keep the default
+# until GPU runs measure their dispersion (docs/gpu-validation.md); a thresholds file changes any of them.
 DEFAULT_THRESHOLDS = {"default": {"warn": 0.03, "block": 0.05},
                       "units": {"seconds": {"warn": 0.05, "block": 0.10},
-                                "ops_per_second": {"warn": 0.05, "block": 0.10},
-                                "tokens_per_second": {"warn": 0.05, "block": 0.10}}}
+                                "ops_per_second": {"warn": 0.05, "block": 0.10}},
+                      "figures": [{"probe": "train_step", "figure": "tokens_per_second", "warn": 0.05, "block": 0.10}]}
 
 
 @dataclass
@@ -139,7 +139,7 @@ class Thresholds:
         data = data or {}
         self.default = {**DEFAULT_THRESHOLDS["default"], **(data.get("default") or {})}
         self.units = {**DEFAULT_THRESHOLDS["units"], **(data.get("units") or {})}
-        self.rules = data.get("figures") or []
+        self.rules = DEFAULT_THRESHOLDS["figures"] + (data.get("figures") or [])  # later rules win
 
     @classmethod
     def load(cls, path: str | None) -> "Thresholds":

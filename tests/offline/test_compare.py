@@ -155,13 +155,17 @@ def test_bad_result_files_get_one_line_errors(runs, tmp_path, content, message):
 
 
 def test_training_throughput_gets_the_step_times_thresholds():
-    """tokens/s is the reciprocal of the step time: the same noise, the same default gate."""
+    """train_step's tokens/s is the reciprocal of its step time: the same noise, the same default gate.
+    The inference canary's tokens/s shares the unit, not the rule: it keeps the default."""
     from fleetcanary.offline.compare import Thresholds
     from fleetcanary.offline.results import FigureSeries
 
     t = Thresholds()
-    series = {u: FigureSeries("train_step", "f", {}, u, u != "seconds")
-              for u in ("seconds", "tokens_per_second", "flops_per_second", "ratio")}
-    assert t.for_series(series["tokens_per_second"]) == t.for_series(series["seconds"])
-    assert t.for_series(series["tokens_per_second"])["block"] == 0.10
-    assert t.for_series(series["flops_per_second"])["block"] == t.for_series(series["ratio"])["block"] == 0.05
+    step = FigureSeries("train_step", "step_time", {}, "seconds", False)
+    train_tps = FigureSeries("train_step", "tokens_per_second", {}, "tokens_per_second", True)
+    inference_tps = FigureSeries("inference", "output_tokens_per_second", {}, "tokens_per_second", True)
+    flops = FigureSeries("gpu_compute", "bf16", {}, "flops_per_second", True)
+    assert t.for_series(train_tps) == t.for_series(step) and t.for_series(train_tps)["block"] == 0.10
+    assert t.for_series(inference_tps)["block"] == t.for_series(flops)["block"] == 0.05
+    # a thresholds file still overrides the built-in rule
+    assert Thresholds({"figures": [{"probe": "train_step", "block": 0.2}]}).for_series(train_tps)["block"] == 0.2
