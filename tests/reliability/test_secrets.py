@@ -17,7 +17,7 @@ def test_api_key_never_leaks(tmp_path, start_daemon):
             "log_level": "debug",
             "probes": {
                 "host_memory_bandwidth": {"enabled": False},
-                "inference": {"interval_seconds": 4, "timeout_seconds": 3, "jitter_seconds": 0, "params": {
+                "inference": {"interval_seconds": 10, "timeout_seconds": 8, "jitter_seconds": 0, "params": {
                     "targets": [
                         {"name": "with-env", "base_url": base, "model": "m", "token_env": "LLM_KEY",
                          "prefix_words": 32, "stream_max_tokens": 8},
@@ -27,16 +27,19 @@ def test_api_key_never_leaks(tmp_path, start_daemon):
                          "stream_max_tokens": 8, "headers": {"X-Api-Key": KEY}},
                     ]}}}}, env={"LLM_KEY": KEY})
 
+        # The keyless target is refused (401), so every run is a failure that still publishes the
+        # other targets' figures: the key travels in headers and must leak nowhere either way.
         def two_runs():
             text = d.metrics()
             return text.count('fleetcanary_inference_success{target="with-env"} 1.0') and \
-                'fleetcanary_probe_runs_total{outcome="success",probe="inference"} 2.0' in text
-        wait_for(two_runs, timeout=60, what="two inference runs")
+                'fleetcanary_probe_runs_total{outcome="failure",probe="inference"} 2.0' in text
+        wait_for(two_runs, timeout=120, what="two inference runs")
         metrics = d.metrics()
         assert 'fleetcanary_inference_success{target="with-file"} 1.0' in metrics
         assert 'fleetcanary_inference_requests_total{model="m",outcome="http_4xx",target="no-key"}' in metrics
         results = http_get(d.url + "/results")[2].decode()
-        assert json.loads(results)["inference"]["outcome"] == "success"
+        assert json.loads(results)["inference"]["outcome"] == "failure"
+        assert "no-key" in json.loads(results)["inference"]["detail"]
     finally:
         server.shutdown()
         server.server_close()
