@@ -5,16 +5,11 @@ import time
 import pytest
 
 from fleetcanary.runner.isolation import MAX_RESULT_BYTES, OUTPUT_TAIL_BYTES, become_subreaper
-from tests.support.helpers import run_job
 from tests.support.fault_probes import FAULT_PROBES
-from tests.support.helpers import pid_alive, wait_for
+from tests.support.helpers import pid_alive, run_job, wait_for
 
 DEADLINE = 8.0  # covers a worker's start-up on a busy 2-core machine (load average 16 seen): it must write its PIDs first
 GRACE = 1.0
-
-
-def ctx(tmp_path):
-    return {"node_name": "t", "state_dir": str(tmp_path), "gpu": {}, "kube": {}}
 
 
 def run_fault(tmp_path, name, timeout=DEADLINE):
