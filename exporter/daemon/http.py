@@ -131,6 +131,7 @@ class MetricsServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
     def metrics_body(self, gz: bool) -> bytes:
+        self.store.expire()
         static = self.store.exposition
         dynamic = generate_latest(self._proc_registry)
         if not gz:

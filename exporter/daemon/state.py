@@ -7,6 +7,12 @@ sees a half-applied result.
 Samples from a worker are checked against the probe's declared metric specs: an
 undeclared metric or wrong label names is dropped and counted, and label values
 are bounded in length, so a buggy probe cannot break the exposition.
+
+Figures are exported only while they are fresh: a probe's gauges from a run are dropped
+once they are older than FRESH_INTERVALS of its interval (checked on every scrape,
+``expire``). A skipped run keeps the previous figures only until then; after that the
+series disappear, Prometheus writes staleness markers, and the rules' ``*_over_time``
+windows hold samples of fresh runs only (docs/alerting.md, "Windows of runs").
 """
 from __future__ import annotations
 
@@ -22,6 +28,9 @@ from fleetcanary.daemon.collector import render
 from fleetcanary.probes.base import Probe
 
 MAX_LABEL_VALUE = 128
+# A run's figures stay exported for this many probe intervals after the run finished: the
+# next run is due after one interval; half an interval more absorbs jitter and slow runs.
+FRESH_INTERVALS = 1.5
 LabelKey = tuple[tuple[str, str], ...]
 
 
@@ -35,6 +44,7 @@ class ProbeState:
     last_run_ts: float | None = None
     last_success_ts: float | None = None
     gauges: dict[str, dict[LabelKey, float]] = field(default_factory=dict)
+    gauges_at: float | None = None  # finished_at of the run that produced `gauges`
     invalid_samples: int = 0
 
 
@@ -133,14 +143,34 @@ class ResultStore:
                             h = self.histograms[name][key] = Histogram(buckets, [0] * len(buckets))
                         h.observe(value)
                 st.gauges = gauges
+                st.gauges_at = out.finished_at
             elif out.outcome in ("failure", "timeout", "crash"):
                 # Values of a broken run are not results; a stale number would mislead alerts.
                 st.gauges = {}
+                st.gauges_at = None
             for gpu, secs in out.gpu_seconds.items():
                 self.gpu_seconds[gpu[:16]] += secs
             if out.environment:
                 self.node_environment = out.environment
         self.rerender()
+
+    def expire(self, now: float | None = None) -> bool:
+        """Drop figures older than their freshness bound (FRESH_INTERVALS x the probe's
+        interval); re-render when any went. Called before each scrape is served. A probe
+        without a known interval keeps its figures. True if something was dropped."""
+        now = time.time() if now is None else now
+        with self._lock:
+            dropped = False
+            for name, st in self.state.items():
+                interval = self.intervals.get(name)
+                if st.gauges and st.gauges_at is not None and interval and \
+                        now - st.gauges_at > FRESH_INTERVALS * interval:
+                    st.gauges = {}
+                    st.gauges_at = None
+                    dropped = True
+        if dropped:
+            self.rerender()
+        return dropped
 
     def set_config_reload(self, ok: bool) -> None:
         with self._lock:

@@ -73,3 +73,67 @@ def test_a_failed_run_publishes_the_evidence_it_carries():
     assert v["fleetcanary_test_fault_value[('mode', 'target_down')]"] == 0.0
     assert v["fleetcanary_probe_success[('probe', 'ok')]"] == 0.0
     assert "fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]" not in v
+
+
+def test_figures_stop_being_exported_once_older_than_the_freshness_bound():
+    """A skipped run keeps the last figures only for FRESH_INTERVALS x the interval; after that the
+    series leave the exposition (Prometheus marks them stale), while counters and timestamps stay."""
+    from fleetcanary.daemon.state import FRESH_INTERVALS
+
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    store.set_enabled(["ok"], {"ok": 600.0})
+    store.apply(RunRecord("ok", "success", samples=[
+        {"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 3.0}],
+        started_at=1000.0, wall_seconds=10.0))
+    store.apply(RunRecord("ok", "skipped", "gpu_busy", started_at=1600.0))
+    key = "fleetcanary_test_fault_value[('mode', 'm')]"
+    bound = 1010.0 + FRESH_INTERVALS * 600.0
+    assert store.expire(now=bound - 1) is False
+    assert parse(store)[key] == 3.0
+    version = store.version
+    assert store.expire(now=bound + 1) is True
+    v = parse(store)
+    assert key not in v
+    assert store.version > version
+    assert v["fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]"] == 1010.0
+    assert v["fleetcanary_probe_runs_total[('outcome', 'skipped'), ('probe', 'ok')]"] == 1.0
+    assert store.expire(now=bound + 2) is False  # nothing left to drop: no re-render per scrape
+    # the next successful run exports again
+    store.apply(RunRecord("ok", "success", samples=[
+        {"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 4.0}],
+        started_at=bound + 100, wall_seconds=1.0))
+    assert store.expire(now=bound + 200) is False
+    assert parse(store)[key] == 4.0
+
+
+def test_figures_without_a_known_interval_are_kept():
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    store.apply(RunRecord("ok", "success", samples=[
+        {"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 3.0}],
+        started_at=1000.0, wall_seconds=1.0))
+    assert store.expire(now=1e12) is False
+    assert parse(store)["fleetcanary_test_fault_value[('mode', 'm')]"] == 3.0
+
+
+def test_a_scrape_drops_expired_figures():
+    """The HTTP server checks freshness before it serves /metrics (plain and gzip alike)."""
+    import gzip
+
+    from fleetcanary.daemon.http import MetricsServer
+
+    probes = {"ok": FAULT_PROBES["ok"]}
+    store = ResultStore(probes, ["ok"])
+    store.set_enabled(["ok"], {"ok": 60.0})
+    store.apply(RunRecord("ok", "success", samples=[
+        {"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 3.0}],
+        started_at=1000.0, wall_seconds=1.0))  # long ago: expired by now
+    assert b"fleetcanary_test_fault_value{" in store.exposition
+    server = MetricsServer(store, "127.0.0.1", 0, health=lambda: True, ready=lambda: True)
+    try:
+        assert b"fleetcanary_test_fault_value{" not in gzip.decompress(server.metrics_body(gz=True))
+        assert b"fleetcanary_test_fault_value{" not in server.metrics_body(gz=False)
+        assert b'fleetcanary_probe_last_success_timestamp_seconds{probe="ok"} 1001.0' in server.metrics_body(False)
+    finally:
+        server.httpd.server_close()
