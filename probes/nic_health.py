@@ -1,5 +1,7 @@
-"""NIC and port health from sysfs: every InfiniBand/RoCE port under <sysfs_root>/class/infiniband
-and every configured Ethernet interface under <sysfs_root>/class/net.
+"""NIC and port health from sysfs: RDMA (InfiniBand and RoCE) ports and configured Ethernet interfaces.
+
+Every port under <sysfs_root>/class/infiniband and every configured interface under
+<sysfs_root>/class/net.
 
 Non-invasive (reads a few hundred small files, sends nothing), so it runs on every node every
 minute. Per RDMA port: state and physical state, rate and width against the expected rate, the
@@ -124,8 +126,8 @@ class NicHealth(Probe):
         MetricSpec(N + "present", "gauge", "1 if the configured interface exists.", "boolean", ("interface",)),
         MetricSpec(N + "up", "gauge", "1 if the interface's operational state is up (or unknown with carrier).",
                    "boolean", ("interface",)),
-        MetricSpec(N + "speed_bytes_per_second", "gauge", "Link speed the interface reports; absent while down "
-                   "or unknown.", "bytes_per_second", ("interface",)),
+        MetricSpec(N + "speed_bytes_per_second", "gauge", "Link speed the interface reports; absent where the "
+                   "kernel gives none (interface down, speed unknown).", "bytes_per_second", ("interface",)),
         MetricSpec(N + "mtu_bytes", "gauge", "MTU of the interface.", "bytes", ("interface",)),
         MetricSpec(N + "carrier_changes_total", "counter", "Carrier transitions (a down and up again is 2).",
                    "total", ("interface",), cumulative=True),
