@@ -25,6 +25,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rules_nic  # noqa: E402  (beside this script; RDMA port and Ethernet interface rules)
+
 HERE = Path(__file__).resolve().parent
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 REL_DROP = 0.10
@@ -347,7 +350,8 @@ def build() -> tuple[dict, dict]:
     alerts = {"groups": [{"name": "fleetcanary-hard-failures", "rules": hard_alerts()},
                          {"name": "fleetcanary-peer-outliers", "rules": [peer_alert(f) for f in FAMILIES]},
                          {"name": "fleetcanary-regressions",
-                          "rules": [a for f in FAMILIES if f.history for a in history_alerts(f)]}]}
+                          "rules": [a for f in FAMILIES if f.history for a in history_alerts(f)]},
+                         {"name": "fleetcanary-nic", "rules": rules_nic.alert_rules(annotations)}]}
     return recording, alerts
 
 
@@ -367,6 +371,8 @@ def runbooks_markdown() -> str:
             fam = by_family.get(a["labels"].get("family", ""))
             if name in rb.HARD:
                 meaning, checks, causes = rb.HARD[name]
+            elif name in rules_nic.RUNBOOKS:
+                meaning, checks, causes = rules_nic.RUNBOOKS[name]
             elif name.endswith(("DropAfterDriverChange", "RiseAfterDriverChange")):
                 meaning, checks, causes = rb.driver_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Regression"):
