@@ -17,6 +17,7 @@ def band(direction: str) -> list:
             (f"({med} * (1 - 5 * {mad})) {MINE}", "pool median - 5 MAD {{direction}}")]
 
 
+GBPS = "* 8 / 1000000000"  # bytes/s to Gb/s (no 1e9: the dashboard name check would read "e9" as a name)
 MATRIX = [{"id": "groupingToMatrix", "options": {"columnField": "dst_gpu", "rowField": "src_gpu",
                                                  "valueField": "Value"}}]
 
@@ -69,8 +70,8 @@ panels = [
           "hour. Good: up 1 on every cabled port, rate equal to expected (NDR 4X: 400), 4 lanes, errors 0 or a "
           "few; 2 lanes or a lower speed is a downtrained link.", "none",
           [instant(f"max by (device, port) (fleetcanary_rdma_port_up{{{N}}})", ref="A"),
-           instant(f"max by (device, port) (fleetcanary_rdma_port_rate_bytes_per_second{{{N}}}) * 8 / 1e9", ref="B"),
-           instant(f"max by (device, port) (fleetcanary_rdma_port_expected_rate_bytes_per_second{{{N}}}) * 8 / 1e9",
+           instant(f"max by (device, port) (fleetcanary_rdma_port_rate_bytes_per_second{{{N}}}) {GBPS}", ref="B"),
+           instant(f"max by (device, port) (fleetcanary_rdma_port_expected_rate_bytes_per_second{{{N}}}) {GBPS}",
                    ref="C"),
            instant(f"max by (device, port) (fleetcanary_rdma_port_link_width{{{N}}})", ref="D"),
            instant(f"sum by (device, port) (increase(fleetcanary_rdma_port_errors_total{{{N}}}[1h]))", ref="E")],
