@@ -42,6 +42,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rules_nic  # noqa: E402  (beside this script; RDMA port and Ethernet interface rules)
+
 HERE = Path(__file__).resolve().parent
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 REL_RAW = 0.10        # raw path: at least this far from the peer median
@@ -580,7 +583,8 @@ def build(scale: float = 1.0) -> tuple[dict, dict]:
         {"name": "fleetcanary-hard-failures", "rules": hard},
         {"name": "fleetcanary-peer-outliers",
          "rules": [peer_alert(f, c) for f in FAMILIES] + [fast_alert(f, c) for f in FAMILIES if f.history and f.fast]},
-        {"name": "fleetcanary-regressions", "rules": [a for f in FAMILIES if f.history for a in history_alerts(f, c)]}]}
+        {"name": "fleetcanary-regressions", "rules": [a for f in FAMILIES if f.history for a in history_alerts(f, c)]},
+        {"name": "fleetcanary-nic", "rules": rules_nic.alert_rules(annotations)}]}
     return recording, alerts
 
 
@@ -609,6 +613,8 @@ def runbooks_markdown() -> str:
             fam = by_family.get(a["labels"].get("family", ""))
             if name in rb.HARD:
                 meaning, checks, causes = rb.HARD[name]
+            elif name in rules_nic.RUNBOOKS:
+                meaning, checks, causes = rules_nic.RUNBOOKS[name]
             elif name.endswith(("FarBelowPeers", "FarSlowerThanPeers")):
                 meaning, checks, causes = rb.fast_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Drift"):

@@ -47,6 +47,13 @@ panels = [
           "Higher is worse here: the canary transformer's step time over its peers' median. Good: every ratio "
           "below 1.1.", "percentunit",
           [instant(f"topk(10, gpu:fleetcanary_train_step_seconds:peer_ratio{{{GPU}}})")], w=8),
+    panel("table", "RDMA ports down or below their rate, per node",
+          "Per node: RDMA ports not ACTIVE/LinkUp (A) and up ports trained below their expected rate (B), "
+          "worst first. Good: 0 and 0; unused ports of dual-port HCAs count as down here but do not alert "
+          "(FleetCanaryRDMAPortDown needs the port expected or up in the last day).", "none",
+          [instant(f'topk(10, sum by (node) ({in_pool("1 - fleetcanary_rdma_port_up")}))', ref="A"),
+           instant(f'topk(10, sum by (node) ({in_pool("fleetcanary_rdma_port_rate_below_expected")}))', ref="B")],
+          w=8),
     panel("table", "Worst nodes: host memory bandwidth vs peers", PEERS +
           "Good: every ratio above 0.9 (peers share the CPU model).", "percentunit",
           [instant('bottomk(10, node:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_ratio{pool=~"$pool"})')],

@@ -17,6 +17,7 @@ def band(direction: str) -> list:
             (f"({med} * (1 - 5 * {mad})) {MINE}", "pool median - 5 MAD {{direction}}")]
 
 
+GBPS = "* 8 / 1000000000"  # bytes/s to Gb/s (no 1e9: the dashboard name check would read "e9" as a name)
 MATRIX = [{"id": "groupingToMatrix", "options": {"columnField": "dst_gpu", "rowField": "src_gpu",
                                                  "valueField": "Value"}}]
 
@@ -63,6 +64,35 @@ panels = [
            (f'sum by (gpu) (increase(fleetcanary_gpu_ecc_errors_total{{{N}, type="uncorrected", counter="volatile"}}[1d]))',
             "GPU {{gpu}} uncorrectable ECC"),
            (f"fleetcanary_gpu_remapped_rows_pending{{{N}}}", "GPU {{gpu}} remap pending")], w=12),
+    panel("table", "RDMA ports: state, rate against expected, errors in the last hour",
+          "Per InfiniBand/RoCE port (nic_health, every minute): up (ACTIVE and LinkUp), the rate it trained at "
+          "and the rate configured for it in Gb/s, its lanes, and the sum of its error counters over the last "
+          "hour. Good: up 1 on every cabled port, rate equal to expected (NDR 4X: 400), 4 lanes, errors 0 or a "
+          "few; 2 lanes or a lower speed is a downtrained link.", "none",
+          [instant(f"max by (device, port) (fleetcanary_rdma_port_up{{{N}}})", ref="A"),
+           instant(f"max by (device, port) (fleetcanary_rdma_port_rate_bytes_per_second{{{N}}}) {GBPS}", ref="B"),
+           instant(f"max by (device, port) (fleetcanary_rdma_port_expected_rate_bytes_per_second{{{N}}}) {GBPS}",
+                   ref="C"),
+           instant(f"max by (device, port) (fleetcanary_rdma_port_link_width{{{N}}})", ref="D"),
+           instant(f"sum by (device, port) (increase(fleetcanary_rdma_port_errors_total{{{N}}}[1h]))", ref="E")],
+          w=12, transformations=[{"id": "merge", "options": {}}]),
+    panel("timeseries", "RDMA port error and hardware counters (per hour)",
+          "Increase over the last hour of each port's IBTA error counters (symbol errors, link downed, receive "
+          "errors, ...) and its driver hardware counters (out_of_buffer, retries, CNPs). Good: error counters "
+          "flat at 0 (alerts fire above 10 an hour, any link_downed); congestion counters follow the load.", "none",
+          [(f"sum by (device, port, counter) (increase(fleetcanary_rdma_port_errors_total{{{N}}}[1h]))",
+            "{{device}}/{{port}} {{counter}}"),
+           (f"sum by (device, port, counter) (increase(fleetcanary_rdma_port_hw_events_total{{{N}}}[1h]))",
+            "{{device}}/{{port}} hw {{counter}}")], w=12),
+    panel("timeseries", "Network interfaces: carrier changes, errors and drops (per hour)",
+          "Per watched Ethernet interface: carrier changes (a down and up is 2), receive and transmit errors and "
+          "drops over the last hour, and whether it is up. Good: up 1, no carrier changes, no errors; a few "
+          "receive drops are normal (unknown protocols count as drops).", "none",
+          [(f"fleetcanary_net_interface_up{{{N}}}", "{{interface}} up"),
+           (f"increase(fleetcanary_net_interface_carrier_changes_total{{{N}}}[1h])", "{{interface}} carrier changes"),
+           (f"increase(fleetcanary_net_interface_errors_total{{{N}}}[1h])", "{{interface}} {{direction}} errors"),
+           (f"increase(fleetcanary_net_interface_dropped_total{{{N}}}[1h])", "{{interface}} {{direction}} drops")],
+          w=12),
     panel("barchart", "Collective bus bandwidth against message size",
           "nccl-tests bus bandwidth of the last run at each message size, per collective. Good: rising with "
           "size and levelling off near the link bandwidth (NVLink 4: ~360-450 GB/s all_reduce on 8 GPUs); "

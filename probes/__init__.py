@@ -15,6 +15,7 @@ from fleetcanary.probes.gpu_p2p import GpuP2P
 from fleetcanary.probes.gpu_sustained import GpuSustained
 from fleetcanary.probes.host_memory_bandwidth import HostMemoryBandwidth
 from fleetcanary.probes.inference import Inference
+from fleetcanary.probes.nic_health import NicHealth
 from fleetcanary.probes.object_storage import ObjectStorage
 from fleetcanary.probes.storage import Storage
 from fleetcanary.probes.train_step import TrainStep
@@ -22,6 +23,7 @@ from fleetcanary.probes.train_step import TrainStep
 PROBES: dict[str, type[Probe]] = {
     HostMemoryBandwidth.name: HostMemoryBandwidth,
     GpuHealth.name: GpuHealth,
+    NicHealth.name: NicHealth,
     GpuBandwidth.name: GpuBandwidth,
     GpuCompute.name: GpuCompute,
     GpuP2P.name: GpuP2P,

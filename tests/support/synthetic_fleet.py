@@ -6,7 +6,8 @@ errors, XIDs, ECC, row remaps, GPU probe time, NCCL collective sweeps, the compu
 canaries (matmul FLOP/s per dtype, the SDC verdict, the last sustained burn, the training
 step) and a firing ALERTS series. One GPU is 8% slow, one NVLink is down, one GPU computes
 10% slower matmuls, one gives a wrong SDC checksum, one throttles in the burn and one trains
-5% slower, so worst-N panels have a worst.
+5% slower, so worst-N panels have a worst. nic_health's RDMA ports and interface (nic()): node 2 has a
+downtrained port and one counting symbol errors.
 
 The compute figures are placeholders, not measurements: matmul 7.8e14 FLOP/s (the bf16
 figure issue #19 reports for the H200 lent to the project, used for every dtype), the burn's
@@ -31,6 +32,32 @@ MATMUL = 7.8e14
 SM_START, SM_TAIL, SM_HOT, MEM = 1980e6, 1755e6, 1410e6, 2619e6
 STEP_SECONDS = 0.004
 SDC_STATUSES = ("match", "mismatch", "no_consensus", "unjudged")
+
+
+def nic(add, node: str, n: int, steps: int) -> None:
+    """nic_health's series: four NDR ports per node (node 2's mlx5_2 trained at 2X, 200 Gb/s, and its
+    mlx5_1 counting symbol errors), one RoCE storage interface."""
+    for d in range(4):
+        pl = {"node": node, "device": f"mlx5_{d}", "port": "1"}
+        slow = (n, d) == (2, 2)
+        add("fleetcanary_rdma_port_up", "gauge", pl, [1] * steps)
+        add("fleetcanary_rdma_port_rate_bytes_per_second", "gauge", pl, [(200e9 if slow else 400e9) / 8] * steps)
+        add("fleetcanary_rdma_port_expected_rate_bytes_per_second", "gauge", pl, [400e9 / 8] * steps)
+        add("fleetcanary_rdma_port_link_width", "gauge", pl, [2 if slow else 4] * steps)
+        add("fleetcanary_rdma_port_rate_below_expected", "gauge", pl, [1 if slow else 0] * steps)
+        for counter in ("symbol_error", "link_downed"):
+            rising = (n, d, counter) == (2, 1, "symbol_error")
+            add("fleetcanary_rdma_port_errors_total", "counter", {**pl, "counter": counter},
+                [3 * k if rising else 0 for k in range(steps)])
+        add("fleetcanary_rdma_port_hw_events_total", "counter", {**pl, "counter": "out_of_buffer"},
+            [k for k in range(steps)])
+    il = {"node": node, "interface": "ens1f0np0"}
+    add("fleetcanary_net_interface_up", "gauge", il, [1] * steps)
+    add("fleetcanary_net_interface_carrier_changes_total", "counter", il, [2] * steps)
+    for direction in ("rx", "tx"):
+        add("fleetcanary_net_interface_errors_total", "counter", {**il, "direction": direction}, [0] * steps)
+        add("fleetcanary_net_interface_dropped_total", "counter", {**il, "direction": direction},
+            [5 * k if direction == "rx" else 0 for k in range(steps)])
 
 
 def write(path: Path, end: int) -> tuple[int, int]:
@@ -106,6 +133,7 @@ def write(path: Path, end: int) -> tuple[int, int]:
                 if h != g:
                     add("fleetcanary_gpu_p2p_bandwidth_bytes_per_second", "gauge",
                         {"node": node, "src_gpu": str(g), "dst_gpu": str(h)}, noisy(3.6e11))
+        nic(add, node, n, steps)
         for size in SIZES:
             for coll in ("all_reduce", "all_gather"):
                 bus = 3.6e11 * size / (size + 2e6)

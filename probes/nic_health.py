@@ -1,0 +1,232 @@
+"""NIC and port health from sysfs: RDMA (InfiniBand and RoCE) ports and configured Ethernet interfaces.
+
+Every port under <sysfs_root>/class/infiniband and every configured interface under
+<sysfs_root>/class/net.
+
+Non-invasive (reads a few hundred small files, sends nothing), so it runs on every node every
+minute. Per RDMA port: state and physical state, rate and width against the expected rate, the
+IBTA error counters and a bounded set of driver hardware counters; per interface: operational
+state, speed, MTU, carrier changes, errors and drops. Ports expected but absent are reported
+(present 0), files that cannot be read or parsed are counted and named in the record; neither
+stops the run. Counters are the kernel's running totals, published as cumulative counters:
+rules use increase()/rate() on them.
+
+Reading the error counters of an InfiniBand port makes the kernel query the HCA's performance
+management agent; it neither resets them nor disturbs traffic.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+
+from fleetcanary.probes.base import (MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult,
+                                     ProbeSkipped, Sample)
+from fleetcanary.probes.lib import nic_sysfs as sysfs
+
+R = "fleetcanary_rdma_port_"
+N = "fleetcanary_net_interface_"
+DP = ("device", "port")
+PORT_KEY = re.compile(r"^[A-Za-z0-9_.:@+-]{1,64}/\d{1,3}$")
+# IB PortState and PortPhysicalState codes -> label values (a fixed set, one series each).
+STATES = {0: "nop", 1: "down", 2: "init", 3: "armed", 4: "active", 5: "active_defer"}
+PHYS_STATES = {1: "sleep", 2: "polling", 3: "disabled", 4: "port_configuration_training", 5: "link_up",
+               6: "link_error_recovery", 7: "phy_test"}
+
+
+def _gbps(v: float) -> float:
+    return v * 1e9 / 8
+
+
+class Config(ProbeConfig):
+    sysfs_root: str = Field("/sys", description="Where sysfs is mounted; tests point it at a recorded tree.")
+    devices: list[str] = Field(
+        default_factory=list, description="RDMA devices to watch (e.g. mlx5_0). Empty: every device present.")
+    expected_ports: list[str] = Field(
+        default_factory=list, description="RDMA ports this node must have, as DEVICE/PORT (mlx5_0/1); "
+        "a missing one is reported with present 0.")
+    expected_port_count: int | None = Field(
+        None, ge=0, description="RDMA ports this node must have, when names differ between nodes. "
+        "None: the length of expected_ports (when set).")
+    expected_rate_gbps: float | None = Field(
+        None, gt=0, description="Expected rate of every RDMA port in Gb/s as sysfs shows it (NDR 4X: 400, "
+        "HDR 4X: 200, HDR100: 100). None: no rate check.")
+    port_rates_gbps: dict[str, float] = Field(
+        default_factory=dict, description="Expected rate in Gb/s per port (DEVICE/PORT), over expected_rate_gbps.")
+    interfaces: list[str] = Field(
+        default_factory=list, description="Ethernet interfaces to watch (e.g. eth0, ens1f0np0); a missing one "
+        "is reported with present 0.")
+
+    @field_validator("devices", "interfaces")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if not sysfs.safe_name(x)]
+        if bad:
+            raise ValueError(f"not a device or interface name: {bad}")
+        return v
+
+    @field_validator("expected_ports")
+    @classmethod
+    def _ports(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if not PORT_KEY.match(x) or not sysfs.safe_name(x.split("/")[0])]
+        if bad:
+            raise ValueError(f"ports are DEVICE/PORT (mlx5_0/1), got {bad}")
+        return v
+
+    @field_validator("port_rates_gbps")
+    @classmethod
+    def _rates(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, r in v.items() if not PORT_KEY.match(k) or not sysfs.safe_name(k.split("/")[0]) or r <= 0]
+        if bad:
+            raise ValueError(f"keys are DEVICE/PORT (mlx5_0/1) and rates positive Gb/s, got {bad}")
+        return v
+
+
+class NicHealth(Probe):
+    name = "nic_health"
+    Config = Config
+    failure_reasons = ("sysfs_unreadable",)
+    reason_docs = {"sysfs_unreadable": "sysfs_root has no class/ directory (wrong sysfs_root, or sysfs not mounted)."}
+    default_interval_seconds = 60.0
+    default_timeout_seconds = 30.0
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec("fleetcanary_rdma_device_info", "gauge", "RDMA device identity from sysfs; value 1.", "info",
+                   ("device", "hca_type", "fw_ver", "board_id")),
+        MetricSpec(R + "info", "gauge", "RDMA port identity: its link layer (InfiniBand, or Ethernet for RoCE); "
+                   "value 1.", "info", DP + ("link_layer",)),
+        MetricSpec(R + "present", "gauge", "1 if the port exists; 0 for an expected port that does not.",
+                   "boolean", DP),
+        MetricSpec(R + "expected", "gauge", "1 if the port is in expected_ports, 0 if present but not listed; "
+                   "absent when no list is configured.", "boolean", DP),
+        MetricSpec(R + "up", "gauge", "1 if the port is ACTIVE with physical state LinkUp.", "boolean", DP),
+        MetricSpec(R + "state", "gauge", "1 for the port's current logical state (IB PortState), 0 for the others.",
+                   "boolean", DP + ("state",)),
+        MetricSpec(R + "physical_state", "gauge", "1 for the port's current physical state, 0 for the others.",
+                   "boolean", DP + ("state",)),
+        MetricSpec(R + "rate_bytes_per_second", "gauge", "Signalling rate the port trained at (sysfs rate).",
+                   "bytes_per_second", DP),
+        MetricSpec(R + "link_width", "gauge", "Lanes the port trained at (the 4 of 4X).", "count", DP),
+        MetricSpec(R + "expected_rate_bytes_per_second", "gauge", "The rate configured as expected for the port.",
+                   "bytes_per_second", DP),
+        MetricSpec(R + "rate_below_expected", "gauge", "1 if an up port trained below its expected rate "
+                   "(a downtrained link: fewer lanes or a lower speed).", "boolean", DP),
+        MetricSpec(R + "errors_total", "counter", "IBTA port error counters as the HCA counts them (counters/).",
+                   "total", DP + ("counter",), cumulative=True),
+        MetricSpec(R + "hw_events_total", "counter", "Driver hardware counters of the port (hw_counters/): "
+                   "receive drops, transport retries and timeouts, ICRC errors, congestion notifications.",
+                   "total", DP + ("counter",), cumulative=True),
+        MetricSpec(R + "counters_saturated", "gauge", "Error counters of the port stuck at their maximum (they "
+                   "saturate, so new errors no longer show until they are cleared).", "count", DP),
+        MetricSpec("fleetcanary_rdma_ports_present", "gauge", "RDMA ports found on this node.", "count"),
+        MetricSpec("fleetcanary_rdma_ports_up", "gauge", "RDMA ports ACTIVE and LinkUp on this node.", "count"),
+        MetricSpec("fleetcanary_rdma_ports_expected", "gauge", "RDMA ports this node should have, from config; "
+                   "absent when not configured.", "count"),
+        MetricSpec(N + "present", "gauge", "1 if the configured interface exists.", "boolean", ("interface",)),
+        MetricSpec(N + "up", "gauge", "1 if the interface's operational state is up (or unknown with carrier).",
+                   "boolean", ("interface",)),
+        MetricSpec(N + "speed_bytes_per_second", "gauge", "Link speed the interface reports; absent where the "
+                   "kernel gives none (interface down, speed unknown).", "bytes_per_second", ("interface",)),
+        MetricSpec(N + "mtu_bytes", "gauge", "MTU of the interface.", "bytes", ("interface",)),
+        MetricSpec(N + "carrier_changes_total", "counter", "Carrier transitions (a down and up again is 2).",
+                   "total", ("interface",), cumulative=True),
+        MetricSpec(N + "errors_total", "counter", "Receive or transmit errors the driver counted.", "total",
+                   ("interface", "direction"), cumulative=True),
+        MetricSpec(N + "dropped_total", "counter", "Received or transmitted packets dropped.", "total",
+                   ("interface", "direction"), cumulative=True),
+        MetricSpec("fleetcanary_nic_sysfs_errors", "gauge", "Port and interface files the last run could not "
+                   "read or parse (named in the run record).", "count"),
+    )
+
+    def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
+        root = config.sysfs_root
+        if not os.path.isdir(os.path.join(root, "class")):
+            raise ProbeError("sysfs_unreadable", f"{root}/class is not a directory")
+        problems = sysfs.Problems(root)
+        expected = list(dict.fromkeys(config.expected_ports))
+        devices = sorted(set(config.devices) | {k.split("/")[0] for k in expected}) if config.devices else []
+        ports = sysfs.rdma_ports(root, devices, problems)
+        n_expected = config.expected_port_count if config.expected_port_count is not None else \
+            (len(expected) if expected else None)
+        if not ports and not expected and not n_expected and not config.interfaces:
+            raise ProbeSkipped("not_configured", f"no RDMA port under {root}/class/infiniband and no interfaces "
+                               "configured")
+        samples: list[Sample] = []
+        add = lambda m, labels, v: samples.append(Sample(m, labels, float(v)))  # noqa: E731
+        for dev in sorted({p.device for p in ports}):
+            add("fleetcanary_rdma_device_info", {"device": dev, **sysfs.device_info(root, dev)}, 1)
+        present = {f"{p.device}/{p.port}" for p in ports}
+        for p in ports:
+            self._port(config, p, add, expected)
+        missing = [k for k in expected if k not in present]
+        for key in missing:
+            dev, port = key.split("/")
+            add(R + "present", {"device": dev, "port": port}, 0)
+            add(R + "expected", {"device": dev, "port": port}, 1)
+        add("fleetcanary_rdma_ports_present", {}, len(ports))
+        add("fleetcanary_rdma_ports_up", {}, sum(1 for p in ports if p.up))
+        if n_expected is not None:
+            add("fleetcanary_rdma_ports_expected", {}, n_expected)
+        interfaces = [sysfs.read_interface(root, name, problems) for name in dict.fromkeys(config.interfaces)]
+        for i in interfaces:
+            self._interface(i, add)
+        add("fleetcanary_nic_sysfs_errors", {}, len(problems.items))
+        return ProbeResult(
+            samples=samples, parameters=config.model_dump(),
+            touched={"sysfs_root": root, "rdma_ports": sorted(present), "interfaces": list(config.interfaces),
+                     "invasive": False},
+            extra={"ports": [p.to_dict() for p in ports], "missing_ports": missing,
+                   "interfaces": [i.to_dict() for i in interfaces], "problems": problems.items})
+
+    @staticmethod
+    def _port(config: Config, p: sysfs.Port, add, expected: list[str]) -> None:
+        dp = {"device": p.device, "port": p.port}
+        key = f"{p.device}/{p.port}"
+        add(R + "present", dp, 1)
+        if expected:
+            add(R + "expected", dp, 1 if key in expected else 0)
+        if p.link_layer:
+            add(R + "info", {**dp, "link_layer": p.link_layer[:32]}, 1)
+        for metric, value, names in ((R + "state", p.state, STATES), (R + "physical_state", p.phys_state, PHYS_STATES)):
+            if value is not None:
+                for code, label in names.items():
+                    add(metric, {**dp, "state": label}, 1 if value[0] == code else 0)
+        if p.up is not None:
+            add(R + "up", dp, 1 if p.up else 0)
+        want = config.port_rates_gbps.get(key, config.expected_rate_gbps)
+        if want is not None:
+            add(R + "expected_rate_bytes_per_second", dp, _gbps(want))
+        if p.rate is not None:
+            gbps, width, _ = p.rate
+            add(R + "rate_bytes_per_second", dp, _gbps(gbps))
+            add(R + "link_width", dp, width)
+            # A down port's rate is whatever it last negotiated or a default: judged only while up.
+            if want is not None and p.up:
+                add(R + "rate_below_expected", dp, 1 if gbps < want else 0)
+        for name, v in p.counters.items():
+            add(R + "errors_total", {**dp, "counter": name}, v)
+        for name, v in p.hw_counters.items():
+            add(R + "hw_events_total", {**dp, "counter": name}, v)
+        if p.counters:
+            add(R + "counters_saturated", dp, len(p.saturated))
+
+    @staticmethod
+    def _interface(i: sysfs.Interface, add) -> None:
+        lab = {"interface": i.name}
+        add(N + "present", lab, 1 if i.present else 0)
+        if not i.present:
+            return
+        if i.up is not None:
+            add(N + "up", lab, 1 if i.up else 0)
+        if i.speed_mbps is not None:
+            add(N + "speed_bytes_per_second", lab, i.speed_mbps * 1e6 / 8)
+        if i.mtu is not None:
+            add(N + "mtu_bytes", lab, i.mtu)
+        if i.carrier_changes is not None:
+            add(N + "carrier_changes_total", lab, i.carrier_changes)
+        for direction in ("rx", "tx"):
+            for kind, metric in (("errors", N + "errors_total"), ("dropped", N + "dropped_total")):
+                v = i.stats.get(f"{direction}_{kind}")
+                if v is not None:
+                    add(metric, {**lab, "direction": direction}, v)
