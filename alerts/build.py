@@ -26,6 +26,9 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import rules_fabric  # noqa: E402 - beside this script, as runbooks.py
+
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 REL_DROP = 0.10
 K_MAD = 5
@@ -343,11 +346,13 @@ def build() -> tuple[dict, dict]:
                             {"name": "fleetcanary-peers", "interval": "1m",
                              "rules": [r for f in FAMILIES for r in family_rules(f)]},
                             {"name": "fleetcanary-history", "interval": "15m",
-                             "rules": [r for f in FAMILIES if f.history for r in history_rules(f)]}]}
+                             "rules": [r for f in FAMILIES if f.history for r in history_rules(f)]},
+                            {"name": "fleetcanary-fabric", "interval": "1m", "rules": rules_fabric.recording_rules()}]}
     alerts = {"groups": [{"name": "fleetcanary-hard-failures", "rules": hard_alerts()},
                          {"name": "fleetcanary-peer-outliers", "rules": [peer_alert(f) for f in FAMILIES]},
                          {"name": "fleetcanary-regressions",
-                          "rules": [a for f in FAMILIES if f.history for a in history_alerts(f)]}]}
+                          "rules": [a for f in FAMILIES if f.history for a in history_alerts(f)]},
+                         {"name": "fleetcanary-fabric", "rules": rules_fabric.alert_rules(RUNBOOK)}]}
     return recording, alerts
 
 
@@ -367,6 +372,8 @@ def runbooks_markdown() -> str:
             fam = by_family.get(a["labels"].get("family", ""))
             if name in rb.HARD:
                 meaning, checks, causes = rb.HARD[name]
+            elif name in rules_fabric.RUNBOOKS:
+                meaning, checks, causes = rules_fabric.RUNBOOKS[name]
             elif name.endswith(("DropAfterDriverChange", "RiseAfterDriverChange")):
                 meaning, checks, causes = rb.driver_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Regression"):
