@@ -352,7 +352,7 @@ def build() -> tuple[dict, dict]:
                          {"name": "fleetcanary-peer-outliers", "rules": [peer_alert(f) for f in FAMILIES]},
                          {"name": "fleetcanary-regressions",
                           "rules": [a for f in FAMILIES if f.history for a in history_alerts(f)]},
-                         {"name": "fleetcanary-fabric", "rules": rules_fabric.alert_rules(RUNBOOK)}]}
+                         {"name": "fleetcanary-fabric-alerts", "rules": rules_fabric.alert_rules(RUNBOOK)}]}
     return recording, alerts
 
 

@@ -51,9 +51,9 @@ def _rec(name: str, expr: str) -> dict:
 
 def recording_rules() -> list[dict]:
     return [
-        _rec(CURRENT, "max by (node) (fleetcanary_fabric_sendrecv_bandwidth_bytes_per_second) "
+        _rec(CURRENT, "(max by (node) (fleetcanary_fabric_sendrecv_bandwidth_bytes_per_second) "
              "and on(node) ((time() - max by (node) (fleetcanary_fabric_pair_slot_timestamp_seconds)) "
-             "< on(node) max by (node) (fleetcanary_fabric_slot_seconds)) "
+             "< on(node) max by (node) (fleetcanary_fabric_slot_seconds))) "
              "* on(node) group_left(pool) node:fleetcanary_pool:info"),
         _rec(REFERENCE, f"quantile by (pool) ({REFERENCE_QUANTILE}, {CURRENT})"),
         _rec(RATIO, f"{CURRENT} / on(pool) group_left() {REFERENCE}"),

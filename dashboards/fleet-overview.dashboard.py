@@ -47,6 +47,16 @@ panels = [
           "Higher is worse here: the canary transformer's step time over its peers' median. Good: every ratio "
           "below 1.1.", "percentunit",
           [instant(f"topk(10, gpu:fleetcanary_train_step_seconds:peer_ratio{{{GPU}}})")], w=8),
+    panel("table", "Worst fabric nodes: share of distinct partners slow (last hour)",
+          "The fabric probe meets a different partner every slot. For each node: the share of the distinct "
+          "partners it met in the last hour whose pair bandwidth was below 70% of the pool's reference, with the "
+          "number of partners measured. Good: 0 everywhere; one bad link shows as 1 of N on two nodes; a node "
+          "slow with most partners (at least 3 measured) is the culprit (FleetCanaryFabricNodeSlow).",
+          "percentunit",
+          [instant('topk(10, node:fleetcanary_fabric_partners_slow:ratio1h '
+                   '* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"})', ref="A"),
+           instant('node:fleetcanary_fabric_partners_measured:count1h '
+                   '* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"}', ref="B")], w=12),
     panel("table", "Worst nodes: host memory bandwidth vs peers", PEERS +
           "Good: every ratio above 0.9 (peers share the CPU model).", "percentunit",
           [instant('bottomk(10, node:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_ratio{pool=~"$pool"})')],
