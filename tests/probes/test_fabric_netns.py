@@ -34,7 +34,7 @@ import yaml
 
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.fabric import schedule
-from tests.support.helpers import metric_value, wait_for
+from tests.support.helpers import metric_value, require_binary, wait_for
 from tests.support.netns import NamespaceNet
 from tests.support.prometheus import Prometheus
 
@@ -302,6 +302,7 @@ def _addr(text: str) -> tuple[str, int]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
+    require_binary("ss")          # iproute2, like ip and tc: finds the pair's process group to cut it
     f = Fleet(tmp_path_factory.mktemp("fabric-fleet"))
     try:
         f.start()
