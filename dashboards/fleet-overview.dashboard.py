@@ -89,7 +89,9 @@ panels = [
           w=12, h=8),
     panel("table", "Skips by reason (last hour)",
           "Probe runs that did not run, by reason: gpu_busy and gpu_allocated are the canary keeping out of "
-          "jobs' way; no_gpu, driver_unavailable or budget_exhausted on a GPU node need a look. "
+          "jobs' way; no_gpu, driver_unavailable or budget_exhausted on a GPU node need a look; "
+          "peer_unavailable is a fabric partner that missed its meeting (many on one node: "
+          "FleetCanaryFabricNodeUnreachable). "
           "Good: only the job-protection reasons.", "none",
           [instant(f'sum by (probe, reason) ({in_pool("increase(fleetcanary_probe_skips_total[1h])")}) > 0')],
           w=12, h=8),

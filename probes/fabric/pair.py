@@ -47,44 +47,40 @@ class Ops:
         self.torch, self.dist, self.backend, self.pg, self.device = torch, dist, backend, pg, device
         self.until, self.op_timeout = until, op_timeout
 
-    def _bound(self) -> None:
+    def _bound(self) -> timedelta:
         left = self.until - time.monotonic()
         if left <= 0.5:
             raise TimeoutError("deadline reached between operations")
+        t = timedelta(seconds=min(self.op_timeout, left))
         if self.backend == "gloo":
-            self.pg.set_timeout(timedelta(seconds=min(self.op_timeout, left)))
+            self.pg.set_timeout(t)
+        return t
+
+    def _run(self, gloo_call, nccl_call) -> None:
+        t = self._bound()
+        if self.backend == "gloo":
+            gloo_call().wait()
+        else:
+            # async, then a bounded wait: a hung NCCL kernel raises here (the communicator is
+            # aborted, TORCH_NCCL_ASYNC_ERROR_HANDLING=2) instead of blocking a synchronize
+            nccl_call().wait(t)
 
     def sync(self) -> None:
         if self.backend == "nccl":
             self.torch.cuda.synchronize(self.device)
 
     def all_reduce(self, t) -> None:
-        self._bound()
-        if self.backend == "gloo":
-            self.pg.allreduce([t]).wait()
-        else:
-            self.dist.all_reduce(t)
+        self._run(lambda: self.pg.allreduce([t]), lambda: self.dist.all_reduce(t, async_op=True))
 
     def all_gather(self, out, inp) -> None:
-        self._bound()
-        if self.backend == "gloo":
-            self.pg._allgather_base(out, inp).wait()
-        else:
-            self.dist.all_gather_into_tensor(out, inp)
+        self._run(lambda: self.pg._allgather_base(out, inp),
+                  lambda: self.dist.all_gather_into_tensor(out, inp, async_op=True))
 
     def send(self, t, dst: int) -> None:
-        self._bound()
-        if self.backend == "gloo":
-            self.pg.send([t], dst, 0).wait()
-        else:
-            self.dist.send(t, dst)
+        self._run(lambda: self.pg.send([t], dst, 0), lambda: self.dist.isend(t, dst))
 
     def recv(self, t, src: int) -> None:
-        self._bound()
-        if self.backend == "gloo":
-            self.pg.recv([t], src, 0).wait()
-        else:
-            self.dist.recv(t, src)
+        self._run(lambda: self.pg.recv([t], src, 0), lambda: self.dist.irecv(t, src))
 
 
 def classify(exc: BaseException) -> ProbeError:
@@ -119,6 +115,7 @@ def connect(session, role: str, my_ip: str, backend: str, device, until: float, 
         opts._timeout = timeout
         pg = dist.ProcessGroupGloo(store, rank, 2, opts)
     else:
+        torch.cuda.set_device(device)   # before the communicator exists
         dist.init_process_group("nccl", store=store, rank=rank, world_size=2, timeout=timeout, device_id=device)
         pg = None
     return torch, Ops(torch, dist, backend, pg, device, until, op_timeout), base

@@ -161,6 +161,13 @@ class Fabric(Probe):
                 if not handles:
                     raise ProbeSkipped("no_gpu", f"no GPU {config.gpu_index}")
             gate = gpu_gate.gate(session, handles, ctx.gpu, ctx.kube, config.expected_gpu_seconds, config.busy_policy)
+        from fleetcanary.probes.lib import torch_util
+
+        torch = torch_util.import_torch()
+        if not torch.cuda.is_available():
+            raise ProbeSkipped("no_gpu", "torch sees no CUDA device")
+        if not torch.distributed.is_nccl_available():
+            raise ProbeSkipped("dependency_missing", "this torch build has no NCCL")
         return "nccl", f"cuda:{gate.usable[0].index}", gate
 
     # ------------------------------------------------------------------ measure
@@ -177,14 +184,12 @@ class Fabric(Probe):
         try:
             torch, ops, _store = pair.connect(session, role, my_ip, backend, _device(device), until, op_timeout)
             dev = ops.device
-            if backend == "nccl":
-                torch.cuda.set_device(dev)
             mine = pair.sweep(torch, ops, rank, config.collectives, sorted(config.sizes_bytes), config.sendrecv_bytes,
                               config.warmup_iterations, config.iterations, config.sendrecv_iterations, dev)
             both = pair.exchange(torch, ops, mine, dev)
         except ProbeError:
             raise
-        except (Exception, TimeoutError) as exc:  # noqa: BLE001 - classified: timeout, peer lost, rank failure
+        except Exception as exc:  # noqa: BLE001 - classified: timeout, peer lost, rank failure
             raise pair.classify(exc) from None
         finally:
             if backend == "nccl":
@@ -232,6 +237,8 @@ class Fabric(Probe):
                         Sample(PAIR_SLOT, {}, m.slot * config.slot_seconds),
                         Sample(SLOT, {}, config.slot_seconds), Sample(MEMBERS, {}, float(n_members))]
         res.samples += [Sample(REJECTED, {"reason": r}, float(c)) for r, c in sorted(session.rejected.items())]
+        if backend == "nccl" and gate is not None:   # the GPU-time budget counts the sweep on the one GPU used
+            res.gpu_seconds = {str(gate.usable[0].index): round(seconds, 3)}
         res.extra = {"partner": m.partner, "role": "host" if m.i_host else "guest", "slot": m.slot, "round": m.round,
                      "members": n_members, "partner_address": session.peer_ip,
                      "handshake_seconds": round(session.handshake_seconds, 4),
@@ -262,6 +269,9 @@ def _nccl_environment(config: Config) -> None:
     for k, v in config.nccl_env.items():
         if k in allowed:
             os.environ[k] = v
+    # A collective that times out aborts the communicator and raises in the waiting call (2 =
+    # clean up only) rather than killing the worker, so the run ends as a classified timeout.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 
 
 def _destroy() -> None:

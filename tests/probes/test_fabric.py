@@ -11,7 +11,6 @@ from fleetcanary.probes.fabric import Fabric
 from fleetcanary.probes.fabric.spec import BUSBW, PARTNER, SENDRECV, Config
 from tests.support.helpers import free_port, run_job, wait_for
 
-pytest.importorskip("torch")
 
 SECRET = "loopback-fleet-secret-7f3a9c21d4e8"
 ENV = {"FLEETCANARY_FABRIC_SECRET": SECRET}
@@ -26,8 +25,8 @@ def slot_plan(now: float) -> tuple[float, float]:
     raise AssertionError("no slot length found")
 
 
-def params(ports, me, wait=40.0, **extra):
-    slot, offset = slot_plan(time.time())
+def params(ports, me, wait=40.0, plan=None, **extra):
+    slot, offset = plan or slot_plan(time.time())
     return {"members": [{"name": "node-a", "address": f"127.0.0.1:{ports[0]}"},
                         {"name": "node-b", "address": f"127.0.0.1:{ports[1]}"}],
             "member_name": me, "backend": "gloo", "slot_seconds": slot, "meet_offset_seconds": offset,
@@ -38,9 +37,11 @@ def params(ports, me, wait=40.0, **extra):
 
 def run_pair(tmp_path, ports, env_a=None, env_b=None, timeout=120.0, start_b=None, **extra):
     out = {}
+    plan = slot_plan(time.time())   # one plan for both sides, however late the second starts
 
     def one(me, env):
-        out[me] = run_job(Fabric, params(ports, me, **extra), tmp_path / me, timeout, env={**ENV, **(env or {})})
+        out[me] = run_job(Fabric, params(ports, me, plan=plan, **extra), tmp_path / me, timeout,
+                          env={**ENV, **(env or {})})
     ta = threading.Thread(target=one, args=("node-a", env_a))
     ta.start()
     if start_b:
@@ -93,7 +94,7 @@ def test_an_absent_partner_is_a_peer_unavailable_skip_not_a_failure(tmp_path, me
 
 def test_a_partner_that_stops_mid_sweep_ends_as_a_timeout_within_the_deadline(tmp_path):
     ports = (free_port(), free_port())
-    a, b = run_pair(tmp_path, ports, env_b={"FLEETCANARY_FABRIC_FAULT": "hang"}, timeout=40.0,
+    a, b = run_pair(tmp_path, ports, env_b={"FLEETCANARY_FABRIC_FAULT": "hang"}, timeout=40.0, wait=15.0,
                     collective_timeout_seconds=5)
     assert (a.outcome, a.reason) == ("timeout", "collective_timeout"), (a.detail, a.output_tail[-1500:])
     assert b.outcome == "timeout"          # the hung side is killed at its deadline
@@ -117,8 +118,12 @@ def test_strays_on_the_rendezvous_port_do_not_break_the_pair(tmp_path):
 
     a, b = run_pair(tmp_path, ports, start_b=strays_first)
     assert (a.outcome, b.outcome) == ("success", "success"), (a.detail, b.detail)
-    assert a.result["extra"]["rendezvous_rejected"].get("bad_handshake") == 1
-    assert samples(a, "fleetcanary_fabric_rendezvous_rejected_total") == {(("reason", "bad_handshake"),): 1.0}
+    rejected = a.result["extra"]["rendezvous_rejected"]
+    # the garbage is refused at once; the silent one is dropped after handshake_timeout if the
+    # partner's worker is slower than that to start, and never holds the pair up either way
+    assert rejected.get("bad_handshake") == 1 and rejected.get("silent", 0) <= 1, rejected
+    assert samples(a, "fleetcanary_fabric_rendezvous_rejected_total") == {
+        (("reason", r),): float(c) for r, c in rejected.items()}
     for s in strays:
         s.close()
 
@@ -137,3 +142,20 @@ def test_a_node_outside_the_member_list_and_bad_settings_are_clear(tmp_path):
     bad["members"][1]["address"] = "127.0.0.1:99999"
     rec = run_job(Fabric, bad, tmp_path, 30.0, env=ENV)
     assert (rec.outcome, rec.reason) == ("failure", "members_unavailable") and "99999" in rec.detail
+
+
+@pytest.mark.parametrize("fixture, reason", [("h100_8gpu_busy", "gpu_busy"), ("h100_8gpu_healthy", "no_gpu")])
+def test_a_gpu_node_gates_before_the_rendezvous(tmp_path, monkeypatch, fixture, reason):
+    """NVML (faked from recorded facts) says GPUs: a busy node skips before it ever listens, so
+    its partner sees it absent; a GPU this torch cannot use (the CPU wheel here) skips no_gpu."""
+    from fleetcanary.probes.base import ProbeSkipped
+    from tests.support.gpu import ctx, fake
+
+    fake(monkeypatch, fixture)
+    monkeypatch.setenv("FLEETCANARY_FABRIC_SECRET", SECRET)
+    ports = (free_port(), free_port())
+    cfg = Config(**{**params(ports, "node-a", wait=30.0), "backend": "auto"})
+    with pytest.raises(ProbeSkipped) as ei:
+        Fabric().run(cfg, ctx(tmp_path))
+    # no partner runs: had the node met first, it would have skipped peer_unavailable instead
+    assert ei.value.reason == reason, ei.value.detail

@@ -6,13 +6,11 @@ import signal
 import subprocess
 import sys
 
-import pytest
 import yaml
 
 from fleetcanary.probes import PROBES
 from tests.support.helpers import free_port, http_get, metric_value, wait_for
 
-pytest.importorskip("torch")
 
 SECRET = "daemon-pair-secret-5c0ffee5c0ffee"
 

@@ -42,10 +42,10 @@ def write(path: Path, end: int) -> tuple[int, int]:
     ts = [start + k * STEP for k in range(steps)]
     fams: dict[str, tuple[str, list[str]]] = {}
 
-    def add(name: str, kind: str, labels: dict, values) -> None:
+    def add(name: str, kind: str, labels: dict, values, digits: int = 6) -> None:
         lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
         fams.setdefault(name, (kind, []))[1].extend(
-            f"{name}{{{lab}}} {v:.6g} {t}" for t, v in zip(ts, values) if not math.isnan(v))  # NaN: no sample
+            f"{name}{{{lab}}} {v:.{digits}g} {t}" for t, v in zip(ts, values) if not math.isnan(v))  # NaN: no sample
 
     def const(v):
         return [v] * steps
@@ -141,7 +141,7 @@ def _fabric(add, ts, steps) -> None:
             partners.setdefault((node, m.partner), [math.nan] * steps)[k] = 1.0
         add("fleetcanary_fabric_sendrecv_bandwidth_bytes_per_second", "gauge",
             {"node": node, "size_bytes": "16777216", "backend": "nccl"}, bw)
-        add("fleetcanary_fabric_pair_slot_timestamp_seconds", "gauge", {"node": node}, slot_ts)
+        add("fleetcanary_fabric_pair_slot_timestamp_seconds", "gauge", {"node": node}, slot_ts, digits=12)  # unix s
         add("fleetcanary_fabric_slot_seconds", "gauge", {"node": node}, [float(STEP)] * steps)
     for (node, partner), vals in sorted(partners.items()):
         add("fleetcanary_fabric_last_partner_info", "gauge", {"node": node, "partner": partner}, vals)
