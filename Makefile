@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 # The CPU build of torch; tests need no CUDA. GPU nodes install the CUDA build instead.
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
-DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio wrk
+DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio wrk iproute2
 PYTEST_ARGS ?=
 
 .PHONY: run test lint-imports soak bench generate dashboards demo venv os-deps dist clean help
@@ -36,7 +36,7 @@ venv: $(STAMP)
 # otherwise a one-line instruction (tests then fail under CI=true, as they must).
 os-deps:
 	@missing=""; for b in prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter \
-	  amtool:prometheus-alertmanager fio:fio wrk:wrk; do \
+	  amtool:prometheus-alertmanager fio:fio wrk:wrk ip:iproute2 tc:iproute2 ss:iproute2; do \
 	  cmd=$${b%%:*}; pkg=$${b##*:}; command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
 	if [ -n "$$(echo $$missing | tr -d ' ')" ]; then \

@@ -42,10 +42,11 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rules_nic  # noqa: E402  (beside this script; RDMA port and Ethernet interface rules)
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import rules_fabric  # noqa: E402 - beside this script, as runbooks.py: the cross-node fabric rules
+import rules_nic  # noqa: E402 - RDMA port and Ethernet interface rules
+
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 REL_RAW = 0.10        # raw path: at least this far from the peer median
 REL_HIST = 0.10       # self-history and driver-change floor (per family override)
@@ -573,7 +574,8 @@ def build(scale: float = 1.0) -> tuple[dict, dict]:
         {"name": "fleetcanary-peers-slow", "interval": iv["peers_slow"],
          "rules": [r for f in slow for r in smoothing_rules(f) + peer_rules(f)]},
         {"name": "fleetcanary-daily", "interval": iv["daily"],
-         "rules": [r for f in FAMILIES if f.history for r in daily_rules(f)]}]}
+         "rules": [r for f in FAMILIES if f.history for r in daily_rules(f)]},
+        {"name": "fleetcanary-fabric", "interval": iv["inventory"], "rules": rules_fabric.recording_rules()}]}
     hard = hard_alerts()
     for a in hard:
         a["for"] = c.t(seconds(a["for"]) / 60)
@@ -584,7 +586,8 @@ def build(scale: float = 1.0) -> tuple[dict, dict]:
         {"name": "fleetcanary-peer-outliers",
          "rules": [peer_alert(f, c) for f in FAMILIES] + [fast_alert(f, c) for f in FAMILIES if f.history and f.fast]},
         {"name": "fleetcanary-regressions", "rules": [a for f in FAMILIES if f.history for a in history_alerts(f, c)]},
-        {"name": "fleetcanary-nic", "rules": rules_nic.alert_rules(annotations)}]}
+        {"name": "fleetcanary-nic", "rules": rules_nic.alert_rules(annotations)},
+        {"name": "fleetcanary-fabric-alerts", "rules": rules_fabric.alert_rules(RUNBOOK)}]}
     return recording, alerts
 
 
@@ -619,6 +622,8 @@ def runbooks_markdown() -> str:
                 meaning, checks, causes = rb.fast_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Drift"):
                 meaning, checks, causes = rb.drift_text(fam.title, fam.key, not fam.higher_is_better)
+            elif name in rules_fabric.RUNBOOKS:
+                meaning, checks, causes = rules_fabric.RUNBOOKS[name]
             elif name.endswith(("DropAfterDriverChange", "RiseAfterDriverChange")):
                 meaning, checks, causes = rb.driver_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Regression"):

@@ -54,6 +54,16 @@ panels = [
           [instant(f'topk(10, sum by (node) ({in_pool("1 - fleetcanary_rdma_port_up")}))', ref="A"),
            instant(f'topk(10, sum by (node) ({in_pool("fleetcanary_rdma_port_rate_below_expected")}))', ref="B")],
           w=8),
+    panel("table", "Worst fabric nodes: share of distinct partners slow (last hour)",
+          "The fabric probe meets a different partner every slot. For each node: the share of the distinct "
+          "partners it met in the last hour whose pair bandwidth was below 70% of the pool's reference, with the "
+          "number of partners measured. Good: 0 everywhere; one bad link shows as 1 of N on two nodes; a node "
+          "slow with most partners (at least 3 measured) is the culprit (FleetCanaryFabricNodeSlow).",
+          "percentunit",
+          [instant('topk(10, node:fleetcanary_fabric_partners_slow:ratio1h '
+                   '* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"})', ref="A"),
+           instant('node:fleetcanary_fabric_partners_measured:count1h '
+                   '* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"}', ref="B")], w=12),
     panel("table", "Worst nodes: host memory bandwidth vs peers", PEERS +
           "Good: every ratio above 0.9 (peers share the CPU model).", "percentunit",
           [instant('bottomk(10, node:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_ratio{pool=~"$pool"})')],
@@ -86,7 +96,9 @@ panels = [
           w=12, h=8),
     panel("table", "Skips by reason (last hour)",
           "Probe runs that did not run, by reason: gpu_busy and gpu_allocated are the canary keeping out of "
-          "jobs' way; no_gpu, driver_unavailable or budget_exhausted on a GPU node need a look. "
+          "jobs' way; no_gpu, driver_unavailable or budget_exhausted on a GPU node need a look; "
+          "peer_unavailable is a fabric partner that missed its meeting (many on one node: "
+          "FleetCanaryFabricNodeUnreachable). "
           "Good: only the job-protection reasons.", "none",
           [instant(f'sum by (probe, reason) ({in_pool("increase(fleetcanary_probe_skips_total[1h])")}) > 0')],
           w=12, h=8),

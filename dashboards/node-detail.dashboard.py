@@ -173,6 +173,17 @@ panels = [
           "Good: within the dtype's tolerance (the check passes); a step time never counts without it.",
           "percentunit",
           [(f"fleetcanary_train_step_loss_deviation_ratio{{{N}}}", "GPU {{gpu}} {{dtype}}")], w=12),
+    panel("timeseries", "Fabric pair history: send/recv bandwidth per slot",
+          "This node's pair bandwidth with the slot's partner (the partner changes every slot; the legend of "
+          "the partner table below names them), against the pool's reference. Good: every slot near the "
+          "reference; low in most slots is this node, low in one slot is that pair's link.", "Bps",
+          [(f"fleetcanary_fabric_sendrecv_bandwidth_bytes_per_second{{{N}}}", "pair bandwidth"),
+           ('pool:fleetcanary_fabric_pair_bandwidth:reference * on(pool) group_left() '
+            'node:fleetcanary_pool:info{node="$node"}', "pool reference")], w=12),
+    panel("table", "Fabric partners in the last hour (1 = slow pair)",
+          "Every partner this node met in the last hour, and whether the pair was slow (below 70% of the "
+          "pool reference) in most of their meetings. Good: all 0; one 1 is one link, most 1s is this node.",
+          "none", [instant(f"max_over_time(node_partner:fleetcanary_fabric_pair_slow:bool{{{N}}}[1h])")], w=12),
     panel("timeseries", "Probe durations",
           "Wall time of each probe's last run, worker start to end. Good: steady and well under each probe's "
           "deadline; a rising duration comes before timeouts.", "s",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fleetcanary.probes.base import Probe
 from fleetcanary.probes.collectives import Collectives
+from fleetcanary.probes.fabric import Fabric
 from fleetcanary.probes.gpu_bandwidth import GpuBandwidth
 from fleetcanary.probes.gpu_compute import GpuCompute
 from fleetcanary.probes.gpu_health import GpuHealth
@@ -29,6 +30,7 @@ PROBES: dict[str, type[Probe]] = {
     GpuP2P.name: GpuP2P,
     GpuSustained.name: GpuSustained,
     Collectives.name: Collectives,
+    Fabric.name: Fabric,
     Storage.name: Storage,
     ObjectStorage.name: ObjectStorage,
     Inference.name: Inference,

@@ -34,6 +34,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "dependency_missing",  # an optional package (torch) is not installed
     "low_disk_space",    # free space under the configured floor
     "unsupported",       # the hardware or platform lacks the feature
+    "peer_unavailable",  # a cross-node probe's partner of the slot did not meet it in time (absent, busy, late)
 )
 
 # Failure reasons every probe may use in addition to its own ``failure_reasons``.
@@ -180,6 +181,9 @@ class Probe:
     Config: ClassVar[type[ProbeConfig]] = ProbeConfig
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     exclusive: ClassVar[str | None] = None      # "gpu": never overlaps another "gpu" probe
+    # True: the daemon starts runs on the wall clock's multiples of the interval, without jitter,
+    # so the same probe on every node starts together (the fabric probe's pairs meet in a slot).
+    slot_aligned: ClassVar[bool] = False
     failure_reasons: ClassVar[tuple[str, ...]] = ()
     # optional: what produces each outcome or failure reason, for docs/metrics.md
     reason_docs: ClassVar[dict[str, str]] = {}

@@ -142,7 +142,7 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
         p.write_text(rendered[p.name])
     groups = {g["name"]: g["interval"] for g in yaml.safe_load(rules[0].read_text())["groups"]}
     assert groups == {"fleetcanary-inventory": "1s", "fleetcanary-peers": "1s", "fleetcanary-peers-slow": "15s",
-                      "fleetcanary-daily": "1m"}
+                      "fleetcanary-daily": "1m", "fleetcanary-fabric": "1s"}
 
     port = free_port()
     fleet = Fleet(time.time(), f"127.0.0.1:{port}")

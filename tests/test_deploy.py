@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
 VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
-            "deploy/overlays/local-nvme-storage"]
+            "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric"]
 build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
@@ -88,6 +88,8 @@ def test_the_daemonset_is_locked_down(variant):
     # hostPath only where a configured storage target needs it
     targets = {t.path for t in cfg.probes.storage.params.targets} if cfg.probes.storage.enabled else set()
     host_mounts = {m for m, v in mounts.items() if "hostPath" in volumes[v]}
+    if cfg.probes.fabric.enabled:  # RDMA's device files, nothing else (test_the_fabric_overlay_adds_only_what_rdma_needs)
+        targets |= {"/dev/infiniband"}
     assert host_mounts == targets, (host_mounts, targets)
     if path.endswith("cpu-only"):
         assert "runtimeClassName" not in spec and "NVIDIA_VISIBLE_DEVICES" not in env
@@ -98,6 +100,27 @@ def test_the_daemonset_is_locked_down(variant):
         assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "compute,utility"
         assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_the_fabric_overlay_adds_only_what_rdma_needs():
+    docs = kustomize("deploy/overlays/fabric")
+    c = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert {"name": "fabric", "containerPort": 29400, "protocol": "TCP"} in c["ports"]
+    cfg = configmod.settings_model()(**config_of(docs))
+    fab = cfg.probes.fabric
+    assert fab.enabled and fab.params.port == 29400 and fab.params.members_from == "kubernetes"
+    assert fab.interval_seconds == fab.params.slot_seconds
+    assert fab.params.secret_file.startswith("/etc/fleetcanary-fabric/")
+    assert not any(d["kind"] == "Secret" for d in docs), "the fleet secret is never shipped"
+    np = one(docs, "NetworkPolicy")
+    fleet = {"app.kubernetes.io/name": "fleetcanary"}
+    assert np["spec"]["podSelector"]["matchLabels"] == fleet and np["spec"]["policyTypes"] == ["Ingress"]
+    from_fleet = [r for r in np["spec"]["ingress"] if r.get("from")]
+    assert [p["podSelector"]["matchLabels"] for r in from_fleet for p in r["from"]] == [fleet]
+    assert from_fleet[0]["ports"][0]["port"] <= fab.params.port <= from_fleet[0]["ports"][0]["endPort"]
+    open_to_all = [r for r in np["spec"]["ingress"] if not r.get("from")]
+    assert [p["port"] for r in open_to_all for p in r["ports"]] == [9835], "only the metrics port is open to all"
 
 
 def test_rbac_grants_the_least_it_needs(variant):

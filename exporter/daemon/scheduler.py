@@ -119,6 +119,7 @@ class Scheduler:
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._jobs: dict[str, tuple[float, float, str | None]] = {}
         self._last_start: dict[str, float] = {}  # monotonic start of each job's last run
+        self.aligned: set[str] = set()  # probes run on the wall clock's grid of their interval (Probe.slot_aligned)
         self._jobs_lock = threading.RLock()
         self._start_lock = threading.Lock()
         self.clock_jumps = 0
@@ -197,6 +198,8 @@ class Scheduler:
             now = datetime.now(timezone.utc)
             for name, (interval, jitter, _) in jobs.items():
                 delay = (delays or {}).get(name)
+                if name in self.aligned:  # the next multiple of the interval since the epoch, no jitter
+                    delay, jitter = (-now.timestamp()) % interval, 0.0
                 if delay is None:
                     delay = random.uniform(0, min(jitter, FIRST_RUN_MAX_DELAY_SECONDS)) if first_delay else 0.0
                 self._sched.add_job(

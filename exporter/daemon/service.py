@@ -109,6 +109,7 @@ class Daemon:
         for name, entry in self.settings.probe_entries().items():
             if entry.enabled:
                 jobs[name] = (entry.interval_seconds, entry.effective_jitter_seconds, self.probe_map[name].exclusive)
+        self.scheduler.aligned = {n for n in jobs if getattr(self.probe_map[n], "slot_aligned", False)}
         return jobs
 
     def reload(self) -> bool:

@@ -166,3 +166,25 @@ def test_the_default_schedule_never_refuses_the_daily_burn():
     ran, due = sustained_runs(windowed=True)
     assert due >= 3 and ran == due
     assert sustained_runs(windowed=False)[0] == 0
+
+
+def test_a_slot_aligned_probe_runs_on_the_wall_clock_grid_without_jitter():
+    """Probe.slot_aligned (the fabric probe): every node's run starts at the same multiples of
+    the interval since the epoch, whatever the configured jitter, also after a re-plan."""
+    s = Scheduler(lambda n: None)
+    s._sched.start(paused=True)
+    s.aligned = {"fabric"}
+    for delays in (None, {"fabric": 1.234}):          # a first plan, then a clock-step re-plan
+        s.set_jobs({"fabric": (300.0, 30.0, "gpu"), "other": (300.0, 30.0, None)}, delays=delays)
+        job = s._sched.get_job("fabric")
+        r = job.next_run_time.timestamp() % 300.0
+        assert min(r, 300.0 - r) < 1e-3, job.next_run_time
+        assert not job.trigger.jitter
+        assert s._sched.get_job("other").trigger.jitter == 30.0
+    s.shutdown()
+
+
+def test_only_the_fabric_probe_is_slot_aligned():
+    from fleetcanary.probes import PROBES
+
+    assert [n for n, cls in PROBES.items() if cls.slot_aligned] == ["fabric"]

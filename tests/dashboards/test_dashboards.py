@@ -28,7 +28,7 @@ build = load_script(BOARDS / "build.py", "fleetcanary_dashboards_build")
 
 NEEDS_SYNTHETIC = re.compile(r"fleetcanary_gpu_|gpu:|node_gpu:|fleetcanary_gpu_model|ALERTS|"
                              r"collective_bus_bandwidth_bytes_per_second:peer|fleetcanary_train_step_|"
-                             r"fleetcanary_rdma_|fleetcanary_net_interface_")
+                             r"fleetcanary_rdma_|fleetcanary_net_interface_|fabric")
 PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "ALERTS", "process_resident_memory_bytes",
                   "process_cpu_seconds_total", "process_open_fds"}
 PROMQL_WORDS = {"by", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "without", "bool",

@@ -1,7 +1,8 @@
 """A local HTTPS server that speaks the slice of the Kubernetes API fleetcanary uses.
 
 GET /api/v1/nodes/NAME, GET /api/v1/pods?fieldSelector=... (spec.nodeName= and
-status.phase!= terms honoured, as the API server does) and PATCH
+status.phase!= terms honoured, as the API server does), GET
+/api/v1/namespaces/NS/pods?labelSelector=k=v,... (equality terms) and PATCH
 /api/v1/nodes/NAME/status. Every request must carry the bearer token. A test can make
 an operation answer 403/500 or hang (until released) to drive the client's error paths.
 """
@@ -95,6 +96,13 @@ class KubeAPI:
                     self._handle("list_pods", lambda: self._reply(200, {
                         "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"},
                         "items": [p for p in api.pods if selects(sel, p)]}))
+                elif url.path.startswith("/api/v1/namespaces/") and url.path.endswith("/pods"):
+                    ns = url.path.split("/")[4]
+                    sel = urllib.parse.parse_qs(url.query).get("labelSelector", [""])[0]
+                    self._handle("list_namespaced_pods", lambda: self._reply(200, {
+                        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"},
+                        "items": [p for p in api.pods if p["metadata"].get("namespace") == ns
+                                  and labels_match(sel, p["metadata"].get("labels") or {})]}))
                 else:
                     self._status(404, "NotFound")
 
@@ -141,6 +149,11 @@ def selects(selector: str, p: dict) -> bool:
             if field(p, key) != val:
                 return False
     return True
+
+
+def labels_match(selector: str, labels: dict) -> bool:
+    terms = [t.split("=", 1) for t in filter(None, selector.split(","))]
+    return all(labels.get(k) == v for k, v in terms)
 
 
 def field(p: dict, path: str):

@@ -19,6 +19,7 @@ training step of the promtool tests (4 ms) with a passing loss check (deviation 
 """
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -68,10 +69,10 @@ def write(path: Path, end: int) -> tuple[int, int]:
     ts = [start + k * STEP for k in range(steps)]
     fams: dict[str, tuple[str, list[str]]] = {}
 
-    def add(name: str, kind: str, labels: dict, values) -> None:
+    def add(name: str, kind: str, labels: dict, values, digits: int = 6) -> None:
         lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
         fams.setdefault(name, (kind, []))[1].extend(
-            f"{name}{{{lab}}} {v:.6g} {t}" for t, v in zip(ts, values))
+            f"{name}{{{lab}}} {v:.{digits}g} {t}" for t, v in zip(ts, values) if not math.isnan(v))  # NaN: no sample
 
     def const(v):
         return [v] * steps
@@ -140,6 +141,7 @@ def write(path: Path, end: int) -> tuple[int, int]:
                 add("fleetcanary_collective_bus_bandwidth_bytes_per_second", "gauge",
                     {"node": node, "collective": coll, "size_bytes": str(size), "ranks": "8", "backend": "nccl"},
                     noisy(bus))
+    _fabric(add, ts, steps)
     add("ALERTS", "gauge", {"alertname": "FleetCanaryNVLinkDown", "alertstate": "firing", "severity": "critical",
                             "node": NODES[2], "gpu": "1", "link": "7"}, const(1))
     with open(path, "w") as f:
@@ -149,3 +151,25 @@ def write(path: Path, end: int) -> tuple[int, int]:
             f.write("\n".join(lines) + "\n")
         f.write("# EOF\n")
     return start, end
+
+
+def _fabric(add, ts, steps) -> None:
+    """The fabric probe over the same nodes: one slot per step, partners from the probe's own
+    round robin; node 5 is slow with every partner (its pairs at 30%)."""
+    from fleetcanary.probes.fabric import schedule
+
+    slow = NODES[5]
+    partners: dict[tuple[str, str], list[float]] = {}
+    for node in NODES:
+        bw, slot_ts = [], []
+        for k, t in enumerate(ts):
+            m = schedule.meeting(NODES, node, float(t), STEP)
+            bw.append(1.2e10 * (0.3 if slow in (node, m.partner) else 1.0))
+            slot_ts.append(float(t))
+            partners.setdefault((node, m.partner), [math.nan] * steps)[k] = 1.0
+        add("fleetcanary_fabric_sendrecv_bandwidth_bytes_per_second", "gauge",
+            {"node": node, "size_bytes": "16777216", "backend": "nccl"}, bw)
+        add("fleetcanary_fabric_pair_slot_timestamp_seconds", "gauge", {"node": node}, slot_ts, digits=12)  # unix s
+        add("fleetcanary_fabric_slot_seconds", "gauge", {"node": node}, [float(STEP)] * steps)
+    for (node, partner), vals in sorted(partners.items()):
+        add("fleetcanary_fabric_last_partner_info", "gauge", {"node": node, "partner": partner}, vals)

@@ -1,0 +1,316 @@
+"""The authenticated rendezvous of a pair: who may join, before any torch store opens.
+
+The host (the lower-ordered name) listens on its member address and port from when its
+run is ready until the meeting deadline; the guest connects from its own member address.
+Both prove they hold the fleet secret and mean this slot and this pair:
+
+  guest -> host   {"v", "slot", "host", "guest", "nonce": Ng, "mac": HMAC(K, hello|slot|host|guest|Ng)}
+  host  -> guest  {"v", "slot", "nonce": Nh, "mac": HMAC(K, welcome|slot|host|guest|Ng|Nh)}
+
+Each message is one JSON line of at most MAX_LINE bytes. Later messages on the same
+connection (the store's port) carry a MAC under the session key HMAC(K, session|...|Ng|Nh),
+so they are bound to this meeting. The torch store itself lies behind a prefix derived from
+the session key: a stray client that finds its port can read or write none of the pair's keys.
+
+Unexpected clients cannot join or stall: connections from other addresses are closed at
+accept, every connection is read without blocking (a selector), one that sends nothing is
+dropped after ``handshake_timeout``, garbage or a wrong MAC closes it at once, and the host
+stops listening at the meeting deadline whatever strays do. The secret never leaves this
+module: errors and counts name what was wrong, never a MAC or the key.
+
+The hand-rolled handshake is small on purpose: TLS-PSK needs OpenSSL builds and Python
+3.13+, and a PAKE or TLS with certificates would need a CA per fleet; an HMAC over fresh
+nonces from both sides is enough for mutual proof of the secret without sending it.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import selectors
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from fleetcanary.probes.base import ProbeError, ProbeSkipped
+from fleetcanary.probes.fabric.spec import MIN_SECRET_BYTES, PROTOCOL, SECRET_ENV
+
+MAX_LINE = 1024
+MAX_PENDING = 16
+CONNECT_RETRY_SECONDS = 0.2
+
+
+def load_secret(secret_file: str, environ=os.environ) -> bytes:
+    """The fleet secret: not set -> skip not_configured; unreadable or too short -> a failure
+    that names the file and the rule, never the content."""
+    if secret_file:
+        try:
+            with open(secret_file, "rb") as f:
+                value = f.read(4096).strip()
+        except OSError as exc:
+            raise ProbeError("secret_invalid", f"cannot read secret_file {secret_file}: {exc.strerror}") from None
+        where = f"secret_file {secret_file}"
+    else:
+        raw = environ.get(SECRET_ENV, "")
+        if not raw:
+            raise ProbeSkipped("not_configured", f"no fabric secret: set secret_file or {SECRET_ENV}")
+        value = raw.strip().encode()
+        where = SECRET_ENV
+    if len(value) < MIN_SECRET_BYTES:
+        raise ProbeError("secret_invalid", f"the fabric secret in {where} is shorter than {MIN_SECRET_BYTES} bytes")
+    return value
+
+
+def mac(key: bytes, *parts) -> str:
+    return hmac.new(key, "|".join((PROTOCOL,) + tuple(str(p) for p in parts)).encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass
+class Session:
+    sock: socket.socket
+    slot: int
+    host: str
+    guest: str
+    key: bytes                     # the session key; never recorded
+    peer_ip: str
+    handshake_seconds: float
+    rejected: Counter = field(default_factory=Counter)
+
+    @property
+    def store_prefix(self) -> str:
+        return "fc-fabric-" + mac(self.key, "store")[:32] + "/"
+
+    def send(self, kind: str, **fields) -> None:
+        body = {"kind": kind, **fields}
+        body["mac"] = mac(self.key, kind, json.dumps(fields, sort_keys=True))
+        self.sock.sendall(json.dumps(body).encode() + b"\n")
+
+    def recv(self, kind: str, until: float) -> dict:
+        """The next message, which must be ``kind`` with a valid MAC, by monotonic ``until``."""
+        line = _read_line(self.sock, until)
+        if line is None:
+            raise TimeoutError(f"no {kind} message from the partner in time")
+        try:
+            body = json.loads(line)
+            got = body.pop("mac")
+            if body.get("kind") != kind:
+                raise ValueError
+            fields = {k: v for k, v in body.items() if k != "kind"}
+        except (ValueError, KeyError, AttributeError, TypeError):
+            raise ProbeError("rendezvous_failed", f"the partner's {kind} message is malformed") from None
+        if not isinstance(got, str) or not hmac.compare_digest(got, mac(self.key, kind, json.dumps(fields, sort_keys=True))):
+            raise ProbeError("rendezvous_failed", f"the partner's {kind} message failed authentication")
+        return fields
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _session_key(secret: bytes, slot: int, host: str, guest: str, ng: str, nh: str) -> bytes:
+    return hmac.new(secret, f"{PROTOCOL}|session|{slot}|{host}|{guest}|{ng}|{nh}".encode(), hashlib.sha256).digest()
+
+
+def _read_line(sock: socket.socket, until: float) -> bytes | None:
+    buf = b""
+    while b"\n" not in buf:
+        left = until - time.monotonic()
+        if left <= 0:
+            return None
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(MAX_LINE)
+        except (socket.timeout, TimeoutError):
+            return None
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        buf += chunk
+        if len(buf) > MAX_LINE:
+            return None
+    return buf.split(b"\n", 1)[0]
+
+
+def _family(ip: str) -> int:
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
+
+
+# ------------------------------------------------------------------------------ host
+def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, partner: str, secret: bytes,
+         until: float, hello_timeout: float) -> Session:
+    """Listen until monotonic ``until`` for the partner's valid hello; the session, or
+    ProbeSkipped("peer_unavailable") when none came (strays counted in the detail)."""
+    t0 = time.monotonic()
+    rejected: Counter = Counter()
+    lsock = socket.socket(_family(bind_ip), socket.SOCK_STREAM)
+    sel = selectors.DefaultSelector()
+    pending: dict[socket.socket, list] = {}   # sock -> [buffer, deadline, peer ip]
+    won: Session | None = None
+    try:
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            lsock.bind((bind_ip, port))
+        except OSError as exc:
+            raise ProbeError("rendezvous_failed", f"cannot listen on {bind_ip}:{port}: {exc.strerror}") from None
+        lsock.listen(MAX_PENDING)
+        lsock.setblocking(False)
+        sel.register(lsock, selectors.EVENT_READ)
+        while won is None:
+            now = time.monotonic()
+            for s in [s for s, p in pending.items() if p[1] <= now]:
+                rejected["silent"] += 1
+                _drop(sel, pending, s)
+            if now >= until:
+                break
+            wake = min([until] + [p[1] for p in pending.values()])
+            for key, _ in sel.select(max(0.0, wake - now)):
+                if key.fileobj is lsock:
+                    _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout)
+                    continue
+                s = key.fileobj
+                try:
+                    chunk = s.recv(MAX_LINE)
+                except OSError:
+                    chunk = b""
+                if not chunk:   # closed by the client; a bare connect (a port check) is not counted
+                    if pending[s][0]:
+                        rejected["bad_handshake"] += 1
+                    _drop(sel, pending, s)
+                    continue
+                pending[s][0] += chunk
+                if b"\n" not in pending[s][0]:
+                    if len(pending[s][0]) > MAX_LINE:
+                        rejected["bad_handshake"] += 1
+                        _drop(sel, pending, s)
+                    continue
+                line = pending[s][0].split(b"\n", 1)[0]
+                ng = _check_hello(line, slot, me, partner, secret)
+                if ng is None:
+                    rejected["bad_handshake"] += 1
+                    _drop(sel, pending, s)
+                    continue
+                nh = secrets.token_hex(16)
+                sel.unregister(s)
+                peer_ip = pending.pop(s)[2]
+                s.setblocking(True)
+                s.settimeout(max(0.1, until - time.monotonic()))
+                try:
+                    s.sendall(json.dumps({"v": 1, "slot": slot, "nonce": nh,
+                                          "mac": mac(secret, "welcome", slot, me, partner, ng, nh)}).encode() + b"\n")
+                except OSError:
+                    rejected["bad_handshake"] += 1
+                    s.close()
+                    continue
+                won = Session(s, slot, me, partner, _session_key(secret, slot, me, partner, ng, nh), peer_ip,
+                              time.monotonic() - t0, rejected)
+                break
+    finally:
+        for s in list(pending):
+            _drop(sel, pending, s)
+        sel.close()
+        lsock.close()
+    if won is None:
+        strays = f"; refused {sum(rejected.values())} other connection(s): {dict(rejected)}" if rejected else ""
+        raise ProbeSkipped("peer_unavailable", f"{partner} did not join within the meeting window{strays}")
+    return won
+
+
+def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout) -> None:
+    while True:
+        try:
+            s, addr = lsock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        ip = addr[0]
+        if ip.startswith("::ffff:"):
+            ip = ip[7:]
+        if ip not in expected_ips:
+            rejected["unexpected_address"] += 1
+            s.close()
+            continue
+        if len(pending) >= MAX_PENDING:
+            rejected["bad_handshake"] += 1
+            s.close()
+            continue
+        s.setblocking(False)
+        pending[s] = [b"", time.monotonic() + hello_timeout, ip]
+        sel.register(s, selectors.EVENT_READ)
+
+
+def _drop(sel, pending, s) -> None:
+    pending.pop(s, None)
+    try:
+        sel.unregister(s)
+    except (KeyError, ValueError):
+        pass
+    s.close()
+
+
+def _check_hello(line: bytes, slot: int, me: str, partner: str, secret: bytes) -> str | None:
+    """The guest's nonce when the hello is for this slot and pair and carries a valid MAC."""
+    try:
+        m = json.loads(line)
+        ng = m["nonce"]
+        ok = (m.get("v") == 1 and m.get("slot") == slot and m.get("host") == me and m.get("guest") == partner
+              and isinstance(ng, str) and 16 <= len(ng) <= 64 and isinstance(m.get("mac"), str))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not ok or not hmac.compare_digest(m["mac"], mac(secret, "hello", slot, me, partner, ng)):
+        return None
+    return ng
+
+
+# ------------------------------------------------------------------------------ guest
+def guest(host_addr: tuple[str, int], source_ip: str, slot: int, me: str, partner: str, secret: bytes,
+          until: float, hello_timeout: float) -> Session:
+    """Connect to the partner (retrying while refused) until monotonic ``until``; the session
+    once the host proved the secret, else ProbeSkipped("peer_unavailable")."""
+    t0 = time.monotonic()
+    last = "no connection"
+    while time.monotonic() < until:
+        left = until - time.monotonic()
+        try:
+            s = socket.create_connection(host_addr, timeout=min(max(left, 0.05), 2.0), source_address=(source_ip, 0))
+        except OSError as exc:
+            last = f"connect: {exc.strerror or type(exc).__name__}"
+            time.sleep(min(CONNECT_RETRY_SECONDS, max(0.0, until - time.monotonic())))
+            continue
+        ng = secrets.token_hex(16)
+        try:
+            s.settimeout(min(hello_timeout, max(0.05, until - time.monotonic())))
+            s.sendall(json.dumps({"v": 1, "slot": slot, "host": partner, "guest": me, "nonce": ng,
+                                  "mac": mac(secret, "hello", slot, partner, me, ng)}).encode() + b"\n")
+        except OSError as exc:
+            s.close()
+            last = f"send: {exc.strerror or type(exc).__name__}"
+            continue
+        line = _read_line(s, min(until, time.monotonic() + hello_timeout))
+        if line is None:
+            s.close()
+            last = "the host closed the connection or did not answer"
+            time.sleep(min(CONNECT_RETRY_SECONDS, max(0.0, until - time.monotonic())))
+            continue
+        try:
+            w = json.loads(line)
+            nh = w["nonce"]
+            good = (w.get("v") == 1 and w.get("slot") == slot and isinstance(nh, str) and 16 <= len(nh) <= 64
+                    and isinstance(w.get("mac"), str)
+                    and hmac.compare_digest(w["mac"], mac(secret, "welcome", slot, partner, me, ng, nh)))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            good = False
+        if not good:
+            s.close()
+            raise ProbeError("rendezvous_failed", f"the listener at {host_addr[0]}:{host_addr[1]} did not prove "
+                             "the fleet secret (a different secret, or not the partner)")
+        return Session(s, slot, partner, me, _session_key(secret, slot, partner, me, ng, nh), host_addr[0],
+                       time.monotonic() - t0)
+    raise ProbeSkipped("peer_unavailable", f"{partner} at {host_addr[0]}:{host_addr[1]} was not ready within the "
+                       f"meeting window ({last})")
