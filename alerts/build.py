@@ -36,6 +36,7 @@ faster on a real Prometheus.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,11 @@ import rules_nic  # noqa: E402 - RDMA port and Ethernet interface rules
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 REL_RAW = 0.10        # raw path: at least this far from the peer median
 REL_HIST = 0.10       # self-history and driver-change floor (per family override)
-K_MAD = 5             # and more than this many median absolute deviations of the peers
+K_MAD = 5             # and more than this many median absolute deviations of the peers (raw path, fast path)
+# The change path: more MADs. Offsets removed, the peers' spread of changes is run noise alone, which is
+# what this gate should scale with; 7 MADs (4.7 sigma for normal noise) keeps heavy-tailed run noise and
+# diurnal swings from reaching the floor, and stays under the 2.5% floor where noise is H200-low.
+K_MAD_CHANGE = 7
 MIN_PEERS = 5         # nodes reporting in the peer group
 MIN_RUNS = 5          # distinct fresh runs in a smoothing window
 FAST_DROP = 0.20      # the fast path: the newest two runs both this far off
@@ -77,14 +82,15 @@ class Family:
     alert: str = ""       # CamelCase stem of the alert name
     rel: float = 0.05     # change path floor: at least this far from the peers' median change
     rel_hist: float = REL_HIST
-    window: str = ""      # smoothing window; default MIN_RUNS probe intervals
+    window: str = ""      # smoothing window; default MIN_RUNS + 0.5 probe intervals
     for_minutes: int = 0  # override the peer alert's `for` (default: 1 probe interval, at least 15 min if under 10)
     fast: bool = True     # a fast path for large drops
     runs_by_changes: bool = True  # False: a recorded, continuously changing figure (no run count)
 
     def __post_init__(self) -> None:
         if not self.window:
-            self.window = dur(MIN_RUNS * self.interval_minutes * 60)
+            # MIN_RUNS intervals and half one more: with up to 10% jitter per run, 5 runs always fit.
+            self.window = dur(math.ceil((MIN_RUNS + 0.5) * self.interval_minutes) * 60)
 
     @property
     def group(self) -> tuple[str, ...]:
@@ -180,7 +186,7 @@ def names(f: Family) -> dict[str, str]:
         "change_mad": f"{g}:{base}:peer_change_mad",
         "change_count": f"{g}:{base}:peer_change_count",
         "recent": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_last2runs",
-        "recent_ratio": f"{lv}:{base}:last2runs_peer_change_ratio",
+        "recent_ratio": f"{lv}:{base}:last2runs_peer_ratio",
         "pre_change_ratio": f"{lv}:{base}:pre_driver_change_ratio",
         "drift_median1d": f"{lv}:{base}:median1d_same_driver",
         "drift_best": f"{lv}:{base}:best_day_{DRIFT_WINDOW}",
@@ -269,24 +275,32 @@ def change_rules(f: Family, c: Ctx) -> list[dict]:
     cover = c.cover("daily")
     # group_left(): a one-to-one match `ignoring` labels drops them from the result; the peer grouping
     # needs model, pool and driver version kept.
-    out = [rec(n["change"], f"{n['smoothed']} / ignoring({strip(f)}) group_left() "
-                            f"last_over_time({n['baseline']}[{cover}])"),
+    # A baseline spans about 3 days: a node whose driver changed in that time has a baseline from the old
+    # driver, so its change is not comparable with its cohort's (early upgraders have absorbed the
+    # driver's effect, late ones not). Those nodes are judged by the raw path and the driver alert.
+    out = [rec(n["change"], f"({n['smoothed']} / ignoring({strip(f)}) group_left() "
+                            f"last_over_time({n['baseline']}[{cover}])) "
+                            f"unless on(node) (node:fleetcanary_driver_versions:count3d > 1)"),
            rec(n["pre_change_ratio"], f"{n['smoothed']} / ignoring({strip(f)}) group_left() "
                                       f"last_over_time({n['pre_change_baseline']}[{cover}])"),
            rec(n["change_median"], f"quantile by ({g}) (0.5, {n['change']})"),
            rec(n["change_ratio"], f"{n['change']} / on({g}) group_left() {n['change_median']}"),
            rec(n["change_mad"], f"quantile by ({g}) (0.5, abs({n['change_ratio']} - 1))"),
            rec(n["change_count"], f"count by ({g}) (count by ({g}, node) ({n['change']}))")]
-    if f.fast:
-        # The better of the runs whose figures were exported in the last interval: the newest run and the
-        # one before it (each exported until the next replaces it). Two runs at least, or nothing.
-        fn = "max_over_time" if f.higher_is_better else "min_over_time"
-        win = dur(f.interval_minutes * 60)
-        out += [rec(n["recent"], info_join(f, f"({fn}({f.metric}[{win}]) and (changes({f.metric}[{win}]) >= 1))")),
-                rec(n["recent_ratio"], f"({n['recent']} / ignoring({strip(f)}) group_left() "
-                                       f"last_over_time({n['baseline']}[{cover}])) "
-                                       f"/ on({g}) group_left() {n['change_median']}")]
     return out
+
+
+def fast_rules(f: Family) -> list[dict]:
+    """The better of the runs whose figures were exported in the last interval: the newest run and the
+    one before it (each exported until the next replaces it); two runs at least, or nothing. Against
+    the peers' median outright: at 20% no per-GPU offset matters, and no baseline is needed (a new
+    node, a node just upgraded)."""
+    n = names(f)
+    g = ", ".join(f.group)
+    fn = "max_over_time" if f.higher_is_better else "min_over_time"
+    win = dur(f.interval_minutes * 60)
+    return [rec(n["recent"], info_join(f, f"({fn}({f.metric}[{win}]) and (changes({f.metric}[{win}]) >= 1))")),
+            rec(n["recent_ratio"], f"{n['recent']} / on({g}) group_left() {n['peer_median']}")]
 
 
 def daily_rules(f: Family) -> list[dict]:
@@ -301,7 +315,9 @@ def daily_rules(f: Family) -> list[dict]:
     return [
         rec(n["median1d"], f"quantile_over_time(0.5, {raw}[1d]) {enough}"),
         # ~3 days of runs ending one smoothing window ago: the 1-day medians recorded over 2 days.
-        rec(n["baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset {offset})"),
+        # At least a day of hourly medians behind it: a young baseline is one noisy day.
+        rec(n["baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset {offset}) "
+                           f"and (count_over_time({n['median1d']}[{BASE_DAYS}d] offset {offset}) >= 24)"),
         rec(n["pre_change_baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset 1d)"),
         # Only days on one driver, labelled with it: a new driver starts a new series (and a new best day).
         rec(n["drift_median1d"], f"({n['median1d']} unless on(node) (node:fleetcanary_driver_versions:count1d > 1)) "
@@ -355,12 +371,12 @@ def entity_words(f: Family) -> str:
     return ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
 
 
-def worse_than(f: Family, ratio: str, floor: float, mad: str, count: str, g: str) -> str:
-    """`ratio` worse than 1 by `floor` and by K_MAD x `mad`, with MIN_PEERS nodes; the value is how far off."""
+def worse_than(f: Family, ratio: str, floor: float, mad: str, count: str, g: str, k: float = K_MAD) -> str:
+    """`ratio` worse than 1 by `floor` and by k x `mad`, with MIN_PEERS nodes; the value is how far off."""
     if f.higher_is_better:
-        return (f"((1 - {ratio}) > on({g}) group_left() ({K_MAD} * {mad})) and ({ratio} < {1 - floor:g}) "
+        return (f"((1 - {ratio}) > on({g}) group_left() ({k:g} * {mad})) and ({ratio} < {1 - floor:g}) "
                 f"and on({g}) ({count} >= {MIN_PEERS})")
-    return (f"(({ratio} - 1) > on({g}) group_left() ({K_MAD} * {mad})) and ({ratio} > {1 + floor:g}) "
+    return (f"(({ratio} - 1) > on({g}) group_left() ({k:g} * {mad})) and ({ratio} > {1 + floor:g}) "
             f"and on({g}) ({count} >= {MIN_PEERS})")
 
 
@@ -395,7 +411,8 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
     name = f"FleetCanary{f.alert}BelowPeers" if f.higher_is_better else f"FleetCanary{f.alert}SlowerThanPeers"
     raw = worse_than(f, c.ref(f, "ratio"), REL_RAW, c.ref(f, "mad"), c.ref(f, "count"), g)
     if f.history:
-        change = worse_than(f, names(f)["change_ratio"], f.rel, names(f)["change_mad"], names(f)["change_count"], g)
+        change = worse_than(f, names(f)["change_ratio"], f.rel, names(f)["change_mad"], names(f)["change_count"], g,
+                            K_MAD_CHANGE)
         cond = f"({change}) or ({raw})"
         last = f"(last_over_time({names(f)['change_ratio']}[{HOLD}]) or last_over_time({names(f)['ratio']}[{HOLD}]))"
     else:
@@ -406,23 +423,23 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
            f"median outright)" if f.history else f"{REL_RAW:.0%} or more from their median")
     return _alert(f, name, cond, held, f.for_m, 2 * f.for_m, c, f"{f.title} {words} its peers",
                   f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} {words} its peers ({', '.join(f.group)}) "
-                  f"{how}, and more than {K_MAD} MADs of their spread; {MIN_PEERS}+ peer nodes, {MIN_RUNS}+ runs "
+                  f"{how}, and more than {K_MAD_CHANGE if f.history else K_MAD} MADs of their spread; {MIN_PEERS}+ peer nodes, {MIN_RUNS}+ runs "
                   f"in {f.window}.")
 
 
 def fast_alert(f: Family, c: Ctx | None = None) -> dict:
-    """Large drops: the newest two runs both FAST_DROP or more beyond the peers' change (and K_MAD MADs),
+    """Large drops: the newest two runs both FAST_DROP or more off the peers' median (and K_MAD MADs),
     with MIN_PEERS nodes. `for: 0m`: it fires at the second bad run, within 2 intervals of the first."""
     c = c or Ctx()
     n = names(f)
     g = ", ".join(f.group)
     name = f"FleetCanary{f.alert}{'FarBelowPeers' if f.higher_is_better else 'FarSlowerThanPeers'}"
-    cond = worse_than(f, n["recent_ratio"], FAST_DROP, n["change_mad"], n["change_count"], g)
+    cond = worse_than(f, n["recent_ratio"], FAST_DROP, n["mad"], n["count"], g)
     words = "far below" if f.higher_is_better else "far slower than"
     return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c, f"{f.title} {words} its peers in two runs in a row",
                   f"{entity_words(f)}: the better of its last two runs is {{{{ $value | humanizePercentage }}}} "
-                  f"{'below' if f.higher_is_better else 'slower than'} its peers ({', '.join(f.group)}), each "
-                  f"against its own baseline; at least {FAST_DROP:.0%}.", severity="critical")
+                  f"{'below' if f.higher_is_better else 'slower than'} the median of its peers ({', '.join(f.group)}); "
+                  f"at least {FAST_DROP:.0%}.", severity="critical")
 
 
 def history_alerts(f: Family, c: Ctx | None = None) -> list[dict]:
@@ -569,7 +586,7 @@ def build(scale: float = 1.0) -> tuple[dict, dict]:
     recording = {"groups": [
         {"name": "fleetcanary-inventory", "interval": iv["inventory"], "rules": inventory_rules()},
         {"name": "fleetcanary-peers", "interval": iv["peers"],
-         "rules": [r for f in fast for r in smoothing_rules(f) + peer_rules(f)]
+         "rules": [r for f in fast for r in smoothing_rules(f) + peer_rules(f) + (fast_rules(f) if f.fast else [])]
          + [r for f in fast if f.history for r in change_rules(f, c)]},
         {"name": "fleetcanary-peers-slow", "interval": iv["peers_slow"],
          "rules": [r for f in slow for r in smoothing_rules(f) + peer_rules(f)]},
@@ -584,7 +601,7 @@ def build(scale: float = 1.0) -> tuple[dict, dict]:
     alerts = {"groups": [
         {"name": "fleetcanary-hard-failures", "rules": hard},
         {"name": "fleetcanary-peer-outliers",
-         "rules": [peer_alert(f, c) for f in FAMILIES] + [fast_alert(f, c) for f in FAMILIES if f.history and f.fast]},
+         "rules": [peer_alert(f, c) for f in FAMILIES] + [fast_alert(f, c) for f in FAMILIES if f.fast]},
         {"name": "fleetcanary-regressions", "rules": [a for f in FAMILIES if f.history for a in history_alerts(f, c)]},
         {"name": "fleetcanary-nic", "rules": rules_nic.alert_rules(annotations)},
         {"name": "fleetcanary-fabric-alerts", "rules": rules_fabric.alert_rules(RUNBOOK)}]}
