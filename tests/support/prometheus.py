@@ -13,16 +13,22 @@ from .helpers import free_port, http_get, require_binary, wait_for
 
 class Prometheus:
     def __init__(self, workdir: Path, scrape_targets: list[str], rule_files: list[str] | None = None,
-                 scrape_interval: str = "1s", evaluation_interval: str = "1s") -> None:
+                 scrape_interval: str = "1s", evaluation_interval: str = "1s",
+                 scrape_configs: list[dict] | None = None, alertmanagers: list[str] | None = None) -> None:
+        """`scrape_configs` replaces the one default job (a single node, "test-node"); `alertmanagers`
+        (host:port) receive the alerts."""
         binary = require_binary("prometheus")
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
             "rule_files": rule_files or [],
-            "scrape_configs": [{"job_name": "fleetcanary", "static_configs": [{"targets": scrape_targets}],
-                                "relabel_configs": [{"target_label": "node", "replacement": "test-node"}]}],
+            "scrape_configs": scrape_configs or [
+                {"job_name": "fleetcanary", "static_configs": [{"targets": scrape_targets}],
+                 "relabel_configs": [{"target_label": "node", "replacement": "test-node"}]}],
         }
+        if alertmanagers:
+            cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": alertmanagers}]}]}
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.log = open(workdir / "prometheus.log", "wb")
