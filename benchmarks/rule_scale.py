@@ -349,8 +349,13 @@ class FleetServer:
 def prom_metrics(url: str) -> dict[tuple[str, tuple], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
+    import urllib.request
+
     out = {}
-    for fam in text_string_to_metric_families(get(url + "/metrics").decode()):
+    # A long timeout: a Prometheus starved of CPU by its own rule groups answers /metrics late.
+    with urllib.request.urlopen(url + "/metrics", timeout=300) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name.startswith(("prometheus_rule_group", "prometheus_tsdb_head_series",
                                   "prometheus_rule_evaluation_failures_total")):
@@ -359,7 +364,10 @@ def prom_metrics(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def query(url: str, expr: str) -> list[dict]:
-    body = json.loads(get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=300) as r:
+        body = json.loads(r.read())
     if body.get("status") != "success":
         raise RuntimeError(f"{expr}: {body}")
     return body["data"]["result"]
@@ -414,6 +422,7 @@ def live(work: Path, data: Path, args, bodies_server: FleetServer, node_names: l
                 if name == "prometheus_rule_group_iterations_total" and v > seen.get(g, 0):
                     seen[g] = v
                     durations[g].append(m[("prometheus_rule_group_last_duration_seconds", lab)])
+                    print(f"  {g.split(';')[1]}: iteration {v:.0f}, {durations[g][-1]:.2f} s", flush=True)
             want = {g: (args.history_cycles if interval[g] > 60 else args.cycles) for g in interval}
             if all(len(durations[g]) >= want[g] for g in interval):
                 break
