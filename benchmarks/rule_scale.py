@@ -192,6 +192,14 @@ def windows_read() -> dict[str, float]:
     return out
 
 
+ERROR_COUNTERS = {"fleetcanary_gpu_xid_errors_total", "fleetcanary_gpu_ecc_errors_total",
+                  "fleetcanary_gpu_nvlink_errors_total", "fleetcanary_gpu_remapped_rows_total",
+                  "fleetcanary_probe_failures_total", "fleetcanary_probe_crashes_total",
+                  "fleetcanary_probe_skips_total", "fleetcanary_probe_invalid_samples_total",
+                  "fleetcanary_storage_failures_total", "fleetcanary_object_failures_total",
+                  "fleetcanary_history_write_errors_total", "fleetcanary_clock_jumps_total"}
+
+
 def value(family: str, labels: dict, model: str, rng: random.Random, t: float) -> float:
     """A plausible, healthy value (the rules' cost does not depend on it, only on what is there)."""
     f = family
@@ -208,6 +216,9 @@ def value(family: str, labels: dict, model: str, rng: random.Random, t: float) -
         return 5.0
     if f in ("fleetcanary_gpus_visible", "fleetcanary_gpus_healthy", "fleetcanary_gpus_expected"):
         return 8.0
+    if f in ERROR_COUNTERS or (f == "fleetcanary_probe_runs_total" and labels.get("outcome") not in
+                               ("success", "skipped")):
+        return 0.0  # a healthy fleet: no errors, so no error alert fires on it
     if f.endswith("_total") or f.endswith(("_bucket", "_count", "_sum")):
         return float(int(t / 60) % 100000)  # grows a little every minute
     if f.endswith("_timestamp_seconds") or f == "fleetcanary_start_time_seconds":
@@ -408,7 +419,7 @@ def live(work: Path, data: Path, args, bodies_server: FleetServer, node_names: l
               f"{all_up - t0:.0f}s; waiting for rule group cycles", flush=True)
         first = prom_metrics(url)
         base_iter = {dict(k[1])["rule_group"]: v for k, v in first.items()
-                     if k[0] == "prometheus_rule_group_iterations_total"}
+                     if k[0] == "prometheus_rule_group_last_evaluation_timestamp_seconds"}
         interval = {dict(k[1])["rule_group"]: v for k, v in first.items()
                     if k[0] == "prometheus_rule_group_interval_seconds"}
         durations: dict[str, list[float]] = defaultdict(list)
@@ -419,10 +430,12 @@ def live(work: Path, data: Path, args, bodies_server: FleetServer, node_names: l
             m = prom_metrics(url)
             for (name, lab), v in m.items():
                 g = dict(lab).get("rule_group")
-                if name == "prometheus_rule_group_iterations_total" and v > seen.get(g, 0):
+                # The evaluation timestamp moves when an evaluation ends (iterations_total counts one
+                # when it starts, before its duration is known).
+                if name == "prometheus_rule_group_last_evaluation_timestamp_seconds" and v > seen.get(g, 0):
                     seen[g] = v
                     durations[g].append(m[("prometheus_rule_group_last_duration_seconds", lab)])
-                    print(f"  {g.split(';')[1]}: iteration {v:.0f}, {durations[g][-1]:.2f} s", flush=True)
+                    print(f"  {g.split(';')[1]}: {durations[g][-1]:.2f} s", flush=True)
             want = {g: (args.history_cycles if interval[g] > 60 else args.cycles) for g in interval}
             if all(len(durations[g]) >= want[g] for g in interval):
                 break
