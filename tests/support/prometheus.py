@@ -14,21 +14,26 @@ from .helpers import free_port, http_get, require_binary, wait_for
 class Prometheus:
     def __init__(self, workdir: Path, scrape_targets: list[str], rule_files: list[str] | None = None,
                  scrape_interval: str = "1s", evaluation_interval: str = "1s",
-                 target_labels: dict[str, dict[str, str]] | None = None) -> None:
+                 target_labels: dict[str, dict[str, str]] | None = None, scrape_configs: list[dict] | None = None,
+                 alertmanagers: list[str] | None = None) -> None:
         """``target_labels``: per-target labels (e.g. {"169.254.7.10:9835": {"node": "node-0"}}) for a fleet
-        of several nodes; without it every target gets node="test-node"."""
+        of several nodes; without it every target gets node="test-node". ``scrape_configs`` replaces the
+        job altogether; ``alertmanagers`` (host:port) receive the alerts."""
         binary = require_binary("prometheus")
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
             "rule_files": rule_files or [],
-            "scrape_configs": [{"job_name": "fleetcanary", "static_configs": [{"targets": scrape_targets}],
-                                "relabel_configs": [{"target_label": "node", "replacement": "test-node"}]}
-                               if target_labels is None else
-                               {"job_name": "fleetcanary", "static_configs": [{"targets": [t], "labels": target_labels[t]}
-                                                                              for t in scrape_targets]}],
+            "scrape_configs": scrape_configs or [
+                {"job_name": "fleetcanary", "static_configs": [{"targets": scrape_targets}],
+                 "relabel_configs": [{"target_label": "node", "replacement": "test-node"}]}
+                if target_labels is None else
+                {"job_name": "fleetcanary", "static_configs": [{"targets": [t], "labels": target_labels[t]}
+                                                               for t in scrape_targets]}],
         }
+        if alertmanagers:
+            cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": alertmanagers}]}]}
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.log = open(workdir / "prometheus.log", "wb")

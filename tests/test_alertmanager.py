@@ -1,0 +1,256 @@
+"""Alertmanager end to end: a real Prometheus with the shipped rule files scrapes two fake nodes on
+127.0.0.1, a real Alertmanager with the shipped example config routes what fires to a webhook receiver
+on 127.0.0.1. Shown: a node's GPU alerts arrive in one notification per node; a node-level alert
+(FleetCanaryGPUsMissing) inhibits the GPU alerts under it, which are then never notified; resolution
+arrives; the payload carries the runbook URL and the labels a router needs.
+
+Only timing changes from what ships: Alertmanager's group_wait/group_interval/resolve_timeout, and the
+alerts' `for`/`keep_firing_for` in a temporary copy of the alert file (a minute becomes a second; 0m
+stays 0m). Routes, group_by, matchers, receivers and inhibit rules are the shipped ones, and the test
+checks that nothing else differs.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from fleetcanary.probes.gpu_health import GpuHealth
+from tests.support.alertmanager import Alertmanager, Exposition, WebhookReceiver
+from tests.support.helpers import wait_for
+from tests.support.prometheus import Prometheus
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERTS = ROOT / "alerts"
+# A minute of the shipped `for`/`keep_firing_for` becomes a second here.
+TIME_SCALE = 1 / 60
+# Deadlines for a busy, shared machine: each step needs a few seconds when idle.
+DEADLINE = 60.0
+AM_TIMING = {"group_wait": "15s", "group_interval": "2s", "resolve_timeout": "1m"}
+NVLINK, REMAP_FAILED, MISSING = "FleetCanaryNVLinkDown", "FleetCanaryGPURowRemapFailed", "FleetCanaryGPUsMissing"
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def seconds(duration: str) -> float:
+    parts = re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, f"not a Prometheus duration: {duration!r}"
+    return sum(int(n) * _UNITS[u] for n, u in parts)
+
+
+def scaled(duration: str) -> str:
+    """`duration` times TIME_SCALE, in milliseconds; a zero duration is returned unchanged."""
+    s = seconds(duration)
+    return duration if s == 0 else f"{max(1, round(s * TIME_SCALE * 1000))}ms"
+
+
+def scaled_alert_file(dest: Path) -> dict[str, dict]:
+    """The shipped alert file with every `for` and `keep_firing_for` scaled by TIME_SCALE; its alerts by name.
+    Test-only: the shipped `for` of minutes would make this test take minutes."""
+    doc = yaml.safe_load((ALERTS / "fleetcanary.alerts.yml").read_text())
+    by_name = {}
+    for g in doc["groups"]:
+        assert "interval" not in g, "an alert group with its own interval: scale it too"
+        for r in g["rules"]:
+            for key in ("for", "keep_firing_for"):
+                if key in r:
+                    r[key] = scaled(r[key])
+            by_name[r["alert"]] = r
+    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return by_name
+
+
+def test_scaling_keeps_zero_and_scales_minutes():
+    assert scaled("0m") == "0m" and scaled("0s") == "0s"
+    assert scaled("5m") == "5000ms" and scaled("2h") == "120000ms" and scaled("1h30m") == "90000ms"
+    with pytest.raises(AssertionError):
+        seconds("5 minutes")
+
+
+def alertmanager_config(webhook: str) -> tuple[dict, dict]:
+    """(shipped, test): the test copy sends every webhook to `webhook` (keeping the URL's path, so the
+    receiver is known) and shortens the timing; nothing else changes."""
+    shipped = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
+    cfg = copy.deepcopy(shipped)
+    cfg.setdefault("global", {})["resolve_timeout"] = AM_TIMING["resolve_timeout"]
+    cfg["route"]["group_wait"] = AM_TIMING["group_wait"]
+    cfg["route"]["group_interval"] = AM_TIMING["group_interval"]
+    for r in cfg["receivers"]:
+        for w in r.get("webhook_configs", []):
+            w["url"] = webhook + urllib.parse.urlsplit(w["url"]).path
+    return shipped, cfg
+
+
+def without_timing_and_urls(cfg: dict) -> dict:
+    c = copy.deepcopy(cfg)
+    c.get("global", {}).pop("resolve_timeout", None)
+    for key in ("group_wait", "group_interval"):
+        c["route"].pop(key, None)
+        assert all(key not in sub for sub in c["route"].get("routes", [])), f"a sub-route sets {key}: adjust the test"
+    for r in c["receivers"]:
+        for w in r.get("webhook_configs", []):
+            w["url"] = urllib.parse.urlsplit(w["url"]).path
+    return c
+
+
+SPECS = {s.name: s for s in GpuHealth.metrics}
+
+
+def exposition(healthy: int = 8, nvlink_down: tuple[int, ...] = (), remap_failed: tuple[int, ...] = ()) -> str:
+    """A gpu_health exposition of an 8-GPU node (4 NVLinks per GPU, enough here) rendered by
+    prometheus_client, as the exporter renders it, with the probe's own HELP texts."""
+    reg = CollectorRegistry(auto_describe=False)
+    fams = []
+
+    def fam(name, labels=()):
+        f = GaugeMetricFamily(name, SPECS[name].help, labels=list(labels))
+        fams.append(f)
+        return f
+
+    fam("fleetcanary_gpus_expected").add_metric([], 8)
+    fam("fleetcanary_gpus_healthy").add_metric([], healthy)
+    up = fam("fleetcanary_gpu_nvlink_up", ("gpu", "link"))
+    pending = fam("fleetcanary_gpu_remapped_rows_pending", ("gpu",))
+    failed = fam("fleetcanary_gpu_remapped_rows_failed", ("gpu",))
+    for g in range(8):
+        for link in range(4):
+            up.add_metric([str(g), str(link)], 0 if (g in nvlink_down and link == 2) else 1)
+        pending.add_metric([str(g)], 0)
+        failed.add_metric([str(g)], 1 if g in remap_failed else 0)
+
+    class Snapshot:
+        def collect(self):
+            return fams
+
+    reg.register(Snapshot())
+    return generate_latest(reg).decode()
+
+
+def key(alert: dict) -> tuple[str, str | None]:
+    return alert["labels"]["alertname"], alert["labels"].get("gpu")
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """Two fake nodes, the webhook receiver, Alertmanager, Prometheus; all stopped at the end."""
+    started = []
+    try:
+        nodes = {n: Exposition(exposition()) for n in ("node-a", "node-b")}
+        started += nodes.values()
+        hook = WebhookReceiver()
+        started.append(hook)
+        shipped, cfg = alertmanager_config(hook.url)
+        am = Alertmanager(tmp_path / "am", cfg)
+        started.append(am)
+        rules = scaled_alert_file(tmp_path / "fleetcanary.alerts.yml")
+        scrape = [{"job_name": "fleetcanary", "static_configs": [
+            {"targets": [e.address], "labels": {"node": n}} for n, e in nodes.items()]}]
+        prom = Prometheus(tmp_path / "prom", [], rule_files=[str(ALERTS / "fleetcanary.rules.yml"),
+                                                             str(tmp_path / "fleetcanary.alerts.yml")],
+                          scrape_configs=scrape, alertmanagers=[am.address])
+        started.append(prom)
+        yield {"nodes": nodes, "hook": hook, "am": am, "prom": prom, "rules": rules, "shipped": shipped, "cfg": cfg}
+    finally:
+        for s in reversed(started):
+            s.stop()
+
+
+def test_alerts_route_group_inhibit_and_resolve_through_a_real_alertmanager(stack):
+    nodes, hook, am, prom, rules = stack["nodes"], stack["hook"], stack["am"], stack["prom"], stack["rules"]
+
+    # Only timing and the webhook addresses differ from the shipped example.
+    assert without_timing_and_urls(stack["cfg"]) == without_timing_and_urls(stack["shipped"])
+    assert stack["cfg"]["route"]["routes"] == stack["shipped"]["route"]["routes"]
+    assert stack["cfg"]["inhibit_rules"] == stack["shipped"]["inhibit_rules"]
+    assert {r["name"] for r in stack["cfg"]["receivers"] if r.get("webhook_configs")} == \
+        {"gpu-platform-pager", "gpu-platform-tickets"}
+    wait_for(lambda: len(prom.query('up{job="fleetcanary"} == 1')) == 2, timeout=DEADLINE, what="both nodes up")
+
+    def sent(node: str, status: str | None = None) -> list[dict]:
+        return [n for n in hook.notifications()
+                if n["payload"]["groupLabels"].get("node") == node and (status is None or n["payload"]["status"] == status)]
+
+    # (1) node-a: an NVLink of GPU 0 down and a failed row remap on GPU 5, both critical; node-b: an NVLink
+    # of GPU 2 down. Grouped by node: node-a's two alerts (two alert names, two GPUs) in ONE notification,
+    # node-b's in another.
+    nodes["node-a"].set(exposition(nvlink_down=(0,), remap_failed=(5,)))
+    nodes["node-b"].set(exposition(nvlink_down=(2,)))
+    wait_for(lambda: sent("node-a") and sent("node-b"), timeout=DEADLINE, what="a notification per node")
+    a1, b1 = sent("node-a")[0], sent("node-b")[0]
+    assert a1["path"] == b1["path"] == "/page", "critical alerts go to the pager receiver"
+    assert a1["payload"]["receiver"] == "gpu-platform-pager"
+    assert a1["payload"]["groupLabels"] == {"node": "node-a"}
+    assert a1["payload"]["status"] == "firing"
+    assert sorted(key(a) for a in a1["payload"]["alerts"]) == sorted([(NVLINK, "0"), (REMAP_FAILED, "5")])
+    assert [key(a) for a in b1["payload"]["alerts"]] == [(NVLINK, "2")]
+    # (4) what a router and a person need is in the payload.
+    for a in a1["payload"]["alerts"] + b1["payload"]["alerts"]:
+        shipped_rule = rules[a["labels"]["alertname"]]
+        assert a["status"] == "firing"
+        assert a["labels"]["severity"] == shipped_rule["labels"]["severity"] == "critical"
+        assert a["labels"]["node"] in ("node-a", "node-b") and a["labels"]["gpu"] in ("0", "2", "5")
+        assert a["annotations"]["runbook_url"] == shipped_rule["annotations"]["runbook_url"]
+        assert a["annotations"]["runbook_url"].endswith("docs/runbooks.md#" + a["labels"]["alertname"].lower())
+        assert a["annotations"]["summary"] and a["labels"]["node"] in a["annotations"]["description"]
+    assert a1["payload"]["commonLabels"] == {"node": "node-a", "severity": "critical", "job": "fleetcanary",
+                                             "instance": nodes["node-a"].address}
+
+    # (2) node-a loses a GPU (FleetCanaryGPUsMissing, node-level), and one more NVLink goes down (GPU 6)
+    # while it is missing. The shipped inhibit rule mutes node-a's NVLink alerts, the old and the new; the
+    # row remap failure is not under it and stays notified; node-b is another node and is untouched.
+    inhibit_from = len(hook.notifications())
+    nodes["node-a"].set(exposition(healthy=7, nvlink_down=(0, 6), remap_failed=(5,)))
+
+    def inhibited() -> dict | None:
+        held = {(a["labels"]["node"], *key(a)): a for a in am.alerts()}
+        missing = held.get(("node-a", MISSING, None))
+        if not missing or missing["status"]["state"] != "active":
+            return None
+        muted = [held.get(("node-a", NVLINK, g)) for g in ("0", "6")]
+        if not all(m and m["status"]["state"] == "suppressed" for m in muted):
+            return None
+        return {"missing": missing, "muted": muted, "held": held}
+
+    state = wait_for(inhibited, timeout=DEADLINE, what="node-a's NVLink alerts inhibited by GPUsMissing")
+    for m in state["muted"]:
+        assert m["status"]["inhibitedBy"] == [state["missing"]["fingerprint"]], m["status"]
+        assert m["status"]["silencedBy"] == []
+    assert state["held"][("node-a", REMAP_FAILED, "5")]["status"]["state"] == "active"
+    assert state["held"][("node-b", NVLINK, "2")]["status"]["state"] == "active"
+    # The group's next notification: GPUsMissing and the row remap failure, not the muted NVLink alerts.
+    wait_for(lambda: any(MISSING in {a["labels"]["alertname"] for a in n["payload"]["alerts"]}
+                         for n in sent("node-a")), timeout=DEADLINE, what="GPUsMissing notified")
+    notified = [n for n in sent("node-a") if hook.notifications().index(n) >= inhibit_from]
+    for n in notified:
+        assert sorted((key(a) for a in n["payload"]["alerts"] if a["status"] == "firing"), key=str) == \
+            sorted([(MISSING, None), (REMAP_FAILED, "5")], key=str), n["payload"]
+        assert NVLINK not in {a["labels"]["alertname"] for a in n["payload"]["alerts"]}, n["payload"]
+    # Still inhibited, still absent from what was delivered: no notification ever carried GPU 6's alert.
+    assert inhibited(), "node-a's NVLink alerts are no longer inhibited"
+    assert not any(key(a) == (NVLINK, "6") for n in hook.notifications() for a in n["payload"]["alerts"])
+    healed_at = len(hook.notifications())
+
+    # (3) both nodes healed: resolution arrives, status "resolved", for every alert that was notified.
+    nodes["node-b"].set(exposition())
+    nodes["node-a"].set(exposition())
+    wait_for(lambda: sent("node-b", "resolved") and any(
+        {key(a) for a in n["payload"]["alerts"]} >= {(MISSING, None), (REMAP_FAILED, "5")} for n in sent("node-a", "resolved")),
+        timeout=DEADLINE, what="resolved notifications for both nodes")
+    b_res = sent("node-b", "resolved")[0]["payload"]
+    assert [(key(a), a["status"]) for a in b_res["alerts"]] == [((NVLINK, "2"), "resolved")]
+    assert b_res["alerts"][0]["annotations"]["runbook_url"] == rules[NVLINK]["annotations"]["runbook_url"]
+    a_res = [n for n in sent("node-a", "resolved")][-1]["payload"]
+    assert all(a["status"] == "resolved" and a["endsAt"] > a["startsAt"] for a in a_res["alerts"])
+    # Nothing muted was delivered before the heal; after it, Alertmanager may report the NVLink alerts it
+    # muted as resolved (they are no longer under a firing source), never as firing.
+    assert not any(key(a) == (NVLINK, "6") for n in hook.notifications()[:healed_at] for a in n["payload"]["alerts"])
+    assert not any(a["status"] == "firing" and key(a)[0] == NVLINK and a["labels"]["node"] == "node-a"
+                   for n in hook.notifications()[inhibit_from:] for a in n["payload"]["alerts"])
+    wait_for(lambda: not [a for a in am.alerts() if a["status"]["state"] == "active"], timeout=DEADLINE,
+             what="no active alert left in Alertmanager")
