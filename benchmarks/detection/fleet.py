@@ -347,25 +347,24 @@ class Fleet:
         res["last_success"] = np.where(last >= restart, last, np.nan)
         return res
 
-    def write_blocks(self, out_dir: Path, block_s: int = 2 * HOUR):
-        """Yield one OpenMetrics file per 2-hour block (promtool re-reads its whole input for each block
-        it builds, so one file per block keeps the backfill linear)."""
-        per_node = []
+    def prepare_scrapes(self) -> None:
+        """Work out what each node's exposition held at each scrape (write_block then only formats)."""
+        self._per_node = []
         for n in self.nodes:
             t, up = self.scrape_times(n)
             ex = {pr: self.exported(n, pr, t, up) for pr in n.runs}
             lost_at = {e.gpu: e.start for e in self.fault_list(n.name, "gpu_lost")}
             down_at = {e.gpu: e.start for e in self.fault_list(n.name, "pcie")}
-            per_node.append((n, t, up, ex, lost_at, down_at))
-        b0 = self.start
-        i = 0
-        while b0 < self.end:
-            b1 = b0 + block_s
-            path = out_dir / f"block{i:03d}.om"
-            with open(path, "w", buffering=1 << 22) as f:
-                self._write_block(f, per_node, b0, b1)
-            yield path
-            b0, i = b1, i + 1
+            self._per_node.append((n, t, up, ex, lost_at, down_at))
+
+    def blocks(self, block_s: int = 2 * HOUR) -> list[tuple[int, int]]:
+        """2-hour blocks: promtool re-reads its whole input for each block it builds, so one file per
+        block keeps the backfill linear."""
+        return [(b, min(b + block_s, self.end)) for b in range(self.start, self.end, block_s)]
+
+    def write_block(self, path: Path, b0: int, b1: int) -> None:
+        with open(path, "w", buffering=1 << 22) as f:
+            self._write_block(f, self._per_node, b0, b1)
 
     def fault_list(self, node: str, family: str) -> list[Event]:
         return [e for e in self.events if e.node == node and e.family == family]

@@ -105,13 +105,14 @@ def classify(name: str, labels: dict) -> str:
     return "other"
 
 
-def recording_rules(path: Path = RULES) -> dict[str, tuple[str, int, dict]]:
-    """record name -> (group name, group interval in s, rule)."""
-    out = {}
-    for g in yaml.safe_load(path.read_text())["groups"]:
+def recording_rules(path: Path | None = None) -> dict[str, list[tuple[str, int, dict]]]:
+    """record name -> [(group name, group interval in s, rule)]: one name can have several rules (one per
+    probe, say), and a query of the name sees them all."""
+    out: dict[str, list] = defaultdict(list)
+    for g in yaml.safe_load((path or RULES).read_text())["groups"]:
         for r in g["rules"]:
             if "record" in r:
-                out[r["record"]] = (g["name"], seconds(g.get("interval")) or EVAL_S, r)
+                out[r["record"]].append((g["name"], seconds(g.get("interval")) or EVAL_S, r))
     return out
 
 
@@ -126,7 +127,7 @@ def closure(exprs, recs) -> tuple[set, set]:
         for r in RECORD_NAME.findall(e):
             if r in recs and r not in records:
                 records.add(r)
-                todo.append(recs[r][2]["expr"])
+                todo.extend(x[2]["expr"] for x in recs[r])
         stripped = RECORD_NAME.sub(" ", e)
         stripped = re.sub(r'"[^"]*"', '""', stripped)
         raw |= {m for m in METRIC_NAME.findall(stripped)}
@@ -189,31 +190,38 @@ def hard_family(needs: set[str]) -> str:
 
 
 # --------------------------------------------------------------------------- backfill
-def backfill_raw(fleet, data: Path, work: Path, progress) -> int:
-    """Generate the scrapes block by block and backfill each while the next is written."""
-    data.mkdir(parents=True, exist_ok=True)
-    prev = None
-    n = size = 0
-    for path in fleet.write_blocks(work):
-        size += path.stat().st_size
-        if prev is not None:
-            _finish(prev)
-        prev = (subprocess.Popen([binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(path), str(data)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), path)
-        n += 1
-        if n % 12 == 0:
-            progress(f"raw backfill: {n} blocks, {size / 2**20:.0f} MiB of OpenMetrics so far")
-    if prev is not None:
-        _finish(prev)
+_FLEET = None  # the fleet, inherited by the forked block writers
+
+
+def _raw_block(arg) -> int:
+    i, b0, b1, work, data = arg
+    path = Path(work) / f"block{i:03d}.om"
+    _FLEET.write_block(path, b0, b1)
+    size = path.stat().st_size
+    r = subprocess.run([binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(path), str(data)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    path.unlink()
+    if r.returncode != 0:
+        raise RuntimeError(f"promtool openmetrics backfill of block {i} failed: {r.stderr.decode()[-2000:]}")
     return size
 
 
-def _finish(prev) -> None:
-    proc, path = prev
-    _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"promtool openmetrics backfill of {path.name} failed: {err.decode()[-2000:]}")
-    path.unlink()
+def backfill_raw(fleet, data: Path, work: Path, progress, jobs: int = 2) -> int:
+    """Generate the scrapes block by block and backfill each (`jobs` blocks at a time)."""
+    import multiprocessing
+
+    global _FLEET
+    data.mkdir(parents=True, exist_ok=True)
+    fleet.prepare_scrapes()
+    _FLEET = fleet
+    args = [(i, b0, b1, str(work), str(data)) for i, (b0, b1) in enumerate(fleet.blocks())]
+    size = 0
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for k, s in enumerate(pool.imap_unordered(_raw_block, args), 1):
+            size += s
+            if k % 12 == 0:
+                progress(f"raw backfill: {k}/{len(args)} blocks, {size / 2**20:.0f} MiB of OpenMetrics so far")
+    return size
 
 
 def stages(records: set[str], recs) -> list[list[str]]:
@@ -221,7 +229,7 @@ def stages(records: set[str], recs) -> list[list[str]]:
 
     def lvl(name):
         if name not in level:
-            deps = [d for d in RECORD_NAME.findall(recs[name][2]["expr"]) if d in records and d != name]
+            deps = {d for x in recs[name] for d in RECORD_NAME.findall(x[2]["expr"]) if d in records and d != name}
             level[name] = 1 + max((lvl(d) for d in deps), default=-1)
         return level[name]
 
@@ -234,28 +242,26 @@ def stages(records: set[str], recs) -> list[list[str]]:
 def backfill_rules(records: set[str], data: Path, work: Path, start: int, end: int, progress, jobs: int = 2) -> list:
     """Backfill `records` stage by stage; each rule in its shipped group at the group's interval."""
     recs = recording_rules()
+    interval = {g: iv for rs in recs.values() for g, iv, _ in rs}
     done = []
     for i, stage in enumerate(stages(records, recs)):
         t = time.monotonic()
-        by_group: dict[str, list[str]] = defaultdict(list)
-        for r in stage:
-            by_group[recs[r][0]].append(r)
+        rules = sorted(((g, name, r) for name in stage for g, _, r in recs[name]), key=lambda x: (x[0], x[1]))
         # split the stage into `jobs` promtool processes; a group's rules can be split too: each process
         # reads a file of the same relative name, so a group keeps its evaluation offset
-        chunks = [[] for _ in range(max(1, min(jobs, len(stage))))]
-        for k, r in enumerate(sorted(stage, key=lambda r: (recs[r][0], r))):
-            chunks[k % len(chunks)].append(r)
+        chunks = [[] for _ in range(max(1, min(jobs, len(rules))))]
+        for k, x in enumerate(rules):
+            chunks[k % len(chunks)].append(x)
         prom = BackfilledPrometheus(data, work / "prometheus.log", "5m")
+        procs = []
         try:
-            procs = []
-            for c, names in enumerate(chunks):
+            for c, part in enumerate(chunks):
                 d = work / f"stage{i}-{c}"
                 d.mkdir(parents=True, exist_ok=True)
                 groups = defaultdict(list)
-                for r in names:
-                    groups[recs[r][0]].append(recs[r][2])
-                body = {"groups": [{"name": g, "interval": f"{next(v[1] for v in recs.values() if v[0] == g)}s",
-                                    "rules": rules} for g, rules in groups.items()]}
+                for g, _, r in part:
+                    groups[g].append(r)
+                body = {"groups": [{"name": g, "interval": f"{interval[g]}s", "rules": rs} for g, rs in groups.items()]}
                 (d / "fleetcanary.rules.yml").write_text(yaml.safe_dump(body, sort_keys=False))
                 procs.append((subprocess.Popen(
                     [binary("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(start), "--end",
@@ -274,11 +280,11 @@ def backfill_rules(records: set[str], data: Path, work: Path, start: int, end: i
                     if blk.is_dir():
                         shutil.move(str(blk), data / f"{blk.name}")
             shutil.rmtree(d, ignore_errors=True)
-        intervals = sorted({recs[r][1] for r in stage})
-        done.append({"rules": stage, "groups": sorted(by_group), "intervals_s": intervals,
+        groups = sorted({g for g, _, _ in rules})
+        done.append({"rules": stage, "groups": groups, "intervals_s": sorted({interval[g] for g in groups}),
                      "seconds": round(time.monotonic() - t, 1)})
         progress(f"rules stage {i} ({time.monotonic() - t:.0f}s): " + ", ".join(
-            f"{r} [{recs[r][0]} @{recs[r][1]}s]" for r in stage))
+            f"{r} [{', '.join(sorted({f'{g} @{iv}s' for g, iv, _ in recs[r]}))}]" for r in stage))
     return done
 
 

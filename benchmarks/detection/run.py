@@ -61,7 +61,7 @@ def parse() -> argparse.Namespace:
             continue
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                         help=f"(default {f.default})")
-    ap.add_argument("--jobs", type=int, default=2, help="promtool rule backfills run side by side")
+    ap.add_argument("--jobs", type=int, default=3, help="blocks written and promtool rule backfills run side by side")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (TSDB and logs)")
     ap.add_argument("--workdir", default=None,
                     help="work here and keep it; a second run with the same fleet and rules replays only")
@@ -191,7 +191,7 @@ def main() -> int:
             shutil.copytree(cached / "data", data)
             say(f"raw backfill reused from {cached}")
         else:
-            size = rp.backfill_raw(fleet, data, work, say)
+            size = rp.backfill_raw(fleet, data, work, say, jobs=args.jobs)
             say(f"raw backfill done: {size / 2**20:.0f} MiB of OpenMetrics")
             if cached:
                 shutil.rmtree(cached, ignore_errors=True)
