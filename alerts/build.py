@@ -3,19 +3,36 @@
 alerts/fleetcanary.alerts.yml) from the family table below.
 
 Rules are data: each probe family names its metric, the labels that identify one
-measured thing, the labels its peers share, the smoothing window (at least 5 runs at
-the default interval), its direction, and whether it gets self-history rules. The
-same rule shapes then apply to every family. `python alerts/build.py` rewrites the
-files; a test fails when they differ from what this generates.
+measured thing, the labels its peers share, its probe interval, its direction, and
+whether it gets self-history rules. The same rule shapes then apply to every family.
+`python alerts/build.py` rewrites the files; a test fails when they differ.
 
-Prometheus 2.42 (Debian bookworm): quantile, quantile_over_time, offset,
-keep_firing_for (new in 2.42). Nothing experimental.
+Prometheus 2.42 (Debian bookworm): quantile, quantile_over_time, changes, offset,
+last_over_time, keep_firing_for (new in 2.42). Nothing experimental. docs/alerting.md
+explains each decision; in short:
 
-Thresholds (defaults): an outlier is at least 10% worse than its peer median AND more
-than 5 median absolute deviations of the peers' ratios (about 3.4 sigma for normal
-noise), with at least 5 peers; self-history: 10% below the median of the previous 3
-days (10% above it for a lower-is-better family: the training step time), with no driver
-change in that window.
+- Windows of runs, not scrapes. The exporter drops a run's figures once they are older
+  than 1.5 intervals (+ the probe's timeout), so every `*_over_time` window holds fresh
+  runs only; `changes(m[W]) + 1` counts the distinct runs of one series in its window
+  (each run's figure is a new measured float), and a smoothed value exists only with
+  MIN_RUNS of them. A sparse window neither makes, clears nor counts as a peer; an alert
+  that is firing holds (through its own ALERTS series) while its window is sparse.
+- Peer judgement on changes: each series' smoothed value over its own baseline (the
+  median of its previous ~3 days), against the same change of its peers. Persistent
+  per-GPU offsets cancel, so the spread is run noise, not silicon spread. Peers share
+  model, pool and driver version (a rolling upgrade splits a pool into two cohorts
+  instead of blinding it), and at least MIN_PEERS nodes must report. A raw path (the
+  smoothed value against the peer median, 10% floor) judges members without a baseline
+  and persistent outliers.
+- A fast path for drops of FAST_DROP or more: the better of the newest two runs.
+- Self-history and driver changes against the same baseline; a long-baseline drift
+  rule (the day's median against the best day on the current driver in 14 days).
+- Every alert reads recorded series from a group at most as slow as its own evaluation,
+  or through last_over_time over a window covering the slower group's interval.
+
+`build(scale=...)` multiplies every group interval, `for`, `keep_firing_for` and covering
+window (not the data windows): tests/test_alerts_live.py runs the shipped structure
+faster on a real Prometheus.
 """
 from __future__ import annotations
 
@@ -27,9 +44,17 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
-REL_DROP = 0.10
-K_MAD = 5
-MIN_PEERS = 5
+REL_RAW = 0.10        # raw path: at least this far from the peer median
+REL_HIST = 0.10       # self-history and driver-change floor (per family override)
+K_MAD = 5             # and more than this many median absolute deviations of the peers
+MIN_PEERS = 5         # nodes reporting in the peer group
+MIN_RUNS = 5          # distinct fresh runs in a smoothing window
+FAST_DROP = 0.20      # the fast path: the newest two runs both this far off
+DRIFT = 0.05          # long baseline: the day's median this far off the best day on this driver
+DRIFT_WINDOW = "14d"
+HOLD = "1d"           # a firing peer/history alert holds at most this long while its window is sparse
+INTERVALS = {"inventory": 60, "peers": 60, "peers_slow": 900, "daily": 3600}  # group intervals, seconds
+BASE_DAYS = 2         # the baseline: the median of this many days of hourly 1-day medians (~3 days of runs)
 
 
 @dataclass
@@ -40,63 +65,90 @@ class Family:
     level: str            # "gpu" or "node": the first part of recorded names
     entity: tuple[str, ...]   # labels identifying one measured thing (node is always among them)
     peers: tuple[str, ...]    # labels peers share besides model/pool
-    window: str           # smoothing window holding >= 5 runs
+    interval_minutes: int     # the probe's default interval
     higher_is_better: bool
     join: str             # "gpu_model" (per GPU), "node_model" (per node), "cpu_model", or "pool"
-    interval_minutes: int
-    history: bool = False
+    history: bool = True
     severity: str = "warning"
     alert: str = ""       # CamelCase stem of the alert name
-    rel: float = REL_DROP  # the relative floor: at least this far from the peer median
-    for_minutes: int = 0   # override the peer alert's `for` (default: 2 intervals, at least 15 minutes)
+    rel: float = 0.05     # change path floor: at least this far from the peers' median change
+    rel_hist: float = REL_HIST
+    window: str = ""      # smoothing window; default MIN_RUNS probe intervals
+    for_minutes: int = 0  # override the peer alert's `for` (default: 1 probe interval, at least 15 min if under 10)
+    fast: bool = True     # a fast path for large drops
+    runs_by_changes: bool = True  # False: a recorded, continuously changing figure (no run count)
+
+    def __post_init__(self) -> None:
+        if not self.window:
+            self.window = dur(MIN_RUNS * self.interval_minutes * 60)
 
     @property
     def group(self) -> tuple[str, ...]:
-        extra = {"gpu_model": ("model", "pool"), "node_model": ("model", "pool"), "cpu_model": ("cpu_model", "pool"),
-                 "pool": ("pool",)}[self.join]
+        extra = {"gpu_model": ("model", "pool", "driver_version"), "node_model": ("model", "pool", "driver_version"),
+                 "cpu_model": ("cpu_model", "pool"), "pool": ("pool",)}[self.join]
         return extra + self.peers
 
     @property
-    def lvl_group(self) -> str:
-        return "_".join(x for x in ("pool", "model" if "model" in self.group else "cpu_model"
-                                    if "cpu_model" in self.group else "") if x)
+    def slow(self) -> bool:
+        """Smoothing windows of days are recorded in a 15-minute group, not every minute."""
+        return self.interval_minutes >= 1440
+
+    @property
+    def for_m(self) -> int:
+        return self.for_minutes or (self.interval_minutes if self.interval_minutes >= 10 else 15)
+
+
+def dur(seconds: float) -> str:
+    """A PromQL duration: 900 -> 15m, 5400 -> 90m, 86400*5 -> 5d, 30 -> 30s."""
+    seconds = max(int(round(seconds)), 1)
+    if seconds % 86400 == 0 and seconds >= 2 * 86400:
+        return f"{seconds // 86400}d"
+    if seconds % 3600 == 0 and seconds >= 6 * 3600:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def seconds(d: str) -> int:
+    return int(d[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[d[-1]]
 
 
 FAMILIES = [
-    # HBM copy bandwidth is very stable (CV 0.5-0.8% per run on an H200, docs/gpu-validation.md): a 4% floor
-    # with the 5-MAD gate catches 5% degradations without false alerts (benchmarks/detection), where 10% could not.
+    # HBM copy bandwidth is very stable (CV 0.5-0.8% per run on an H200, docs/gpu-validation.md): the change
+    # path's 2.5% floor with the 5-MAD gate catches 3% drops where run noise is that low (benchmarks/detection).
     Family("gpu_memory_bandwidth", "GPU memory bandwidth", "fleetcanary_gpu_memory_bandwidth_bytes_per_second", "gpu",
-           ("node", "gpu", "direction"), ("direction",), "75m", True, "gpu_model", 15, history=True,
-           alert="GPUMemoryBandwidth", rel=0.04),
+           ("node", "gpu", "direction"), ("direction",), 15, True, "gpu_model", alert="GPUMemoryBandwidth",
+           rel=0.025, rel_hist=0.05),
     Family("gpu_p2p_bandwidth", "GPU peer-to-peer bandwidth", "fleetcanary_gpu_p2p_bandwidth_bytes_per_second", "gpu",
-           ("node", "src_gpu", "dst_gpu"), ("src_gpu", "dst_gpu"), "6h", True, "node_model", 60, alert="GPUP2PBandwidth"),
+           ("node", "src_gpu", "dst_gpu"), ("src_gpu", "dst_gpu"), 60, True, "node_model", alert="GPUP2PBandwidth"),
     Family("collective_bus_bandwidth", "collective bus bandwidth",
            "fleetcanary_collective_bus_bandwidth_bytes_per_second", "node",
            ("node", "collective", "size_bytes", "ranks", "backend"), ("collective", "size_bytes", "ranks", "backend"),
-           "3h", True, "node_model", 30, history=True, alert="CollectiveBandwidth"),
+           30, True, "node_model", alert="CollectiveBandwidth", rel=0.04),
     Family("host_memory_bandwidth", "host memory bandwidth", "fleetcanary_host_memory_bandwidth_bytes_per_second",
-           "node", ("node", "op"), ("op",), "1h", True, "cpu_model", 10, history=True, alert="HostMemoryBandwidth"),
+           "node", ("node", "op"), ("op",), 10, True, "cpu_model", alert="HostMemoryBandwidth"),
     Family("storage_read", "storage read throughput", "fleetcanary_storage_read_bytes_per_second", "node",
-           ("node", "target", "cache"), ("target", "cache"), "3h", True, "pool", 30, history=True,
-           alert="StorageRead"),
+           ("node", "target", "cache"), ("target", "cache"), 30, True, "pool", alert="StorageRead"),
     Family("storage_first_byte", "storage first-byte latency", "fleetcanary_storage_first_byte_seconds", "node",
-           ("node", "target", "cache"), ("target", "cache"), "3h", False, "pool", 30, alert="StorageFirstByte"),
-    # Matmul throughput per GPU and dtype (gpu_compute, every 30 minutes): 6 runs in the window.
+           ("node", "target", "cache"), ("target", "cache"), 30, False, "pool", alert="StorageFirstByte", rel=0.10),
+    # Matmul throughput per GPU and dtype (gpu_compute, every 30 minutes).
     Family("gpu_matmul_throughput", "GPU matrix-multiply throughput", "fleetcanary_gpu_matmul_flops_per_second", "gpu",
-           ("node", "gpu", "dtype"), ("dtype",), "3h", True, "gpu_model", 30, history=True,
-           alert="GPUMatmulThroughput"),
-    # Sustained/initial throughput of the daily burn (gpu_sustained): a 3-day median holds 3 runs, the MAD gate
-    # and the peer floor guard against a single odd burn; `for` is an hour, not two daily intervals. No
-    # self-history: a 3-day smoothing needs a week of runs before a history ratio means anything.
+           ("node", "gpu", "dtype"), ("dtype",), 30, True, "gpu_model", alert="GPUMatmulThroughput"),
+    # Sustained/initial throughput of the daily burn (gpu_sustained): 5 daily runs in its window, recorded every
+    # 15 minutes; `for` an hour. No self-history (a week of runs before a history ratio means anything) and no
+    # fast path (two daily burns are two days); FleetCanaryGPUThrottlingUnlikePeers judges each burn at once.
     Family("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "fleetcanary_gpu_sustained_throughput_ratio",
-           "gpu", ("node", "gpu"), (), "3d", True, "gpu_model", 1440, alert="GPUSustainedThroughput", for_minutes=60),
-    # Training-step time of the canary transformer (train_step, hourly): 5 runs in the window. Lower is
-    # better, so its history alerts fire on a rise (ratio above 1 + rel) and name it RiseAfterDriverChange.
+           "gpu", ("node", "gpu"), (), 1440, True, "gpu_model", history=False, alert="GPUSustainedThroughput",
+           for_minutes=60, fast=False),
+    # Training-step time of the canary transformer (train_step, hourly). Lower is better: its alerts fire on a
+    # rise and are named ...SlowerThanPeers / ...RiseAfterDriverChange.
     Family("train_step_time", "training step time", "fleetcanary_train_step_seconds", "gpu",
-           ("node", "gpu", "dtype"), ("dtype",), "5h", False, "gpu_model", 60, history=True, alert="TrainStepTime"),
+           ("node", "gpu", "dtype"), ("dtype",), 60, False, "gpu_model", alert="TrainStepTime"),
+    # A p95 recorded every minute from the canary's histograms over 30 minutes: a continuously changing figure,
+    # so its window counts evaluations, not runs. No history and no fast path: it is already a 30-minute
+    # aggregate of a shared endpoint, and FleetCanaryInferenceTTFTSLOBreach judges it at any pool size.
     Family("inference_ttft", "inference time to first token (p95)", "node:fleetcanary_inference_ttft_seconds:p95_30m",
-           "node", ("node", "target", "model"), ("target", "model"), "30m", False, "pool", 1,
-           alert="InferenceTTFT"),
+           "node", ("node", "target", "model"), ("target", "model"), 1, False, "pool", alert="InferenceTTFT",
+           window="30m", rel=0.10, history=False, fast=False, runs_by_changes=False),
 ]
 
 
@@ -107,50 +159,151 @@ def rec(name: str, expr: str) -> dict:
 def names(f: Family) -> dict[str, str]:
     base = f.metric.split(":")[1] if ":" in f.metric else f.metric
     g = "pool_model" if "model" in f.group else ("pool_cpu_model" if "cpu_model" in f.group else "pool")
+    lv = f.level
     return {
-        "smoothed": f"{f.level}:{base}:median{f.window}",
+        "runs": f"{lv}:{base}:runs{f.window}",
+        "smoothed": f"{lv}:{base}:median{f.window}",
         "peer_median": f"{g}:{base}:peer_median",
-        "ratio": f"{f.level}:{base}:peer_ratio",
+        "ratio": f"{lv}:{base}:peer_ratio",
         "mad": f"{g}:{base}:peer_ratio_mad",
         "count": f"{g}:{base}:peer_count",
-        "history_ratio": f"{f.level}:{base}:history_ratio",
-        "pre_change_ratio": f"{f.level}:{base}:pre_driver_change_ratio",
+        "median1d": f"{lv}:{base}:median1d",
+        "baseline": f"{lv}:{base}:baseline",
+        "pre_change_baseline": f"{lv}:{base}:baseline_before_1d",
+        "change": f"{lv}:{base}:history_ratio",
+        "change_median": f"{g}:{base}:peer_change_median",
+        "change_ratio": f"{lv}:{base}:peer_change_ratio",
+        "change_mad": f"{g}:{base}:peer_change_mad",
+        "change_count": f"{g}:{base}:peer_change_count",
+        "recent": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_last2runs",
+        "recent_ratio": f"{lv}:{base}:last2runs_peer_change_ratio",
+        "pre_change_ratio": f"{lv}:{base}:pre_driver_change_ratio",
+        "drift_median1d": f"{lv}:{base}:median1d_same_driver",
+        "drift_best": f"{lv}:{base}:best_day_{DRIFT_WINDOW}",
+        "drift_ratio": f"{lv}:{base}:drift_ratio",
     }
 
 
-def join_expr(f: Family, inner: str) -> str:
+def info_join(f: Family, inner: str) -> str:
     if f.join == "gpu_model":
         return (f"{inner} * on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info "
-                f"* on(node) group_left(pool) node:fleetcanary_pool:info")
+                f"* on(node) group_left(pool, driver_version) node:fleetcanary_pool_driver:info")
     if f.join == "node_model":
         return (f"{inner} * on(node) group_left(model) node:fleetcanary_gpu_model:info "
-                f"* on(node) group_left(pool) node:fleetcanary_pool:info")
+                f"* on(node) group_left(pool, driver_version) node:fleetcanary_pool_driver:info")
     if f.join == "cpu_model":
         return f"{inner} * on(node) group_left(cpu_model, pool) node:fleetcanary_cpu_model_pool:info"
     return f"{inner} * on(node) group_left(pool) node:fleetcanary_pool:info"
 
 
-def family_rules(f: Family) -> list[dict]:
+def strip(f: Family) -> str:
+    """Labels the join adds, which a raw-labelled series does not have (never one of the entity's)."""
+    return {"gpu_model": "model, pool, driver_version", "node_model": "model, pool, driver_version",
+            "cpu_model": "cpu_model, pool", "pool": "pool"}[f.join]
+
+
+class Ctx:
+    """Group intervals and covering windows under one scale factor."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+        self.iv = {k: v * scale for k, v in INTERVALS.items()}
+
+    def cover(self, group: str) -> str:
+        """A last_over_time window that always holds the newest output of a group evaluated every
+        `group` interval, read by a 1-minute reader: that interval plus 5 reader evaluations."""
+        return dur(self.iv[group] + 5 * self.iv["peers"])
+
+    def t(self, minutes: float) -> str:
+        return dur(minutes * 60 * self.scale) if minutes else "0m"
+
+    def ref(self, f: Family, key: str) -> str:
+        """A recorded series of family f as an alert (evaluated every minute) may read it."""
+        n = names(f)[key]
+        if f.slow and key in ("runs", "smoothed", "peer_median", "ratio", "mad", "count"):
+            return f"last_over_time({n}[{self.cover('peers_slow')}])"
+        return n
+
+
+def runs_ok(f: Family, c: Ctx) -> str:
+    if not f.runs_by_changes:
+        return f"({c.ref(f, 'smoothed')})"
+    return f"({c.ref(f, 'runs')} >= {MIN_RUNS})"
+
+
+def smoothing_rules(f: Family) -> list[dict]:
+    n = names(f)
+    raw, w = f.metric, f.window
+    out = []
+    if f.runs_by_changes:
+        out.append(rec(n["runs"], f"changes({raw}[{w}]) + 1"))
+        out.append(rec(n["smoothed"], info_join(f, f"(quantile_over_time(0.5, {raw}[{w}]) "
+                                                   f"and ({n['runs']} >= {MIN_RUNS}))")))
+    else:
+        out.append(rec(n["smoothed"], info_join(f, f"quantile_over_time(0.5, {raw}[{w}])")))
+    return out
+
+
+def peer_rules(f: Family) -> list[dict]:
+    """Raw path: the smoothed value against its peers' median. Peers counted in nodes."""
     n = names(f)
     g = ", ".join(f.group)
-    raw = f.metric
     return [
-        rec(n["smoothed"], join_expr(f, f"quantile_over_time(0.5, {raw}[{f.window}])")),
         rec(n["peer_median"], f"quantile by ({g}) (0.5, {n['smoothed']})"),
         rec(n["ratio"], f"{n['smoothed']} / on({g}) group_left() {n['peer_median']}"),
         rec(n["mad"], f"quantile by ({g}) (0.5, abs({n['ratio']} - 1))"),
-        rec(n["count"], f"count by ({g}) ({n['smoothed']})"),
+        rec(n["count"], f"count by ({g}) (count by ({g}, node) ({n['smoothed']}))"),
     ]
 
 
-def history_rules(f: Family) -> list[dict]:
+def change_rules(f: Family, c: Ctx) -> list[dict]:
+    """Change path: each series against its own baseline (history_ratio), against its peers' changes.
+    The baselines come from the hourly group: read through last_over_time over a window that covers
+    that group's interval, never through the 5-minute lookback."""
     n = names(f)
-    ent = ", ".join(f.entity)
+    g = ", ".join(f.group)
+    cover = c.cover("daily")
+    # group_left(): a one-to-one match `ignoring` labels drops them from the result; the peer grouping
+    # needs model, pool and driver version kept.
+    out = [rec(n["change"], f"{n['smoothed']} / ignoring({strip(f)}) group_left() "
+                            f"last_over_time({n['baseline']}[{cover}])"),
+           rec(n["pre_change_ratio"], f"{n['smoothed']} / ignoring({strip(f)}) group_left() "
+                                      f"last_over_time({n['pre_change_baseline']}[{cover}])"),
+           rec(n["change_median"], f"quantile by ({g}) (0.5, {n['change']})"),
+           rec(n["change_ratio"], f"{n['change']} / on({g}) group_left() {n['change_median']}"),
+           rec(n["change_mad"], f"quantile by ({g}) (0.5, abs({n['change_ratio']} - 1))"),
+           rec(n["change_count"], f"count by ({g}) (count by ({g}, node) ({n['change']}))")]
+    if f.fast:
+        # The better of the runs whose figures were exported in the last interval: the newest run and the
+        # one before it (each exported until the next replaces it). Two runs at least, or nothing.
+        fn = "max_over_time" if f.higher_is_better else "min_over_time"
+        win = dur(f.interval_minutes * 60)
+        out += [rec(n["recent"], info_join(f, f"({fn}({f.metric}[{win}]) and (changes({f.metric}[{win}]) >= 1))")),
+                rec(n["recent_ratio"], f"({n['recent']} / ignoring({strip(f)}) group_left() "
+                                       f"last_over_time({n['baseline']}[{cover}])) "
+                                       f"/ on({g}) group_left() {n['change_median']}")]
+    return out
+
+
+def daily_rules(f: Family) -> list[dict]:
+    """Hourly: the 1-day median of each series (at least half a day of runs), the baselines built
+    from it (cheap: 48 hourly points, not 3 days of scrapes), and the drift rule's best day."""
+    n = names(f)
+    raw = f.metric
+    half_day = max(1440 // max(f.interval_minutes, 1) // 2, MIN_RUNS)
+    enough = f"and (changes({raw}[1d]) >= {half_day - 1})" if f.runs_by_changes else ""
+    offset = f.window
+    best = "max_over_time" if f.higher_is_better else "min_over_time"
     return [
-        rec(n["history_ratio"], f"{n['smoothed']} / ignoring(model, cpu_model, pool) "
-            f"quantile_over_time(0.5, {f.metric}[3d] offset {f.window})"),
-        rec(n["pre_change_ratio"], f"{n['smoothed']} / ignoring(model, cpu_model, pool) "
-            f"quantile_over_time(0.5, {f.metric}[3d] offset 1d)"),
+        rec(n["median1d"], f"quantile_over_time(0.5, {raw}[1d]) {enough}"),
+        # ~3 days of runs ending one smoothing window ago: the 1-day medians recorded over 2 days.
+        rec(n["baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset {offset})"),
+        rec(n["pre_change_baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset 1d)"),
+        # Only days on one driver, labelled with it: a new driver starts a new series (and a new best day).
+        rec(n["drift_median1d"], f"({n['median1d']} unless on(node) (node:fleetcanary_driver_versions:count1d > 1)) "
+                                 f"* on(node) group_left(driver_version) node:fleetcanary_driver:info"),
+        rec(n["drift_best"], f"{best}({n['drift_median1d']}[{DRIFT_WINDOW}])"),
+        rec(n["drift_ratio"], f"{n['drift_median1d']} / {n['drift_best']}"),
     ]
 
 
@@ -159,6 +312,11 @@ def inventory_rules() -> list[dict]:
         rec("node_gpu:fleetcanary_gpu_model:info", "max by (node, gpu, model) (fleetcanary_gpu_info)"),
         rec("node:fleetcanary_gpu_model:info", "max by (node, model) (fleetcanary_gpu_info)"),
         rec("node:fleetcanary_pool:info", "max by (node, pool) (fleetcanary_node_info)"),
+        # The newest node_info only: a driver upgrade must never leave two versions of one node to join on
+        # (the old series can linger for a lookback if it was not marked stale).
+        rec("node:fleetcanary_pool_driver:info",
+            "count by (node, pool, driver_version) (topk by (node) (1, timestamp(fleetcanary_node_info)))"),
+        rec("node:fleetcanary_driver:info", "max by (node, driver_version) (node:fleetcanary_pool_driver:info)"),
         rec("node:fleetcanary_cpu_model_pool:info", "max by (node, cpu_model, pool) (fleetcanary_node_info)"),
         rec("node:fleetcanary_driver_versions:count1d",
             "count by (node) (count by (node, driver_version) (max_over_time(fleetcanary_node_info[1d])))"),
@@ -179,7 +337,7 @@ def inventory_rules() -> list[dict]:
         rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median",
             "quantile by (model, pool) (0.5, gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
         rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count",
-            "count by (model, pool) (gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
+            "count by (model, pool) (count by (model, pool, node) (gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model))"),
         rec("node:fleetcanary_gpu_probe_seconds:duty_cycle_1h",
             "sum by (node, gpu) (rate(fleetcanary_gpu_probe_seconds_total[1h]))"),
     ]
@@ -189,52 +347,106 @@ def annotations(summary: str, description: str, key: str) -> dict:
     return {"summary": summary, "description": description, "runbook_url": f"{RUNBOOK}#{key.lower()}"}
 
 
-def peer_alert(f: Family) -> dict:
+def entity_words(f: Family) -> str:
+    return ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
+
+
+def worse_than(f: Family, ratio: str, floor: float, mad: str, count: str, g: str) -> str:
+    """`ratio` worse than 1 by `floor` and by K_MAD x `mad`, with MIN_PEERS nodes; the value is how far off."""
+    if f.higher_is_better:
+        return (f"((1 - {ratio}) > on({g}) group_left() ({K_MAD} * {mad})) and ({ratio} < {1 - floor:g}) "
+                f"and on({g}) ({count} >= {MIN_PEERS})")
+    return (f"(({ratio} - 1) > on({g}) group_left() ({K_MAD} * {mad})) and ({ratio} > {1 + floor:g}) "
+            f"and on({g}) ({count} >= {MIN_PEERS})")
+
+
+# Replay metadata for the detection benchmark, which cannot evaluate ALERTS on backfilled data:
+# alertname -> {"cond", "runs_ok", "entity", "for_s", "keep_s", "hold_s"}.
+_PARTS: dict[str, dict] = {}
+
+
+def _held(f: Family, name: str, value: str, c: Ctx) -> str:
+    """While the window is sparse (fewer than MIN_RUNS runs, or no fresh run at all), a firing alert
+    keeps firing with its last value, for at most HOLD: ALERTS carries the alert's labels plus
+    alertname, alertstate and the rule's labels. With MIN_RUNS runs back, the condition alone decides."""
+    ent = ", ".join(f.entity)
+    return (f"(({value}) and ignoring(alertname, alertstate, severity, family) "
+            f'ALERTS{{alertname="{name}", alertstate="firing"}}) unless on({ent}) {runs_ok(f, c)}')
+
+
+def _alert(f: Family, name: str, cond: str, value_held: str | None, for_m: int, keep_m: int, c: Ctx,
+           summary: str, description: str, severity: str | None = None) -> dict:
+    expr = f"({cond}) or ({_held(f, name, value_held, c)})" if value_held else cond
+    _PARTS[name] = {"cond": " ".join(cond.split()), "runs_ok": " ".join(runs_ok(f, c).split()) if value_held else None,
+                    "entity": list(f.entity), "for_s": seconds(c.t(for_m)) if for_m else 0,
+                    "keep_s": seconds(c.t(keep_m)), "hold_s": seconds(HOLD) if value_held else 0}
+    return {"alert": name, "expr": " ".join(expr.split()), "for": c.t(for_m), "keep_firing_for": c.t(keep_m),
+            "labels": {"severity": severity or f.severity, "family": f.key},
+            "annotations": annotations(summary, description, name)}
+
+
+def peer_alert(f: Family, c: Ctx | None = None) -> dict:
+    c = c or Ctx()
+    g = ", ".join(f.group)
+    name = f"FleetCanary{f.alert}BelowPeers" if f.higher_is_better else f"FleetCanary{f.alert}SlowerThanPeers"
+    raw = worse_than(f, c.ref(f, "ratio"), REL_RAW, c.ref(f, "mad"), c.ref(f, "count"), g)
+    if f.history:
+        change = worse_than(f, names(f)["change_ratio"], f.rel, names(f)["change_mad"], names(f)["change_count"], g)
+        cond = f"({change}) or ({raw})"
+        last = f"(last_over_time({names(f)['change_ratio']}[{HOLD}]) or last_over_time({names(f)['ratio']}[{HOLD}]))"
+    else:
+        cond, last = raw, f"last_over_time({names(f)['ratio']}[{HOLD}])"
+    held = f"1 - {last}" if f.higher_is_better else f"{last} - 1"
+    words = "below" if f.higher_is_better else "slower than"
+    how = (f"against its own baseline, {f.rel:.1%} or more beyond its peers' change (or {REL_RAW:.0%} from their "
+           f"median outright)" if f.history else f"{REL_RAW:.0%} or more from their median")
+    return _alert(f, name, cond, held, f.for_m, 2 * f.for_m, c, f"{f.title} {words} its peers",
+                  f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} {words} its peers ({', '.join(f.group)}) "
+                  f"{how}, and more than {K_MAD} MADs of their spread; {MIN_PEERS}+ peer nodes, {MIN_RUNS}+ runs "
+                  f"in {f.window}.")
+
+
+def fast_alert(f: Family, c: Ctx | None = None) -> dict:
+    """Large drops: the newest two runs both FAST_DROP or more beyond the peers' change (and K_MAD MADs),
+    with MIN_PEERS nodes. `for: 0m`: it fires at the second bad run, within 2 intervals of the first."""
+    c = c or Ctx()
     n = names(f)
     g = ", ".join(f.group)
-    if f.higher_is_better:
-        cond = (f"((1 - {n['ratio']}) > on({g}) group_left() ({K_MAD} * {n['mad']})) "
-                f"and ({n['ratio']} < {1 - f.rel:g}) and on({g}) ({n['count']} >= {MIN_PEERS})")
-        words = "below"
-        value = "{{ $value | humanizePercentage }} below"
-    else:
-        cond = (f"(({n['ratio']} - 1) > on({g}) group_left() ({K_MAD} * {n['mad']})) "
-                f"and ({n['ratio']} > {1 + f.rel:g}) and on({g}) ({n['count']} >= {MIN_PEERS})")
-        words = "slower than"
-        value = "{{ $value | humanizePercentage }} slower than"
-    name = f"FleetCanary{f.alert}BelowPeers" if f.higher_is_better else f"FleetCanary{f.alert}SlowerThanPeers"
-    ent = ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
-    for_m = f.for_minutes or (2 * f.interval_minutes if f.interval_minutes >= 10 else 15)
-    return {"alert": name, "expr": " ".join(cond.split()), "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m",
-            "labels": {"severity": f.severity, "family": f.key},
-            "annotations": annotations(f"{f.title} {words} its peers",
-                                       f"{ent}: {value} the median of its peers ({', '.join(f.group)}); "
-                                       f"at least {f.rel:.0%} and {K_MAD} MADs off, with {MIN_PEERS}+ peers.",
-                                       name)}
+    name = f"FleetCanary{f.alert}{'FarBelowPeers' if f.higher_is_better else 'FarSlowerThanPeers'}"
+    cond = worse_than(f, n["recent_ratio"], FAST_DROP, n["change_mad"], n["change_count"], g)
+    words = "far below" if f.higher_is_better else "far slower than"
+    return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c, f"{f.title} {words} its peers in two runs in a row",
+                  f"{entity_words(f)}: the better of its last two runs is {{{{ $value | humanizePercentage }}}} "
+                  f"{'below' if f.higher_is_better else 'slower than'} its peers ({', '.join(f.group)}), each "
+                  f"against its own baseline; at least {FAST_DROP:.0%}.", severity="critical")
 
 
-def history_alerts(f: Family) -> list[dict]:
-    """Against its own past: below 1 - rel of it (higher is better), or above 1 + rel (lower is better:
-    a step time that rises)."""
+def history_alerts(f: Family, c: Ctx | None = None) -> list[dict]:
+    c = c or Ctx()
     n = names(f)
-    ent = ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
     reg = f"FleetCanary{f.alert}Regression"
     drv = f"FleetCanary{f.alert}{'Drop' if f.higher_is_better else 'Rise'}AfterDriverChange"
-    worse = f"< {1 - f.rel:g}" if f.higher_is_better else f"> {1 + f.rel:g}"
-    for_m = max(3 * f.interval_minutes, 30)
+    drift = f"FleetCanary{f.alert}Drift"
+    worse = f"< {1 - f.rel_hist:g}" if f.higher_is_better else f"> {1 + f.rel_hist:g}"
+    drift_worse = f"< {1 - DRIFT:g}" if f.higher_is_better else f"> {1 + DRIFT:g}"
+    for_m = max(2 * f.interval_minutes, 30)
+    reg_cond = f"({n['change']} {worse}) unless on(node) (node:fleetcanary_driver_versions:count3d > 1)"
+    drv_cond = f"({n['pre_change_ratio']} {worse}) and on(node) (node:fleetcanary_driver_versions:count1d > 1)"
+    drift_cond = f"last_over_time({n['drift_ratio']}[{c.cover('daily')}]) {drift_worse}"
+    lo, hi = ("below", "dropped") if f.higher_is_better else ("above", "rose")
     return [
-        {"alert": reg, "expr": f"({n['history_ratio']} {worse}) unless on(node) "
-                               f"(node:fleetcanary_driver_versions:count3d > 1)",
-         "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m", "labels": {"severity": "warning", "family": f.key},
-         "annotations": annotations(f"{f.title} {'below' if f.higher_is_better else 'above'} its own history",
-                                    f"{ent}: {{{{ $value | humanizePercentage }}}} of its median over the previous "
-                                    f"3 days (the driver did not change in that time).", reg)},
-        {"alert": drv, "expr": f"({n['pre_change_ratio']} {worse}) and on(node) "
-                               f"(node:fleetcanary_driver_versions:count1d > 1)",
-         "for": f"{for_m}m", "keep_firing_for": f"{2 * for_m}m", "labels": {"severity": "warning", "family": f.key},
-         "annotations": annotations(f"{f.title} {'dropped' if f.higher_is_better else 'rose'} after a driver change",
-                                    f"{ent}: {{{{ $value | humanizePercentage }}}} of its median before the driver "
-                                    f"changed on this node in the last day.", drv)},
+        _alert(f, reg, reg_cond, f"last_over_time({n['change']}[{HOLD}])", for_m, 2 * for_m, c,
+               f"{f.title} {lo} its own history",
+               f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} of its median over about the previous 3 "
+               f"days (the driver did not change in that time)."),
+        _alert(f, drv, drv_cond, f"last_over_time({n['pre_change_ratio']}[{HOLD}])", for_m, 2 * for_m, c,
+               f"{f.title} {hi} after a driver change",
+               f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} of its median before the driver changed on "
+               f"this node in the last day."),
+        _alert(f, drift, drift_cond, None, 0, 120, c, f"{f.title} drifted from its best day on this driver",
+               f"{entity_words(f)}: its median over the last day is {{{{ $value | humanizePercentage }}}} of its "
+               f"best day on driver {{{{ $labels.driver_version }}}} in {DRIFT_WINDOW}: a slow drift of "
+               f"{DRIFT:.0%} or more."),
     ]
 
 
@@ -259,21 +471,25 @@ def hard_alerts() -> list[dict]:
           "15m", "warning", "A probe has not succeeded for 3 intervals",
           "Probe {{ $labels.probe }} on {{ $labels.node }} last succeeded {{ $value | humanizeDuration }} ago and "
           "did not skip; its runs fail or do not happen."),
-        a("FleetCanaryGPUsMissing", "fleetcanary_gpus_healthy < fleetcanary_gpus_expected", "5m", "critical",
-          "Fewer GPUs than expected", "{{ $labels.node }} has {{ $value }} usable GPUs, fewer than it should."),
-        a("FleetCanaryGPULost", "fleetcanary_gpu_lost == 1", "2m", "critical", "A GPU fell off the bus",
-          "GPU {{ $labels.gpu }} on {{ $labels.node }} is enumerated but cannot be queried (XID 79 class)."),
+        # Hard failures fire on their first observation; keep_firing_for rides out a flapping read.
+        a("FleetCanaryGPUsMissing", "fleetcanary_gpus_healthy < fleetcanary_gpus_expected", "0m", "critical",
+          "Fewer GPUs than expected", "{{ $labels.node }} has {{ $value }} usable GPUs, fewer than it should.",
+          keep="15m"),
+        a("FleetCanaryGPULost", "fleetcanary_gpu_lost == 1", "0m", "critical", "A GPU fell off the bus",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} is enumerated but cannot be queried (XID 79 class).",
+          keep="15m"),
         a("FleetCanaryPCIeLinkWidthDegraded", "fleetcanary_gpu_pcie_link_width < fleetcanary_gpu_pcie_link_width_max",
-          "15m", "warning", "A GPU's PCIe link is narrower than its maximum",
-          "GPU {{ $labels.gpu }} on {{ $labels.node }} runs its PCIe link at x{{ $value }}, below its maximum width."),
+          "0m", "warning", "A GPU's PCIe link is narrower than its maximum",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} runs its PCIe link at x{{ $value }}, below its maximum width.",
+          keep="30m"),
         a("FleetCanaryPCIeLinkGenerationDegraded",
           "(fleetcanary_gpu_pcie_link_generation < fleetcanary_gpu_pcie_link_generation_max) "
           'unless on(node, gpu) (fleetcanary_gpu_clock_throttle_active{reason="gpu_idle"} == 1)',
           "30m", "warning", "A busy GPU's PCIe link runs below its maximum generation",
           "GPU {{ $labels.gpu }} on {{ $labels.node }} is at PCIe Gen{{ $value }} while not idle (idle GPUs "
           "lower the generation to save power; those are left out)."),
-        a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_up == 0", "5m", "critical", "An NVLink is down",
-          "NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive."),
+        a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_up == 0", "0m", "critical", "An NVLink is down",
+          "NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive.", keep="15m"),
         a("FleetCanaryGPUCriticalXid", "increase(fleetcanary_gpu_xid_errors_total[15m]) > 0", "0m", "critical",
           "A GPU reported a critical XID", "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID "
           "{{ $labels.xid }}.", keep="1h"),
@@ -338,17 +554,43 @@ def hard_alerts() -> list[dict]:
     ]
 
 
-def build() -> tuple[dict, dict]:
-    recording = {"groups": [{"name": "fleetcanary-inventory", "interval": "1m", "rules": inventory_rules()},
-                            {"name": "fleetcanary-peers", "interval": "1m",
-                             "rules": [r for f in FAMILIES for r in family_rules(f)]},
-                            {"name": "fleetcanary-history", "interval": "15m",
-                             "rules": [r for f in FAMILIES if f.history for r in history_rules(f)]}]}
-    alerts = {"groups": [{"name": "fleetcanary-hard-failures", "rules": hard_alerts()},
-                         {"name": "fleetcanary-peer-outliers", "rules": [peer_alert(f) for f in FAMILIES]},
-                         {"name": "fleetcanary-regressions",
-                          "rules": [a for f in FAMILIES if f.history for a in history_alerts(f)]}]}
+def build(scale: float = 1.0) -> tuple[dict, dict]:
+    """The recording and alerting rules. `scale` multiplies every group interval, `for`,
+    `keep_firing_for` and covering window (not the data windows); the shipped files use 1."""
+    c = Ctx(scale)
+    _PARTS.clear()
+    iv = {k: dur(v) for k, v in c.iv.items()}
+    fast = [f for f in FAMILIES if not f.slow]
+    slow = [f for f in FAMILIES if f.slow]
+    recording = {"groups": [
+        {"name": "fleetcanary-inventory", "interval": iv["inventory"], "rules": inventory_rules()},
+        {"name": "fleetcanary-peers", "interval": iv["peers"],
+         "rules": [r for f in fast for r in smoothing_rules(f) + peer_rules(f)]
+         + [r for f in fast if f.history for r in change_rules(f, c)]},
+        {"name": "fleetcanary-peers-slow", "interval": iv["peers_slow"],
+         "rules": [r for f in slow for r in smoothing_rules(f) + peer_rules(f)]},
+        {"name": "fleetcanary-daily", "interval": iv["daily"],
+         "rules": [r for f in FAMILIES if f.history for r in daily_rules(f)]}]}
+    hard = hard_alerts()
+    for a in hard:
+        a["for"] = c.t(seconds(a["for"]) / 60)
+        if "keep_firing_for" in a:
+            a["keep_firing_for"] = c.t(seconds(a["keep_firing_for"]) / 60)
+    alerts = {"groups": [
+        {"name": "fleetcanary-hard-failures", "rules": hard},
+        {"name": "fleetcanary-peer-outliers",
+         "rules": [peer_alert(f, c) for f in FAMILIES] + [fast_alert(f, c) for f in FAMILIES if f.history and f.fast]},
+        {"name": "fleetcanary-regressions", "rules": [a for f in FAMILIES if f.history for a in history_alerts(f, c)]}]}
     return recording, alerts
+
+
+def alert_parts(scale: float = 1.0) -> dict[str, dict]:
+    """For replaying the peer, fast and history alerts on backfilled data (benchmarks/detection), which
+    cannot evaluate ALERTS: each alert's condition without its hold, the series that say its window has
+    enough runs (None: no hold), the labels of the alerted thing, `for`, `keep_firing_for` and the
+    longest hold, in seconds."""
+    build(scale)
+    return {k: dict(v) for k, v in _PARTS.items()}
 
 
 HEADER = "# Generated by alerts/build.py; do not edit. Change the family table there and rerun it.\n"
@@ -367,6 +609,10 @@ def runbooks_markdown() -> str:
             fam = by_family.get(a["labels"].get("family", ""))
             if name in rb.HARD:
                 meaning, checks, causes = rb.HARD[name]
+            elif name.endswith(("FarBelowPeers", "FarSlowerThanPeers")):
+                meaning, checks, causes = rb.fast_text(fam.title, fam.key, not fam.higher_is_better)
+            elif name.endswith("Drift"):
+                meaning, checks, causes = rb.drift_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith(("DropAfterDriverChange", "RiseAfterDriverChange")):
                 meaning, checks, causes = rb.driver_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Regression"):
@@ -380,8 +626,8 @@ def runbooks_markdown() -> str:
     return "\n".join(out)
 
 
-def render() -> dict[str, str]:
-    recording, alerts = build()
+def render(scale: float = 1.0) -> dict[str, str]:
+    recording, alerts = build(scale)
     dump = lambda d: HEADER + yaml.safe_dump(d, sort_keys=False, width=120)  # noqa: E731
     return {"fleetcanary.rules.yml": dump(recording), "fleetcanary.alerts.yml": dump(alerts),
             "../docs/runbooks.md": runbooks_markdown()}

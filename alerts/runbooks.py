@@ -149,21 +149,41 @@ HARD = {
 def peer_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     worse = "slower than" if lower else "below"
-    return (f"The {family_title} of this node or GPU has been {worse} the median of its peers (same GPU model and "
-            "pool, same size or direction) by at least its floor (10%; 4% for GPU memory bandwidth) and by more than 5 median absolute deviations, with 5 "
-            "or more peers, for several probe intervals.", checks, causes)
+    return (f"Over its last 5 runs, the {family_title} of this node or GPU changed against its own baseline (its "
+            f"median over about the previous 3 days) by more than its peers' changes (same GPU model, pool and "
+            f"driver, same size or direction), {worse} them by at least the family's floor and by more than 5 "
+            "median absolute deviations of the peers' changes, with 5 or more peer nodes; or it is 10% or more "
+            f"{worse} its peers' median outright (a member without a baseline, or a persistent outlier). Because "
+            "each GPU is judged against itself, a GPU's persistent manufacturing offset does not count.",
+            checks, causes)
+
+
+def fast_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
+    checks, causes = FAMILY_CHECKS[key]
+    return (f"The {family_title} of this node or GPU was {'20% or more slower than' if lower else '20% or more below'} "
+            "its peers in both of its last two runs, each against its own baseline: a large drop, reported within "
+            "two probe intervals instead of waiting for a 5-run median.", checks, causes)
+
+
+def drift_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
+    checks, causes = FAMILY_CHECKS[key]
+    return (f"The {family_title}'s median over the last day is 5% or more {'above' if lower else 'below'} its best "
+            "day on the current driver in the last 14 days: a slow drift that the 3-day history and the peer "
+            "comparison follow along and cannot see (a fan slowly failing, dust, a creeping thermal problem).",
+            "Plot the daily medians of the series over two weeks; compare with its peers' daily medians. " + checks,
+            causes)
 
 
 def regression_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} is {'above' if lower else 'below'} its own median over the previous 3 days by its "
-            "floor (10%; 4% for GPU memory bandwidth) or more, and the driver did "
-            "not change in that time.", checks, causes)
+    return (f"The {family_title} is {'above' if lower else 'below'} its own median over about the previous 3 days "
+            "by its floor (10%; 5% for GPU memory bandwidth) or more, and the driver did not change in that time. "
+            "This is the alert that still works in a pool too small for peer comparison.", checks, causes)
 
 
 def driver_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} {'rose' if lower else 'dropped'} by its floor (10%; 4% for GPU memory bandwidth) "
+    return (f"The {family_title} {'rose' if lower else 'dropped'} by its floor (10%; 5% for GPU memory bandwidth) "
             "or more against its "
             "median from before a driver change on this node "
             "in the last day: the guide's before/after upgrade check.",

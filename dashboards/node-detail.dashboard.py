@@ -110,10 +110,13 @@ panels = [
            instant(f"fleetcanary_train_step_loss_check_pass{{{N}}}", ref="B")], w=12),
     panel("timeseries", "Sustained burn: throughput at the end over the start",
           "Per GPU, the last daily burn's sustained throughput over its initial throughput, with the pool "
-          "median (3-day smoothing). Good: every GPU close to the median; all GPUs drop a little when they "
+          "median of the same burn. Good: every GPU close to the median; all GPUs drop a little when they "
           "reach the power cap, one lower alone throttles.", "percentunit",
           [(f"fleetcanary_gpu_sustained_throughput_ratio{{{N}}}", "GPU {{gpu}}"),
-           (f"(pool_model:fleetcanary_gpu_sustained_throughput_ratio:peer_median) {MINE}", "pool median")], w=12),
+           # The last burn's pool median: the recorded peer median needs 5 daily burns in its window.
+           ("(quantile by (model, pool) (0.5, fleetcanary_gpu_sustained_throughput_ratio "
+            "* on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info "
+            f"* on(node) group_left(pool) node:fleetcanary_pool:info)) {MINE}", "pool median")], w=12),
     panel("timeseries", "Sustained burn: clocks over its last quarter",
           "Median SM and memory clock per GPU over the last quarter of the burn (NVML every 100 ms). "
           "Good: SM clocks alike on every GPU of the node; one GPU hundreds of MHz lower is throttling.",

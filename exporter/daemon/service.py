@@ -41,7 +41,7 @@ class Daemon:
         self.probe_map = dict(probe_map or PROBES)
         self.budget = GpuBudget(settings.gpu.budget_ratio)
         self.store = ResultStore(self.probe_map, self._enabled(settings))
-        self.store.set_enabled(self._enabled(settings), self._intervals(settings))
+        self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
         self.store.set_environment(environment.collect(with_gpu=False))
         self.kube = self._kube(settings)
         if self.kube is not None:
@@ -65,6 +65,10 @@ class Daemon:
     @staticmethod
     def _intervals(settings) -> dict[str, float]:
         return {n: e.interval_seconds for n, e in settings.probe_entries().items()}
+
+    @staticmethod
+    def _timeouts(settings) -> dict[str, float]:
+        return {n: e.timeout_seconds for n, e in settings.probe_entries().items()}
 
     def _extra_node_labels(self, settings) -> dict[str, str]:
         kube = self.kube.snapshot().labels if self.kube else {}
@@ -130,7 +134,7 @@ class Daemon:
             if self.kube is not None:
                 self.kube.cfg = new.kubernetes
             self.history = self._history(new)
-        self.store.set_enabled(self._enabled(new), self._intervals(new))
+        self.store.set_enabled(self._enabled(new), self._intervals(new), self._timeouts(new))
         self.store.set_node_extra_labels(self._extra_node_labels(new))
         self.scheduler.set_jobs(self._jobs())
         self.store.set_config_reload(True)

@@ -28,8 +28,10 @@ from fleetcanary.daemon.collector import render
 from fleetcanary.probes.base import Probe
 
 MAX_LABEL_VALUE = 128
-# A run's figures stay exported for this many probe intervals after the run finished: the
-# next run is due after one interval; half an interval more absorbs jitter and slow runs.
+# A run's figures stay exported for this many probe intervals, plus the probe's timeout, after
+# the run finished: the next run is due after one interval (+ up to 10% jitter by default) and
+# may take up to its timeout, or wait behind another exclusive GPU probe; half an interval more
+# absorbs that.
 FRESH_INTERVALS = 1.5
 LabelKey = tuple[tuple[str, str], ...]
 
@@ -69,6 +71,7 @@ class ResultStore:
         self.probes = probes
         self.enabled = list(enabled)
         self.intervals: dict[str, float] = {}
+        self.timeouts: dict[str, float] = {}
         self.state: dict[str, ProbeState] = {n: ProbeState() for n in probes}
         self.counters: dict[str, dict[LabelKey, float]] = defaultdict(dict)
         self.histograms: dict[str, dict[LabelKey, Histogram]] = defaultdict(dict)
@@ -156,7 +159,7 @@ class ResultStore:
 
     def expire(self, now: float | None = None) -> bool:
         """Drop figures older than their freshness bound (FRESH_INTERVALS x the probe's
-        interval); re-render when any went. Called before each scrape is served. A probe
+        interval + its timeout); re-render when any went. Called before each scrape is served. A probe
         without a known interval keeps its figures. True if something was dropped."""
         now = time.time() if now is None else now
         with self._lock:
@@ -164,7 +167,7 @@ class ResultStore:
             for name, st in self.state.items():
                 interval = self.intervals.get(name)
                 if st.gauges and st.gauges_at is not None and interval and \
-                        now - st.gauges_at > FRESH_INTERVALS * interval:
+                        now - st.gauges_at > FRESH_INTERVALS * interval + self.timeouts.get(name, 0.0):
                     st.gauges = {}
                     st.gauges_at = None
                     dropped = True
@@ -180,11 +183,14 @@ class ResultStore:
                 self.config_reload_ts = time.time()
         self.rerender()
 
-    def set_enabled(self, enabled: list[str], intervals: dict[str, float] | None = None) -> None:
+    def set_enabled(self, enabled: list[str], intervals: dict[str, float] | None = None,
+                    timeouts: dict[str, float] | None = None) -> None:
         with self._lock:
             self.enabled = list(enabled)
             if intervals is not None:
                 self.intervals = dict(intervals)
+            if timeouts is not None:
+                self.timeouts = dict(timeouts)
         self.rerender()
 
     def count_clock_jump(self) -> None:

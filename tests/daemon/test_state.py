@@ -82,13 +82,13 @@ def test_figures_stop_being_exported_once_older_than_the_freshness_bound():
 
     probes = {"ok": FAULT_PROBES["ok"]}
     store = ResultStore(probes, ["ok"])
-    store.set_enabled(["ok"], {"ok": 600.0})
+    store.set_enabled(["ok"], {"ok": 600.0}, {"ok": 120.0})
     store.apply(RunRecord("ok", "success", samples=[
         {"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 3.0}],
         started_at=1000.0, wall_seconds=10.0))
     store.apply(RunRecord("ok", "skipped", "gpu_busy", started_at=1600.0))
     key = "fleetcanary_test_fault_value[('mode', 'm')]"
-    bound = 1010.0 + FRESH_INTERVALS * 600.0
+    bound = 1010.0 + FRESH_INTERVALS * 600.0 + 120.0  # finished + 1.5 intervals + the probe's timeout
     assert store.expire(now=bound - 1) is False
     assert parse(store)[key] == 3.0
     version = store.version
