@@ -239,23 +239,47 @@ def stages(records: set[str], recs) -> list[list[str]]:
     return [out[i] for i in sorted(out)]
 
 
-def backfill_rules(records: set[str], data: Path, work: Path, start: int, end: int, progress, jobs: int = 2) -> list:
-    """Backfill `records` stage by stage; each rule in its shipped group at the group's interval."""
+RANGE_READ = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+)(\{[^}]*\})?\s*(\[|offset\b)")
+
+
+def read_back(records: set[str], recs, exprs=()) -> set[str]:
+    """The recorded series some expression reads over a range or at an offset (a baseline over days
+    of daily medians, say), with everything they need: those must exist before the evaluated span."""
+    texts = list(exprs) + [x[2]["expr"] for n in records for x in recs[n]]
+    seeds = {m.group(1) for e in texts if e for m in RANGE_READ.finditer(e)} & records
+    out, todo = set(), list(seeds)
+    while todo:
+        n = todo.pop()
+        if n in out:
+            continue
+        out.add(n)
+        todo.extend(d for x in recs[n] for d in RECORD_NAME.findall(x[2]["expr"]) if d in records)
+    return out
+
+
+def backfill_rules(records: set[str], data: Path, work: Path, start: int, end: int, progress, jobs: int = 2,
+                   early: set[str] = frozenset(), early_start: int | None = None) -> list:
+    """Backfill `records` stage by stage; each rule in its shipped group at the group's interval, from
+    `start`, or from `early_start` for the rules in `early` (read back over a range by others)."""
     recs = recording_rules()
     interval = {g: iv for rs in recs.values() for g, iv, _ in rs}
     done = []
     for i, stage in enumerate(stages(records, recs)):
         t = time.monotonic()
         rules = sorted(((g, name, r) for name in stage for g, _, r in recs[name]), key=lambda x: (x[0], x[1]))
-        # split the stage into `jobs` promtool processes; a group's rules can be split too: each process
-        # reads a file of the same relative name, so a group keeps its evaluation offset
-        chunks = [[] for _ in range(max(1, min(jobs, len(rules))))]
-        for k, x in enumerate(rules):
-            chunks[k % len(chunks)].append(x)
+        # split the stage into `jobs` promtool processes per start; a group's rules can be split too: each
+        # process reads a file of the same relative name, so a group keeps its evaluation offset
+        chunks = []
+        for s0 in sorted({early_start if (early_start and n in early) else start for _, n, _ in rules}):
+            mine = [x for x in rules if (early_start if (early_start and x[1] in early) else start) == s0]
+            part = [[] for _ in range(max(1, min(jobs, len(mine))))]
+            for k, x in enumerate(mine):
+                part[k % len(part)].append(x)
+            chunks += [(s0, c) for c in part]
         prom = BackfilledPrometheus(data, work / "prometheus.log", "5m")
         procs = []
         try:
-            for c, part in enumerate(chunks):
+            for c, (s0, part) in enumerate(chunks):
                 d = work / f"stage{i}-{c}"
                 d.mkdir(parents=True, exist_ok=True)
                 groups = defaultdict(list)
@@ -264,7 +288,7 @@ def backfill_rules(records: set[str], data: Path, work: Path, start: int, end: i
                 body = {"groups": [{"name": g, "interval": f"{interval[g]}s", "rules": rs} for g, rs in groups.items()]}
                 (d / "fleetcanary.rules.yml").write_text(yaml.safe_dump(body, sort_keys=False))
                 procs.append((subprocess.Popen(
-                    [binary("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(start), "--end",
+                    [binary("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(s0), "--end",
                      str(end), "--url", prom.url, "--eval-interval", f"{EVAL_S}s", "--output-dir", "out",
                      "fleetcanary.rules.yml"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), d))
             for proc, d in procs:
@@ -283,8 +307,10 @@ def backfill_rules(records: set[str], data: Path, work: Path, start: int, end: i
         groups = sorted({g for g, _, _ in rules})
         done.append({"rules": stage, "groups": groups, "intervals_s": sorted({interval[g] for g in groups}),
                      "seconds": round(time.monotonic() - t, 1)})
+        done[-1]["from_start"] = sorted(r for r in stage if early_start and r in early)
         progress(f"rules stage {i} ({time.monotonic() - t:.0f}s): " + ", ".join(
-            f"{r} [{', '.join(sorted({f'{g} @{iv}s' for g, iv, _ in recs[r]}))}]" for r in stage))
+            f"{r} [{', '.join(sorted({f'{g} @{iv}s' for g, iv, _ in recs[r]}))}]"
+            + (" (from day 0)" if early_start and r in early else "") for r in stage))
     return done
 
 

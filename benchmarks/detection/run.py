@@ -201,7 +201,9 @@ def main() -> int:
         timings["backfill_raw_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         if not reuse:
-            stages = rp.backfill_rules(records, data, work, fleet.eval_start, end, say, jobs=args.jobs)
+            early = rp.read_back(records, rp.recording_rules(), [a.cond for a in alerts] + [a.runs_ok for a in alerts])
+            stages = rp.backfill_rules(records, data, work, fleet.eval_start, end, say, jobs=args.jobs, early=early,
+                                       early_start=start)
             done_file.write_text(json.dumps(state | {"start": start, "stages": stages}))
         timings["backfill_rules_s"] = round(time.monotonic() - t, 1)
         prom = rp.BackfilledPrometheus(data, work / "prometheus.log", "5m")
