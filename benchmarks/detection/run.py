@@ -167,6 +167,7 @@ def main() -> int:
     summ = fleet.summary()
     say(f"fleet ({p.name}): {summ['nodes']} nodes x 8 GPUs, {p.days:g} days, pools {summ['pools']}, busy "
         f"{summ['busy_share']:.0%} of the time, runs {summ['runs']}, skipped {summ['skipped_runs']}")
+    rules_id = rules_identity()  # before the run: the files may change under a long one
     alerts, skipped = rp.load_alerts(EMITTED, FAMILIES)
     say(f"replaying {len(alerts)} alerts: {', '.join(a.name for a in alerts)}")
     if any(a.parts for a in alerts):
@@ -177,7 +178,7 @@ def main() -> int:
         args.keep = True
     data = work / "data"
     records = set().union(*(a.records for a in alerts))
-    state = {"fleet": key, "rules": rules_identity(), "records": sorted(records)}
+    state = {"fleet": key, "rules": rules_id, "records": sorted(records)}
     done_file = work / "backfilled.json"
     prev = json.loads(done_file.read_text()) if done_file.exists() else {}
     reuse = {k: prev.get(k) for k in state} == state and prev.get("start") == start
@@ -240,7 +241,7 @@ def main() -> int:
     if skipped:
         print("\nnot replayed: " + "; ".join(f"{s['alert']} ({s['why']})" for s in skipped))
     print("timings: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
-    write_result(out, {"profile": dataclasses.asdict(p), "fleet": summ, "rules": rules_identity(),
+    write_result(out, {"profile": dataclasses.asdict(p), "fleet": summ, "rules": rules_id,
                        "start": start, "eval_start": fleet.eval_start, "end": end, "scrape_s": p.scrape_s, "lookback": "5m", "eval_step_s": rp.EVAL_S,
                        "rows": rows, "unions": unions, "not_replayed": skipped, "rule_stages": stages,
                        "timings": timings})
