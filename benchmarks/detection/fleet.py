@@ -1,0 +1,485 @@
+"""The synthetic fleet of the detection benchmark, and what Prometheus would have scraped from it.
+
+A fleet of nodes (8 GPUs each) in pools of one GPU model, observed for some days:
+
+* probe runs on the exporter's schedule: gpu_bandwidth every 15 min and collectives every 30 min,
+  each run at interval + up to 10% jitter, the first one within 10 s of an exporter start;
+* a run is skipped while its node is busy (a job holds the GPUs for hours), fails at random
+  (rarely), or succeeds with a figure per GPU (per node for the collective);
+* a figure is base(model) x (1 + persistent offset of the GPU, uniform +-2%) x (1 + the node's
+  own diurnal swing) x run noise (Student-t or normal) x the injected faults x the driver's
+  effect; rare junk runs land at 30-70% of it;
+* faults with a known ground truth: steps of 3-20% (GPU memory bandwidth per GPU, collective bus
+  bandwidth per node), a 1%/day ramp, an intermittent 10% for 2 h in every 6, a GPU lost off
+  the bus, a PCIe x8 downtrain; and events that must not fire peer/history alerts: busy
+  periods, exporter outages of 1-3 h, junk runs, a rolling driver upgrade across one pool.
+
+Scrapes emulate the exporter as it is now (exporter/daemon/state.py): every `scrape_s` seconds
+(each node at its own offset) the exposition holds a run's figures from that run until the next
+run replaces them, or until they are older than 1.5 probe intervals + the probe's timeout (then they are dropped, and
+Prometheus would mark the series stale); a skipped run leaves the previous figures to that bound;
+a failed run clears them at once; during an outage nothing but `up == 0` is recorded, and the
+exporter restarts empty (counters from 0, no figures until its next run).
+
+OpenMetrics backfill cannot write staleness markers: a series that disappears is simply absent
+from the following scrapes, so a query sees its last sample for up to the 5-minute lookback,
+where a live Prometheus would stop at the next scrape (at most one scrape interval later). With
+the default 2-minute scrape that is 3 minutes of extra visibility at each disappearance.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DAY = 86400
+HOUR = 3600
+BW = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
+COLL = "fleetcanary_collective_bus_bandwidth_bytes_per_second"
+MODELS = {"H100": (2.9e12, 3.6e11), "H200": (4.1e12, 3.7e11), "B200": (6.8e12, 6.5e11)}  # (HBM d2d, busbw)
+DRIVER_OLD, DRIVER_NEW = "550.90.07", "570.124.06"
+# pools: (share of the fleet's nodes, model); the last three are below the 5-node peer minimum
+POOLS = [("a", 60, "H100"), ("b", 40, "H200"), ("c", 30, "B200"), ("d", 25, "H100"), ("e", 20, "H200"),
+         ("f", 10, "B200"), ("g", 4, "H100"), ("h", 3, "H200"), ("i", 3, "B200")]
+COLL_LABELS = 'collective="all_reduce",size_bytes="1073741824",ranks="8",backend="nccl"'
+OUTCOMES = ("success", "failure", "skipped")  # timeout and crash stay 0 here; the rules only sum them with failure
+
+
+@dataclass
+class Profile:
+    """Everything a fleet is made from; `run.py` exposes each field as a flag."""
+    name: str = "default"
+    nodes: int = 195
+    days: float = 7.0
+    seed: int = 1
+    scrape_s: int = 240          # below the 5-minute lookback; 120 doubles the backfill's cost (docs/detection.md)
+    bw_interval_s: int = 900
+    coll_interval_s: int = 1800
+    fresh_intervals: float = 1.5  # figures are dropped once older than this many intervals + the probe's timeout
+    bw_timeout_s: int = 120
+    coll_timeout_s: int = 180
+    noise: str = "t"              # "t" (Student-t, heavy tails) or "normal"
+    noise_df: float = 3.0
+    bw_noise: float = 0.01        # the scale of a run's noise (the sigma for normal noise)
+    coll_noise: float = 0.015
+    offset: float = 0.02          # persistent per-GPU (and per-node collective) offset: uniform +-this
+    diurnal_max: float = 0.015    # each node's diurnal amplitude: uniform 0..this, its own phase
+    junk: float = 0.005           # share of figures that are junk (30-70% of the value)
+    fail: float = 0.003           # share of runs that fail
+    busy_per_day: float = 1.0     # busy periods per node and day (invasive probes skip)
+    busy_hours: tuple = (2.0, 10.0)
+    outages: int = 12             # exporter outages of 1-3 h on distinct nodes
+    outage_hours: tuple = (1.0, 3.0)
+    upgrade_pool: str = "a"
+    upgrade_start_day: float = 4.0
+    upgrade_days: float = 1.5
+    upgrade_drop: float = 0.06    # what the new driver costs the upgraded GPUs (both families)
+    upgrade_restart_min: float = 15.0
+    steps: tuple = (0.03, 0.05, 0.07, 0.10, 0.20)
+    per_step: int = 30            # GPUs per step size (GPU memory bandwidth)
+    coll_per_step: int = 6        # nodes per step size (collective bus bandwidth)
+    step_days: tuple = (3.2, 6.2)  # when steps start
+    ramps: int = 10
+    ramp_per_day: float = 0.01
+    intermittent: int = 10
+    intermittent_drop: float = 0.10
+    lost: int = 2
+    downtrain: int = 2
+    # Rules and alerts are evaluated from this day on (every fault but the ramp starts later); the raw
+    # series start at day 0, so every window (3 days for the history baselines) is full of data by then.
+    # It spares a third of the rule backfill, most of which is 3-day windows.
+    eval_from_day: float = 2.5
+
+    @classmethod
+    def h200(cls, **kw) -> "Profile":
+        """The same fleet with H200-like run noise: normal, 0.6%, no heavy tails."""
+        return cls(name="h200", noise="normal", bw_noise=0.006, coll_noise=0.006, **kw)
+
+
+@dataclass
+class Event:
+    kind: str                 # step, ramp, intermittent, driver, lost, downtrain, outage
+    family: str               # gpu_memory_bandwidth, collective_bus_bandwidth, gpu_lost, pcie, exporter
+    node: str
+    gpu: str | None
+    start: float              # when it begins
+    size: float = 0.0
+    end: float | None = None  # None: to the end
+    detect_from: float | None = None  # the first degraded run (ramp: the first run past 5%)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.size:.0%}" if self.kind == "step" else self.kind
+
+
+@dataclass
+class Node:
+    name: str
+    pool: str
+    model: str
+    idx: int
+    scrape_off: float
+    amp: float
+    phase: float
+    gpu_off: np.ndarray
+    coll_off: float
+    outages: list = field(default_factory=list)   # [(a, b)]
+    busy: list = field(default_factory=list)      # [(a, b)]
+    upgrade_at: float | None = None
+    runs: dict = field(default_factory=dict)      # probe -> dict of arrays
+    junk: dict = field(default_factory=dict)      # "gpu N" / "node" -> list of run times
+
+
+def _pool_sizes(n: int) -> list[int]:
+    """The pool sizes for n nodes: POOLS at 195, else the large pools scaled, the three small ones kept small."""
+    sizes = [s for _, s, _ in POOLS]
+    if n == sum(sizes):
+        return sizes
+    big = sum(sizes[:-3])
+    out = [max(5, round(s * (n - 10) / big)) for s in sizes[:-3]] + sizes[-3:]
+    out[0] += n - sum(out)
+    if out[0] < 10:
+        raise SystemExit(f"detection: {n} nodes is too few for the pool layout (at least 60)")
+    return out
+
+
+class Fleet:
+    def __init__(self, p: Profile, start: int) -> None:
+        self.p = p
+        self.start = start
+        self.end = start + int(p.days * DAY)
+        rng = np.random.default_rng(p.seed)
+        self.rng = rng
+        self.nodes: list[Node] = []
+        for (pool, _, model), size in zip(POOLS, _pool_sizes(p.nodes)):
+            for _ in range(size):
+                i = len(self.nodes)
+                self.nodes.append(Node(f"node-{i:03d}", pool, model, i, float(rng.uniform(0, p.scrape_s)),
+                                       float(rng.uniform(0, p.diurnal_max)), float(rng.uniform(0, 2 * math.pi)),
+                                       rng.uniform(-p.offset, p.offset, 8), float(rng.uniform(-p.offset, p.offset))))
+        self.pool_size = {pool: sum(1 for n in self.nodes if n.pool == pool) for pool, _, _ in POOLS}
+        self.by_name = {n.name: n for n in self.nodes}
+        self.events: list[Event] = []
+        self._place_events(rng)
+        for n in self.nodes:
+            self._busy(n, rng)
+            n.runs["gpu_bandwidth"] = self._runs(n, p.bw_interval_s, 30.0, rng) | {"timeout": p.bw_timeout_s}
+            n.runs["collectives"] = self._runs(n, p.coll_interval_s, 60.0, rng) | {"timeout": p.coll_timeout_s}
+        self._values(rng)
+        self._first_degraded_runs()
+
+    # ------------------------------------------------------------------ ground truth
+    def _place_events(self, rng) -> None:
+        p, t0 = self.p, self.start
+        gpus = [(n.name, str(g)) for n in self.nodes for g in range(8)]
+        order = list(rng.permutation(len(gpus)))
+        take = lambda k: [gpus[order.pop()] for _ in range(k)]  # noqa: E731  distinct GPUs, no two faults on one
+        d = lambda a, b: t0 + float(rng.uniform(a, b)) * DAY  # noqa: E731
+        for size in p.steps:
+            for node, gpu in take(p.per_step):
+                self.events.append(Event("step", "gpu_memory_bandwidth", node, gpu, d(*p.step_days), size))
+        for node, gpu in take(p.ramps):
+            self.events.append(Event("ramp", "gpu_memory_bandwidth", node, gpu, d(0.0, 0.5), p.ramp_per_day))
+        for node, gpu in take(p.intermittent):
+            self.events.append(Event("intermittent", "gpu_memory_bandwidth", node, gpu, d(3.5, 3.75),
+                                     p.intermittent_drop))
+        for k, (node, gpu) in enumerate(take(p.lost)):
+            self.events.append(Event("lost", "gpu_lost", node, gpu, d(3.0 + 2.0 * k, 3.1 + 2.0 * k)))
+        for k, (node, gpu) in enumerate(take(p.downtrain)):
+            self.events.append(Event("downtrain", "pcie", node, gpu, d(3.0 + 2.5 * k, 3.1 + 2.5 * k)))
+        node_order = list(rng.permutation(len(self.nodes)))
+        for size in p.steps:
+            for _ in range(p.coll_per_step):
+                n = self.nodes[node_order.pop()]
+                self.events.append(Event("step", "collective_bus_bandwidth", n.name, None, d(*p.step_days), size))
+        # the rolling upgrade: each node of the pool at its own time over upgrade_days, a short restart each
+        up = [n for n in self.nodes if n.pool == p.upgrade_pool]
+        for n in up:
+            n.upgrade_at = t0 + (p.upgrade_start_day + float(rng.uniform(0, p.upgrade_days))) * DAY
+            n.outages.append((n.upgrade_at, n.upgrade_at + p.upgrade_restart_min * 60))
+            self.events.append(Event("restart", "exporter", n.name, None, n.upgrade_at, end=n.outages[-1][1]))
+            for g in range(8):
+                self.events.append(Event("driver", "gpu_memory_bandwidth", n.name, str(g), n.upgrade_at,
+                                         p.upgrade_drop))
+            self.events.append(Event("driver", "collective_bus_bandwidth", n.name, None, n.upgrade_at, p.upgrade_drop))
+        # exporter outages on distinct nodes (not in the upgrading pool, so causes stay apart)
+        cand = [n for n in self.nodes if n.pool != p.upgrade_pool]
+        for i in rng.permutation(len(cand))[:p.outages]:
+            n = cand[i]
+            a = d(p.eval_from_day + 0.5, p.days - 0.5)
+            n.outages.append((a, a + float(rng.uniform(*p.outage_hours)) * HOUR))
+            self.events.append(Event("outage", "exporter", n.name, None, a, end=n.outages[-1][1]))
+        for n in self.nodes:
+            n.outages.sort()
+        self.fault = {}  # (node, gpu|None, family) -> [events]
+        for e in self.events:
+            self.fault.setdefault((e.node, e.gpu, e.family), []).append(e)
+
+    def _busy(self, n: Node, rng) -> None:
+        k = rng.poisson(self.p.busy_per_day * self.p.days)
+        iv = sorted((a, a + float(rng.uniform(*self.p.busy_hours)) * HOUR)
+                    for a in (self.start + rng.uniform(0, self.p.days * DAY, k)).tolist())
+        merged: list[list[float]] = []
+        for a, b in iv:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        n.busy = [tuple(x) for x in merged]
+
+    @staticmethod
+    def _inside(t: float, ivs) -> bool:
+        return any(a <= t < b for a, b in ivs)
+
+    def _runs(self, n: Node, interval: float, dur: float, rng) -> dict:
+        """The probe's runs on this node: finish times and outcomes (0 success, 1 failure, 2 skipped)."""
+        fin, out = [], []
+        sched = self.start + float(rng.uniform(0, 10))
+        oi = 0
+        while sched < self.end:
+            t = sched + float(rng.uniform(0, 0.1 * interval))
+            while oi < len(n.outages) and n.outages[oi][1] <= t:
+                oi += 1
+            if oi < len(n.outages) and n.outages[oi][0] <= t + dur:
+                # the exporter is down: no runs; it restarts empty and runs its first within 10 s
+                sched = n.outages[oi][1] + float(rng.uniform(0, 10))
+                oi += 1
+                continue
+            fin.append(t + dur)
+            out.append(2 if self._inside(t, n.busy) else (1 if rng.random() < self.p.fail else 0))
+            sched += interval
+        return {"fin": np.array(fin), "out": np.array(out, dtype=np.int8), "interval": interval}
+
+    # ------------------------------------------------------------------ figures
+    def _noise(self, rng, scale: float, size) -> np.ndarray:
+        if self.p.noise == "t":
+            return 1 + scale * rng.standard_t(self.p.noise_df, size)
+        return 1 + scale * rng.standard_normal(size)
+
+    def degradation(self, node: str, gpu: str | None, family: str, t: np.ndarray) -> np.ndarray:
+        f = np.ones_like(t)
+        for e in self.fault.get((node, gpu, family), []):
+            if e.kind in ("step", "driver"):
+                f *= np.where(t >= e.start, 1 - e.size, 1.0)
+            elif e.kind == "ramp":
+                f *= 1 - e.size * np.clip((t - e.start) / DAY, 0, None)
+            elif e.kind == "intermittent":
+                ph = (t - e.start) % (6 * HOUR)
+                f *= np.where((t >= e.start) & (ph < 2 * HOUR), 1 - e.size, 1.0)
+        return f
+
+    def _values(self, rng) -> None:
+        p = self.p
+        for n in self.nodes:
+            base_bw, base_coll = MODELS[n.model]
+            r = n.runs["gpu_bandwidth"]
+            t = r["fin"]
+            diur = 1 + n.amp * np.sin(2 * math.pi * t / DAY + n.phase)
+            vals = np.empty((len(t), 8))
+            for g in range(8):
+                v = base_bw * (1 + n.gpu_off[g]) * diur * self._noise(rng, p.bw_noise, len(t))
+                v *= self.degradation(n.name, str(g), "gpu_memory_bandwidth", t)
+                junk = rng.random(len(t)) < p.junk
+                v[junk] *= rng.uniform(0.3, 0.7, int(junk.sum()))
+                n.junk[str(g)] = t[junk & (r["out"] == 0)].tolist()
+                for e in self.fault.get((n.name, str(g), "gpu_lost"), []):
+                    v[t >= e.start] = np.nan
+                vals[:, g] = v
+            vals[r["out"] != 0] = np.nan
+            r["vals"] = vals
+            r = n.runs["collectives"]
+            t = r["fin"]
+            v = base_coll * (1 + n.coll_off) * (1 + n.amp * np.sin(2 * math.pi * t / DAY + n.phase)) * \
+                self._noise(rng, p.coll_noise, len(t)) * self.degradation(n.name, None, "collective_bus_bandwidth", t)
+            junk = rng.random(len(t)) < p.junk
+            v[junk] *= rng.uniform(0.3, 0.7, int(junk.sum()))
+            n.junk["node"] = t[junk & (r["out"] == 0)].tolist()
+            v[r["out"] != 0] = np.nan
+            r["vals"] = v[:, None]
+
+    def _first_degraded_runs(self) -> None:
+        for e in self.events:
+            n = self.by_name[e.node]
+            if e.family == "gpu_memory_bandwidth" or e.family == "collective_bus_bandwidth":
+                r = n.runs["gpu_bandwidth" if e.family == "gpu_memory_bandwidth" else "collectives"]
+                ok = r["out"] == 0
+                after = e.start + (0.05 / e.size * DAY if e.kind == "ramp" else 0)
+                hits = r["fin"][ok & (r["fin"] >= after)]
+                if e.kind == "intermittent":
+                    ph = (hits - e.start) % (6 * HOUR)
+                    hits = hits[ph < 2 * HOUR]
+                e.detect_from = float(hits[0]) if len(hits) else None
+            else:
+                e.detect_from = e.start
+
+    # ------------------------------------------------------------------ scrapes
+    def scrape_times(self, n: Node) -> tuple[np.ndarray, np.ndarray]:
+        t = self.start + n.scrape_off + np.arange(0, self.end - self.start - n.scrape_off, self.p.scrape_s)
+        t = np.floor(t)
+        up = np.ones(len(t), dtype=bool)
+        for a, b in n.outages:
+            up &= ~((t >= a) & (t < b))
+        return t, up
+
+    def exported(self, n: Node, probe: str, t: np.ndarray, up: np.ndarray) -> dict:
+        """What the exposition holds at each scrape for one probe: figures (NaN: absent), counters,
+        the last success timestamp (NaN: absent)."""
+        r = n.runs[probe]
+        fin, out = r["fin"], r["out"]
+        restart = np.full(len(t), self.start - 1.0)
+        for a, b in n.outages:
+            restart = np.where(t >= b, b, restart)
+        k_all = np.searchsorted(fin, t, side="right") - 1   # the last run finished by the scrape
+        ns = np.flatnonzero(out != 2)
+        k_ns = np.searchsorted(fin[ns], t, side="right") - 1  # the last run that was not a skip
+        k = np.where(k_ns >= 0, ns[np.clip(k_ns, 0, None)], -1)
+        kk = np.clip(k, 0, None)
+        fresh = (k >= 0) & (out[kk] == 0) & (fin[kk] >= restart) & (t - fin[kk] <= self.p.fresh_intervals * r["interval"] + r["timeout"])
+        vals = np.where(fresh[:, None], r["vals"][kk], np.nan)
+        vals[~up] = np.nan
+        res = {"vals": vals}
+        # counters since the exporter (re)started
+        k_rs = np.searchsorted(fin, restart, side="right") - 1
+        for o, name in enumerate(OUTCOMES):
+            cum = np.concatenate([[0], np.cumsum(out == o)])
+            res[name] = (cum[k_all + 1] - cum[k_rs + 1]).astype(float)
+        succ = np.flatnonzero(out == 0)
+        k_s = np.searchsorted(fin[succ], t, side="right") - 1
+        last = np.where(k_s >= 0, fin[succ][np.clip(k_s, 0, None)], np.nan)
+        res["last_success"] = np.where(last >= restart, last, np.nan)
+        return res
+
+    def prepare_scrapes(self) -> None:
+        """Work out what each node's exposition held at each scrape (write_block then only formats)."""
+        self._per_node = []
+        for n in self.nodes:
+            t, up = self.scrape_times(n)
+            ex = {pr: self.exported(n, pr, t, up) for pr in n.runs}
+            lost_at = {e.gpu: e.start for e in self.fault_list(n.name, "gpu_lost")}
+            down_at = {e.gpu: e.start for e in self.fault_list(n.name, "pcie")}
+            self._per_node.append((n, t, up, ex, lost_at, down_at))
+
+    def blocks(self, block_s: int = 2 * HOUR) -> list[tuple[int, int]]:
+        """2-hour blocks: promtool re-reads its whole input for each block it builds, so one file per
+        block keeps the backfill linear."""
+        return [(b, min(b + block_s, self.end)) for b in range(self.start, self.end, block_s)]
+
+    def write_block(self, path: Path, b0: int, b1: int) -> None:
+        with open(path, "w", buffering=1 << 22) as f:
+            self._write_block(f, self._per_node, b0, b1)
+
+    def fault_list(self, node: str, family: str) -> list[Event]:
+        return [e for e in self.events if e.node == node and e.family == family]
+
+    def _write_block(self, f, per_node, b0, b1) -> None:
+        fam: dict[str, list[str]] = {}
+
+        def put(metric, typ, text):
+            if text:
+                fam.setdefault(f"{metric}\t{typ}", []).append(text)
+
+        def const(lab, value, ts):
+            if not len(ts):
+                return ""
+            head = f"{lab} {value} "
+            return head + ("\n" + head).join(ts) + "\n"
+
+        def series(lab, vals, ts, digits=12):
+            m = ~np.isnan(vals)
+            if not m.any():
+                return ""
+            fmt = lab.replace("{", "{{").replace("}", "}}") + f" {{:.{digits}g}} {{}}\n"
+            return "".join(map(fmt.format, vals[m].tolist(), ts[m].tolist()))
+
+        for n, t, up, ex, lost_at, down_at in per_node:
+            i0, i1 = np.searchsorted(t, [b0, b1])
+            if i0 == i1:
+                continue
+            tb, ub = t[i0:i1], up[i0:i1]
+            tsi = tb.astype(np.int64)
+            ts_up = tsi[ub].astype(str).tolist()
+            # job and instance come from the scrape; only `up` keeps instance (it is the node again), to keep
+            # the OpenMetrics text (the backfill's cost) small
+            idl = f'job="fleetcanary",node="{n.name}"'
+            put("up", "gauge", series(f'up{{job="fleetcanary",instance="{n.name}:9400",node="{n.name}"}}',
+                                      ub.astype(float), tsi))
+            tup = tb[ub]
+            if n.upgrade_at is None:
+                put("fleetcanary_node_info", "gauge", const(self._node_info(n, idl, DRIVER_OLD), 1, ts_up))
+            else:
+                old = tup < n.upgrade_at
+                for m, drv in ((old, DRIVER_OLD), (~old, DRIVER_NEW)):
+                    put("fleetcanary_node_info", "gauge",
+                        const(self._node_info(n, idl, drv), 1, tsi[ub][m].astype(str).tolist()))
+            lost_now = {g: tup >= a for g, a in lost_at.items()}
+            healthy = 8.0 - sum((m.astype(float) for m in lost_now.values()), np.zeros(len(tup)))
+            put("fleetcanary_gpus_healthy", "gauge", series(f"fleetcanary_gpus_healthy{{{idl}}}", healthy, tsi[ub]))
+            put("fleetcanary_gpus_expected", "gauge", const(f"fleetcanary_gpus_expected{{{idl}}}", 8, ts_up))
+            # Per-GPU health facts (lost, PCIe width) are constant on a healthy node: written only for the
+            # nodes with a health fault, to keep the backfill small; the hard-failure rules compare a GPU's
+            # own series, so healthy nodes could not change their result.
+            health = bool(lost_at or down_at)
+            for g in range(8):
+                gs = str(g)
+                gl = f'{idl},gpu="{gs}"'
+                ln = lost_now.get(gs)
+                info = f'fleetcanary_gpu_info{{{gl},model="{n.model}"}}'
+                put("fleetcanary_gpu_info", "gauge",
+                    const(info, 1, ts_up if ln is None else tsi[ub][~ln].astype(str).tolist()))
+                if health:
+                    put("fleetcanary_gpu_lost", "gauge", series(
+                        f"fleetcanary_gpu_lost{{{gl}}}", ln.astype(float) if ln is not None else 0.0 * tup, tsi[ub]))
+                    width = np.where(tup >= down_at[gs], 8.0, 16.0) if gs in down_at else 16.0 + 0 * tup
+                    put("fleetcanary_gpu_pcie_link_width", "gauge",
+                        series(f"fleetcanary_gpu_pcie_link_width{{{gl}}}", width, tsi[ub]))
+                    put("fleetcanary_gpu_pcie_link_width_max", "gauge",
+                        const(f"fleetcanary_gpu_pcie_link_width_max{{{gl}}}", 16, ts_up))
+                put(BW, "gauge", series(f'{BW}{{{gl},direction="d2d"}}', ex["gpu_bandwidth"]["vals"][i0:i1, g], tsi, 7))
+            put(COLL, "gauge", series(f"{COLL}{{{idl},{COLL_LABELS}}}", ex["collectives"]["vals"][i0:i1, 0], tsi, 7))
+            for probe, e in ex.items():
+                pl = f'{idl},probe="{probe}"'
+                for o in OUTCOMES:
+                    put("fleetcanary_probe_runs", "counter",
+                        series(f'fleetcanary_probe_runs_total{{{pl},outcome="{o}"}}', np.where(ub, e[o][i0:i1], np.nan),
+                               tsi))
+                put("fleetcanary_probe_last_success_timestamp_seconds", "gauge",
+                    series(f"fleetcanary_probe_last_success_timestamp_seconds{{{pl}}}",
+                           np.where(ub, e["last_success"][i0:i1], np.nan), tsi))
+                put("fleetcanary_probe_interval_seconds", "gauge",
+                    const(f"fleetcanary_probe_interval_seconds{{{pl}}}", int(n.runs[probe]["interval"]), ts_up))
+                put("fleetcanary_probe_enabled", "gauge", const(f"fleetcanary_probe_enabled{{{pl}}}", 1, ts_up))
+        for key, texts in fam.items():
+            metric, typ = key.split("\t")
+            f.write(f"# TYPE {metric} {typ}\n")
+            f.writelines(texts)
+        f.write("# EOF\n")
+
+    @staticmethod
+    def _node_info(n: Node, idl: str, drv: str) -> str:
+        return (f'fleetcanary_node_info{{{idl},pool="{n.pool}",driver_version="{drv}",cpu_model="Xeon 8480",'
+                f'gpu_model="{n.model}",gpu_count="8"}}')
+
+    # ------------------------------------------------------------------ facts for attribution
+    @property
+    def eval_start(self) -> int:
+        return self.start + int(self.p.eval_from_day * DAY) // 60 * 60
+
+    def gpu_days(self) -> float:
+        """GPU-days of the evaluated span."""
+        return len(self.nodes) * 8 * (self.end - self.eval_start) / DAY
+
+    def summary(self) -> dict:
+        p = self.p
+        busy = sum(b - a for n in self.nodes for a, b in n.busy) / (len(self.nodes) * p.days * DAY)
+        runs = {pr: sum(len(n.runs[pr]["fin"]) for n in self.nodes) for pr in ("gpu_bandwidth", "collectives")}
+        skipped = {pr: int(sum((n.runs[pr]["out"] == 2).sum() for n in self.nodes)) for pr in runs}
+        kinds: dict[str, int] = {}
+        for e in self.events:
+            kinds[f"{e.family} {e.label}"] = kinds.get(f"{e.family} {e.label}", 0) + 1
+        return {"nodes": len(self.nodes), "gpus": len(self.nodes) * 8, "days": p.days, "gpu_days": self.gpu_days(),
+                "pools": {k: v for k, v in self.pool_size.items()},
+                "busy_share": round(busy, 3), "runs": runs, "skipped_runs": skipped,
+                "junk_runs": sum(len(v) for n in self.nodes for v in n.junk.values()),
+                "events": kinds}
