@@ -68,8 +68,13 @@ def series_for_runs(runs: list[float], per_run: int) -> str:
     return " ".join(f"{wobble(v, k)!r}x{per_run - 1}" for k, v in enumerate(runs))
 
 
+DAILY_STEP_MINUTES = 15    # the daily burn's file: its 5.5-day windows at 5 minutes took promtool minutes
+
+
 def step_of(f: build.Family) -> int:
     """Minutes between samples and between evaluations in this family's test file."""
+    if f.interval_minutes >= 1440:
+        return DAILY_STEP_MINUTES
     return COARSE_STEP_MINUTES if f.interval_minutes >= SLOW_MINUTES else 1
 
 
@@ -590,7 +595,8 @@ def render_more() -> dict[str, str]:
 
 
 def outputs() -> dict[str, str]:
-    return {"peers.test.yml": render(), "peers_coarse.test.yml": render(COARSE_STEP_MINUTES), **render_more()}
+    return {"peers.test.yml": render(), "peers_coarse.test.yml": render(COARSE_STEP_MINUTES),
+            "peers_daily.test.yml": render(DAILY_STEP_MINUTES), **render_more()}
 
 
 def main() -> int:
