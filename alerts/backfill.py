@@ -36,12 +36,22 @@ class BackfilledPrometheus:
     """A Prometheus on 127.0.0.1 over an existing TSDB directory (no scraping)."""
 
     def __init__(self, data: Path, log: Path, lookback: str = "5m") -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self._log = open(log, "ab")
+        # A free port can be taken by another process before Prometheus binds it (tests run side by
+        # side): a ready answer counts only if it comes from this server over this data, else retry.
+        for _ in range(5):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]
+            if self._start(data, lookback):
+                return
+            self._halt()
+        self._log.close()
+        raise RuntimeError(f"prometheus over {data} did not become ready; see {log}")
+
+    def _start(self, data: Path, lookback: str) -> bool:
         cfg = data.parent / "backfill-prometheus.yml"
         cfg.write_text("global: {scrape_interval: 1h}\n")
-        self._log = open(log, "ab")
         self.proc = subprocess.Popen(
             [binary("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={data}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=60d",
@@ -52,13 +62,25 @@ class BackfilledPrometheus:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
+                with urllib.request.urlopen(self.url + "/api/v1/status/flags", timeout=2) as r:
+                    flags = json.loads(r.read()).get("data", {})
+                if flags.get("storage.tsdb.path") != str(data):
+                    return False  # another server holds the port
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
                     if r.status == 200:
-                        return
-            except OSError:
+                        return self.proc.poll() is None
+            except (OSError, ValueError):
                 time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"prometheus over {data} did not become ready; see {log}")
+        return False
+
+    def _halt(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
     def _get(self, path: str, params: dict, timeout: float = 900) -> list[dict]:
         q = urllib.parse.urlencode(params)

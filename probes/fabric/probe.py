@@ -70,14 +70,14 @@ class Fabric(Probe):
                    ("collective", "size_bytes", "backend")),
         MetricSpec(SENDRECV, "gauge", "Send/recv bandwidth of the latest pair: 2 x bytes / ping-pong round trip, "
                    "median.", "bytes_per_second", ("size_bytes", "backend")),
-        MetricSpec(PARTNER, "gauge", "The latest pair's partner (value 1); one series, replaced every pair.", "",
+        MetricSpec(PARTNER, "gauge", "The latest pair's partner (value 1); one series, replaced every pair.", "info",
                    ("partner",)),
         MetricSpec(PAIR_SLOT, "gauge", "Start of the slot the latest pair's figures were measured in (unix "
                    "seconds); figures are current while time() is within one slot of it.", "seconds"),
         MetricSpec(SLOT, "gauge", "Configured length of one schedule slot.", "seconds"),
-        MetricSpec(MEMBERS, "gauge", "Fabric members in the list of the latest pair's run.", ""),
+        MetricSpec(MEMBERS, "gauge", "Fabric members in the list of the latest pair's run.", "count"),
         MetricSpec(REJECTED, "counter", "Connections the rendezvous refused while hosting: unexpected_address "
-                   "(not the partner), bad_handshake (garbage or a wrong MAC), silent (no hello in time).", "",
+                   "(not the partner), bad_handshake (garbage or a wrong MAC), silent (no hello in time).", "total",
                    ("reason",)),
     )
 
