@@ -492,17 +492,14 @@ def hard_alerts() -> list[dict]:
           "15m", "warning", "A probe has not succeeded for 3 intervals",
           "Probe {{ $labels.probe }} on {{ $labels.node }} last succeeded {{ $value | humanizeDuration }} ago and "
           "did not skip; its runs fail or do not happen."),
-        # Hard failures fire on their first observation; keep_firing_for rides out a flapping read.
+        # Hard failures fire on their first observation.
         a("FleetCanaryGPUsMissing", "fleetcanary_gpus_healthy < fleetcanary_gpus_expected", "0m", "critical",
-          "Fewer GPUs than expected", "{{ $labels.node }} has {{ $value }} usable GPUs, fewer than it should.",
-          keep="15m"),
+          "Fewer GPUs than expected", "{{ $labels.node }} has {{ $value }} usable GPUs, fewer than it should."),
         a("FleetCanaryGPULost", "fleetcanary_gpu_lost == 1", "0m", "critical", "A GPU fell off the bus",
-          "GPU {{ $labels.gpu }} on {{ $labels.node }} is enumerated but cannot be queried (XID 79 class).",
-          keep="15m"),
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} is enumerated but cannot be queried (XID 79 class)."),
         a("FleetCanaryPCIeLinkWidthDegraded", "fleetcanary_gpu_pcie_link_width < fleetcanary_gpu_pcie_link_width_max",
           "0m", "warning", "A GPU's PCIe link is narrower than its maximum",
-          "GPU {{ $labels.gpu }} on {{ $labels.node }} runs its PCIe link at x{{ $value }}, below its maximum width.",
-          keep="30m"),
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} runs its PCIe link at x{{ $value }}, below its maximum width."),
         a("FleetCanaryPCIeLinkGenerationDegraded",
           "(fleetcanary_gpu_pcie_link_generation < fleetcanary_gpu_pcie_link_generation_max) "
           'unless on(node, gpu) (fleetcanary_gpu_clock_throttle_active{reason="gpu_idle"} == 1)',
@@ -510,7 +507,7 @@ def hard_alerts() -> list[dict]:
           "GPU {{ $labels.gpu }} on {{ $labels.node }} is at PCIe Gen{{ $value }} while not idle (idle GPUs "
           "lower the generation to save power; those are left out)."),
         a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_up == 0", "0m", "critical", "An NVLink is down",
-          "NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive.", keep="15m"),
+          "NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive."),
         a("FleetCanaryGPUCriticalXid", "increase(fleetcanary_gpu_xid_errors_total[15m]) > 0", "0m", "critical",
           "A GPU reported a critical XID", "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID "
           "{{ $labels.xid }}.", keep="1h"),
