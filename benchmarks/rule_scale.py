@@ -476,13 +476,19 @@ def live(work: Path, data: Path, args, bodies_server: FleetServer, node_names: l
                 "prometheus_cpu_seconds_per_second": (cpu - cpu0) / wall if wall else None,
                 "prometheus_rss_bytes": rss, "measured_seconds": wall}
     finally:
+        _terminate(proc, 120)
+        log.close()
+
+
+def _terminate(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=120)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
 
 
 # --------------------------------------------------------------------------- a real node's exposition
@@ -548,13 +554,7 @@ def real_exposition(work: Path, timeout: float) -> dict:
                 "probes_not_run": sorted(enabled - set(outcomes))}
     finally:
         for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            _terminate(p, 60)
         logs.close()
 
 

@@ -34,6 +34,16 @@ def bus_factor(collective: str, n: int = 2) -> float:
     return 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
 
 
+def _exchange(ops, rank: int, mine, theirs) -> None:
+    """One ping-pong: rank 0 sends then receives, rank 1 the other way round."""
+    if rank == 0:
+        ops.send(mine, 1)
+        ops.recv(theirs, 1)
+    else:
+        ops.recv(theirs, 0)
+        ops.send(mine, 0)
+
+
 def _pattern(torch, rank: int, start: int, count: int, device, salt: int = 0):
     idx = torch.arange(start, start + count, device=device, dtype=torch.int64)
     return ((rank + 1) * 3 + salt + idx % 11).to(torch.float32)
@@ -170,22 +180,12 @@ def sweep(torch, ops: Ops, rank: int, collectives, sizes, sendrecv_bytes: int, w
     for i in range(1 + sr_iterations):
         ops.sync()
         t0 = time.perf_counter()
-        if rank == 0:
-            ops.send(mine, 1)
-            ops.recv(theirs, 1)
-        else:
-            ops.recv(theirs, 0)
-            ops.send(mine, 0)
+        _exchange(ops, rank, mine, theirs)
         ops.sync()
         if i >= 1:
             rtts.append(time.perf_counter() - t0)
     mine = _pattern(torch, rank, 0, n, device, salt=5)
-    if rank == 0:
-        ops.send(mine, 1)
-        ops.recv(theirs, 1)
-    else:
-        ops.recv(theirs, 0)
-        ops.send(mine, 0)
+    _exchange(ops, rank, mine, theirs)
     ops.sync()
     exp = _pattern(torch, 1 - rank, 0, n, device, salt=5)
     out["sendrecv"] = {"bytes": n * ELEMENT, "round_trip_seconds": rtts, "wrong": int((theirs != exp).sum().item())}
