@@ -119,15 +119,15 @@ def recording_rules(path: Path | None = None) -> dict[str, list[tuple[str, int, 
 def closure(exprs, recs) -> tuple[set, set]:
     """The recording rules and raw metrics a set of expressions needs, transitively."""
     records, raw = set(), set()
-    todo = list(exprs)
-    while todo:
-        e = todo.pop()
+    pending = list(exprs)
+    while pending:
+        e = pending.pop()
         if not e:
             continue
         for r in RECORD_NAME.findall(e):
             if r in recs and r not in records:
                 records.add(r)
-                todo.extend(x[2]["expr"] for x in recs[r])
+                pending.extend(x[2]["expr"] for x in recs[r])
         stripped = RECORD_NAME.sub(" ", e)
         stripped = re.sub(r'"[^"]*"', '""', stripped)
         raw |= {m for m in METRIC_NAME.findall(stripped)}
@@ -247,13 +247,13 @@ def read_back(records: set[str], recs, exprs=()) -> set[str]:
     of daily medians, say), with everything they need: those must exist before the evaluated span."""
     texts = list(exprs) + [x[2]["expr"] for n in records for x in recs[n]]
     seeds = {m.group(1) for e in texts if e for m in RANGE_READ.finditer(e)} & records
-    out, todo = set(), list(seeds)
-    while todo:
-        n = todo.pop()
+    out, pending = set(), list(seeds)
+    while pending:
+        n = pending.pop()
         if n in out:
             continue
         out.add(n)
-        todo.extend(d for x in recs[n] for d in RECORD_NAME.findall(x[2]["expr"]) if d in records)
+        pending.extend(d for x in recs[n] for d in RECORD_NAME.findall(x[2]["expr"]) if d in records)
     return out
 
 
