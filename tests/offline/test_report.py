@@ -30,8 +30,10 @@ def files(tmp_path_factory):
 
 
 def test_comparison_report_fills_every_section_with_plots(files, tmp_path):
-    cand = tmp_path / "cand-slow.json"
-    scale_figure(files["cand"], cand, "inference", "output_tokens_per_second", 0.9)
+    # The drop goes into a copy of the baseline: the real candidate's figures drift with the machine's
+    # load (a 10% drop on it was once a 6% one, a warning), and this test is about the report.
+    cand = tmp_path / "base-slow.json"
+    assert scale_figure(files["base"], cand, "inference", "output_tokens_per_second", 0.8) == 3
     out = tmp_path / "rep"
     r = fleetcanary("report", "--baseline", files["base"], "--candidate", cand, "--out", out, "--plots",
                     "--objective", "Verify the candidate image does not slow the canary", "--evidence",
