@@ -32,6 +32,9 @@ def binary(name: str) -> str:
     return path
 
 
+PROMTOOL_BLOCK_S = 7200  # promtool's block duration for `create-blocks-from rules`
+
+
 class BackfilledPrometheus:
     """A Prometheus on 127.0.0.1 over an existing TSDB directory (no scraping)."""
 
@@ -148,6 +151,12 @@ def backfill_rules(data: Path, wanted, start: int, end: int, eval_seconds: int, 
     """Backfill the recording rules `wanted` needs over [start, end]; returns the stages' rule names."""
     done = []
     ev = f"{eval_seconds // 60}m" if eval_seconds % 60 == 0 else f"{eval_seconds}s"
+    # promtool (2.42) imports a rule block by block (2 h) and stops at the first block whose first aligned
+    # evaluation falls after the block's end: a start late in its 2-hour block, with the group's hashed
+    # offset, silently imported nothing at all. Start on a block boundary, where every block has one.
+    if eval_seconds > PROMTOOL_BLOCK_S:
+        raise ValueError(f"rule backfill: an evaluation interval over {PROMTOOL_BLOCK_S} s is not supported")
+    start = -(-start // PROMTOOL_BLOCK_S) * PROMTOOL_BLOCK_S
     for i, stage in enumerate(rule_stages(wanted)):
         prom = BackfilledPrometheus(data, work / "backfill-prometheus.log", lookback)
         try:
@@ -157,12 +166,14 @@ def backfill_rules(data: Path, wanted, start: int, end: int, eval_seconds: int, 
             rf = work / "rules.yml"
             rf.write_text(yaml.safe_dump({"groups": [{"name": "fleetcanary-peers", "interval": ev, "rules": stage}]}))
             out = work / f"rules{i}"
-            subprocess.run([binary("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(start),
-                            "--end", str(end + 1), "--url", prom.url, "--eval-interval", ev,
-                            "--output-dir", str(out), str(rf)], check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+            r = subprocess.run([binary("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(start),
+                                "--end", str(end + 1), "--url", prom.url, "--eval-interval", ev,
+                                "--output-dir", str(out), str(rf)], capture_output=True, text=True)
         finally:
             prom.stop()
+        if r.returncode != 0 or not out.is_dir():
+            raise RuntimeError(f"promtool rule backfill of stage {i} wrote no blocks (exit {r.returncode}): "
+                               f"{(r.stdout + r.stderr)[-3000:]}")
         for blk in out.iterdir():
             if blk.is_dir():
                 shutil.move(str(blk), data / blk.name)
