@@ -213,6 +213,8 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
     finally:
         for s in list(pending):
             _drop(sel, pending, s)
+        if won is not None:
+            _refuse_backlog(lsock, expected_ips, rejected)
         sel.close()
         lsock.close()
     if won is None:
@@ -243,6 +245,19 @@ def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout) -> None:
         s.setblocking(False)
         pending[s] = [b"", time.monotonic() + hello_timeout, ip]
         sel.register(s, selectors.EVENT_READ)
+
+
+def _refuse_backlog(lsock, expected_ips, rejected) -> None:
+    """Connections the kernel completed while the partner's hello was checked: counted before the
+    listener closes (closing resets them unseen), from elsewhere as unexpected, the rest as late."""
+    while True:
+        try:
+            s, addr = lsock.accept()
+        except OSError:
+            return
+        ip = addr[0][7:] if addr[0].startswith("::ffff:") else addr[0]
+        rejected["unexpected_address" if ip not in expected_ips else "after_pairing"] += 1
+        s.close()
 
 
 def _drop(sel, pending, s) -> None:
