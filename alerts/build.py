@@ -18,13 +18,14 @@ explains each decision; in short:
   MIN_RUNS of them. A sparse window neither makes, clears nor counts as a peer; an alert
   that is firing holds (through its own ALERTS series) while its window is sparse.
 - Peer judgement on changes: each series' smoothed value over its own baseline (the
-  median of its previous ~3 days), against the same change of its peers. Persistent
-  per-GPU offsets cancel, so the spread is run noise, not silicon spread. Peers share
-  model, pool and driver version (a rolling upgrade splits a pool into two cohorts
-  instead of blinding it), and at least MIN_PEERS nodes must report. A raw path (the
+  median of its previous ~3 days on the driver it runs now), against the same change of
+  its peers. Persistent per-GPU offsets cancel, so the spread is run noise, not silicon
+  spread. Peers share model, pool and driver version (a rolling upgrade splits a pool into
+  two cohorts instead of blinding it), and at least MIN_PEERS nodes must report. A raw path (the
   smoothed value against the peer median, 10% floor) judges members without a baseline
   and persistent outliers.
-- A fast path for drops of FAST_DROP or more: the better of the newest two runs.
+- A fast path for drops of 20% and more (gate FAST_DROP, below 20% by the per-GPU spread): the better of the newest two runs, which
+  must agree with each other (a confirmation, not two unrelated junk runs).
 - Self-history and driver changes against the same baseline; a long-baseline drift
   rule (the day's median against the best day on the current driver in 14 days).
 - Every alert reads recorded series from a group at most as slow as its own evaluation,
@@ -58,7 +59,11 @@ K_MAD = 5             # and more than this many median absolute deviations of th
 K_MAD_CHANGE = 7
 MIN_PEERS = 5         # nodes reporting in the peer group
 MIN_RUNS = 5          # distinct fresh runs in a smoothing window
-FAST_DROP = 0.20      # the fast path: the newest two runs both this far off
+FAST_DROP = 0.15      # the fast path: the newest two runs both this far off. It is there for drops of 20%
+                      # and more; at a 20% gate a 20% drop on a GPU 2% above its peers' median (offsets are
+                      # +-2%) never fired (the detection benchmark caught 75% of its 20% steps, median 48 min)
+FAST_AGREE = 2        # ... and within this many change floors (Family.rel) of each other: the second run
+                      # confirms the first (a real fault moves a GPU to a new level; junk runs scatter)
 DRIFT = 0.05          # long baseline: the day's median this far off the best day on this driver
 DRIFT_WINDOW = "14d"
 HOLD = "1d"           # a firing peer/history alert holds at most this long while its window is sparse
@@ -97,6 +102,11 @@ class Family:
         extra = {"gpu_model": ("model", "pool", "driver_version"), "node_model": ("model", "pool", "driver_version"),
                  "cpu_model": ("cpu_model", "pool"), "pool": ("pool",)}[self.join]
         return extra + self.peers
+
+    @property
+    def per_driver(self) -> bool:
+        """Peers share a driver version, and baselines are per driver: an upgrade starts a new one."""
+        return "driver_version" in self.group
 
     @property
     def slow(self) -> bool:
@@ -275,12 +285,8 @@ def change_rules(f: Family, c: Ctx) -> list[dict]:
     cover = c.cover("daily")
     # group_left(): a one-to-one match `ignoring` labels drops them from the result; the peer grouping
     # needs model, pool and driver version kept.
-    # A baseline spans about 3 days: a node whose driver changed in that time has a baseline from the old
-    # driver, so its change is not comparable with its cohort's (early upgraders have absorbed the
-    # driver's effect, late ones not). Those nodes are judged by the raw path and the driver alert.
-    out = [rec(n["change"], f"({n['smoothed']} / ignoring({strip(f)}) group_left() "
-                            f"last_over_time({n['baseline']}[{cover}])) "
-                            f"unless on(node) (node:fleetcanary_driver_versions:count3d > 1)"),
+    out = [rec(n["change"], f"{n['smoothed']} / {baseline_match(f)} group_left() "
+                            f"last_over_time({n['baseline']}[{cover}]){not_after_driver_change(f)}"),
            rec(n["pre_change_ratio"], f"{n['smoothed']} / ignoring({strip(f)}) group_left() "
                                       f"last_over_time({n['pre_change_baseline']}[{cover}])"),
            rec(n["change_median"], f"quantile by ({g}) (0.5, {n['change']})"),
@@ -288,6 +294,20 @@ def change_rules(f: Family, c: Ctx) -> list[dict]:
            rec(n["change_mad"], f"quantile by ({g}) (0.5, abs({n['change_ratio']} - 1))"),
            rec(n["change_count"], f"count by ({g}) (count by ({g}, node) ({n['change']}))")]
     return out
+
+
+def baseline_match(f: Family) -> str:
+    """How a smoothed series finds its baseline. Per-driver families match on the driver version too:
+    a GPU compares itself with its days on the driver it runs now, or not at all. (Measured on the
+    detection fleet: an old-driver baseline made GPUs upgraded late look 3-6% worse than their
+    new-driver cohort, and leaving out every node upgraded in the last 3 days lost the faults there.)"""
+    return f"ignoring({'model, pool' if f.per_driver else strip(f)})"
+
+
+def not_after_driver_change(f: Family) -> str:
+    """Families whose baseline is not per driver leave out nodes whose driver changed within the
+    baseline's span (about 3 days); per-driver baselines need no exclusion."""
+    return "" if f.per_driver else " unless on(node) (node:fleetcanary_driver_versions:count3d > 1)"
 
 
 def fast_rules(f: Family) -> list[dict]:
@@ -299,7 +319,9 @@ def fast_rules(f: Family) -> list[dict]:
     g = ", ".join(f.group)
     fn = "max_over_time" if f.higher_is_better else "min_over_time"
     win = dur(f.interval_minutes * 60)
-    return [rec(n["recent"], info_join(f, f"({fn}({f.metric}[{win}]) and (changes({f.metric}[{win}]) >= 1))")),
+    m = f"{f.metric}[{win}]"
+    agree = f"(max_over_time({m}) / min_over_time({m}) < {1 + FAST_AGREE * f.rel:g})"
+    return [rec(n["recent"], info_join(f, f"({fn}({m}) and (changes({m}) >= 1) and {agree})")),
             rec(n["recent_ratio"], f"{n['recent']} / on({g}) group_left() {n['peer_median']}")]
 
 
@@ -312,16 +334,19 @@ def daily_rules(f: Family) -> list[dict]:
     enough = f"and (changes({raw}[1d]) >= {half_day - 1})" if f.runs_by_changes else ""
     offset = f.window
     best = "max_over_time" if f.higher_is_better else "min_over_time"
+    src = n["drift_median1d"] if f.per_driver else n["median1d"]
     return [
         rec(n["median1d"], f"quantile_over_time(0.5, {raw}[1d]) {enough}"),
-        # ~3 days of runs ending one smoothing window ago: the 1-day medians recorded over 2 days.
-        # At least a day of hourly medians behind it: a young baseline is one noisy day.
-        rec(n["baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset {offset}) "
-                           f"and (count_over_time({n['median1d']}[{BASE_DAYS}d] offset {offset}) >= 24)"),
-        rec(n["pre_change_baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset 1d)"),
-        # Only days on one driver, labelled with it: a new driver starts a new series (and a new best day).
+        # Only days on one driver, labelled with it: a new driver starts a new series (and a new best day,
+        # and for per-driver families a new baseline).
         rec(n["drift_median1d"], f"({n['median1d']} unless on(node) (node:fleetcanary_driver_versions:count1d > 1)) "
                                  f"* on(node) group_left(driver_version) node:fleetcanary_driver:info"),
+        # ~3 days of runs ending one smoothing window ago: the 1-day medians recorded over 2 days.
+        # At least a day of hourly medians behind it: a young baseline is one noisy day. Per driver where
+        # peers are: after an upgrade, a day on the new driver and a day of its medians (2 days).
+        rec(n["baseline"], f"quantile_over_time(0.5, {src}[{BASE_DAYS}d] offset {offset}) "
+                           f"and (count_over_time({src}[{BASE_DAYS}d] offset {offset}) >= 24)"),
+        rec(n["pre_change_baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset 1d)"),
         rec(n["drift_best"], f"{best}({n['drift_median1d']}[{DRIFT_WINDOW}])"),
         rec(n["drift_ratio"], f"{n['drift_median1d']} / {n['drift_best']}"),
     ]
@@ -451,7 +476,7 @@ def history_alerts(f: Family, c: Ctx | None = None) -> list[dict]:
     worse = f"< {1 - f.rel_hist:g}" if f.higher_is_better else f"> {1 + f.rel_hist:g}"
     drift_worse = f"< {1 - DRIFT:g}" if f.higher_is_better else f"> {1 + DRIFT:g}"
     for_m = max(2 * f.interval_minutes, 30)
-    reg_cond = f"({n['change']} {worse}) unless on(node) (node:fleetcanary_driver_versions:count3d > 1)"
+    reg_cond = f"({n['change']} {worse}){not_after_driver_change(f)}"
     drv_cond = f"({n['pre_change_ratio']} {worse}) and on(node) (node:fleetcanary_driver_versions:count1d > 1)"
     drift_cond = f"last_over_time({n['drift_ratio']}[{c.cover('daily')}]) {drift_worse}"
     lo, hi = ("below", "dropped") if f.higher_is_better else ("above", "rose")
@@ -459,7 +484,7 @@ def history_alerts(f: Family, c: Ctx | None = None) -> list[dict]:
         _alert(f, reg, reg_cond, f"last_over_time({n['change']}[{HOLD}])", for_m, 2 * for_m, c,
                f"{f.title} {lo} its own history",
                f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} of its median over about the previous 3 "
-               f"days (the driver did not change in that time)."),
+               f"days{' on this driver' if f.per_driver else ' (the driver did not change in that time)'}."),
         _alert(f, drv, drv_cond, f"last_over_time({n['pre_change_ratio']}[{HOLD}])", for_m, 2 * for_m, c,
                f"{f.title} {hi} after a driver change",
                f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} of its median before the driver changed on "

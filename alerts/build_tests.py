@@ -502,6 +502,31 @@ def ramp_case() -> dict:
                             {"eval_time": f"{7 * day}m", "alertname": reg, "exp_alerts": []}]}
 
 
+def upgraded_case() -> dict:
+    """Baselines per driver: GPU memory bandwidth on a node whose driver changes at day 2 (the new driver
+    costs 6%), then 15% lower from day 4.5. By day 4.5 the node has a baseline on its new driver (a day on
+    it and a day of its 1-day medians), so the self-history alert fires within hours of the drop; with the
+    old rule, which left out every node upgraded in the last 3 days, it stayed silent until day 5."""
+    f = next(x for x in build.FAMILIES if x.key == "gpu_memory_bandwidth")
+    k, day = f.interval_minutes, 1440
+    steps = 6 * day // k + 1
+    h = HEALTHY[f.key]
+    runs = [h * (1.0 if r * k < 2 * day else 0.94 if r * k < 4.5 * day else 0.94 * 0.85) for r in range(steps)]
+    up = 2 * day // k
+    labels = {"node": "n1", "gpu": "0", "direction": "d2d", "model": "H100", "pool": "pool-a",
+              "driver_version": "570.124.06"}
+    reg = build.history_alerts(f)[0]["alert"]
+    info = 'fleetcanary_node_info{{node="n1", pool="pool-a", cpu_model="Xeon 8480", driver_version="{}"}}'
+    return {"interval": f"{k}m", "input_series": [
+        {"series": info.format("550.90.07"), "values": f"1x{up - 1}"},
+        {"series": info.format("570.124.06"), "values": f"_x{up} 1x{steps - up - 1}"},
+        {"series": 'fleetcanary_gpu_info{node="n1", gpu="0", model="H100", uuid="GPU-1"}', "values": f"1x{steps}"},
+        {"series": f'{f.metric}{{node="n1", gpu="0", direction="d2d"}}', "values": _values(_runs(runs, 1)[:steps])}],
+        "alert_rule_test": [{"eval_time": f"{int(4.45 * day)}m", "alertname": reg, "exp_alerts": []},
+                            {"eval_time": f"{int(4.5 * day) + 180}m", "alertname": reg,
+                             "exp_alerts": [_with(exp(reg, labels, "85%"), {"family": f.key})]}]}
+
+
 # --------------------------------------------------------------------------- windows of runs
 def run_series(runs: list, per_run: int, frozen: bool = False) -> list:
     """Per-minute figure for one run per `per_run` minutes (None: the run skipped, "down": the exporter
@@ -569,7 +594,17 @@ def runs_cases() -> list[dict]:
                  "alert_rule_test": [{"eval_time": f"{m}m", "alertname": peers,
                                       "exp_alerts": [_with(exp(peers, labels, "15%"), fam)]} for m in (100, 260, 400)]
                  + quiet([peers], (580,))}
-    return [frozen_case, restart_case, hold_case]
+    # 4. Two junk runs in a row that do not agree (50% and 65% of the usual figure): no confirmation, so
+    # the fast path stays silent (and the 5-run median is not moved). Two runs that agree (78%, 77%)
+    # fire it at the second run.
+    junk = [1.0] * 12 + [0.50, 0.65] + [1.0] * 10
+    junk_case = {"interval": "1m", "input_series": gpu_bw_fleet({**healthy, "n6": junk}),
+                 "alert_rule_test": quiet([fast, peers, reg], (196, 200, 210, 240, 300))}
+    real = [1.0] * 12 + [0.78, 0.77] + [0.78] * 10
+    real_case = {"interval": "1m", "input_series": gpu_bw_fleet({**healthy, "n6": real}),
+                 "alert_rule_test": quiet([fast], (181, 194))
+                 + [{"eval_time": "196m", "alertname": fast, "exp_alerts": [_with(exp(fast, labels, "22%"), fam)]}]}
+    return [frozen_case, restart_case, hold_case, junk_case, real_case]
 
 
 def _with(e: dict, labels: dict) -> dict:
@@ -585,7 +620,7 @@ def render_more() -> dict[str, str]:
                                                          "tests": hard_cases()}, sort_keys=False, width=200),
         # The ramp's week at its probe interval (15 min): every group evaluates each step.
         "drift.test.yml": head + yaml.safe_dump({"rule_files": files, "group_eval_order": ORDER, "evaluation_interval": "15m",
-                                                 "tests": [ramp_case()]}, sort_keys=False, width=200),
+                                                 "tests": [ramp_case(), upgraded_case()]}, sort_keys=False, width=200),
         "runs.test.yml": head + yaml.safe_dump({"rule_files": files, "group_eval_order": ORDER, "evaluation_interval": "1m",
                                                 "tests": runs_cases()}, sort_keys=False, width=200),
         "history.test.yml": head + yaml.safe_dump({"rule_files": files, "group_eval_order": ORDER,
