@@ -155,8 +155,9 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
                         str(data)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     # The 1-day medians the baselines are built from, as the hourly group would have recorded them.
-    median1d = [build.names(f)["median1d"] for f in build.FAMILIES if f.history]
-    backfill.backfill_rules(data, median1d, int(start + 86400), int(end), 3600, tmp_path)
+    # Per-driver families build theirs from the 1-day medians of days on one driver (labelled with it).
+    daily = [build.names(f)["drift_median1d" if f.per_driver else "median1d"] for f in build.FAMILIES if f.history]
+    backfill.backfill_rules(data, daily, int(start + 86400), int(end), 3600, tmp_path)
 
     exporter = Exporter(fleet, port)
     cfg = tmp_path / "prometheus.yml"

@@ -349,25 +349,22 @@ def test_the_shipped_rules_fire_fabric_node_slow_for_the_limited_node_and_no_oth
                       what="FleetCanaryFabricNodeSlow firing")
     assert {r["metric"]["node"] for r in firing} == {SLOW}
 
-    def measured() -> dict[str, float]:
+    def share() -> dict[str, float]:
+        """The slow share of each node whenever it had the minimum of partners (before that, no verdict)."""
         since = f"{int(time.time() - fleet.started) + 60}s"
         return {r["metric"]["node"]: float(r["value"][1]) for r in fleet.prom.query(
-            f"max by (node) (max_over_time(node:fleetcanary_fabric_partners_measured:count1h[{since}]))")}
+            f"max by (node) (max_over_time((node:fleetcanary_fabric_partners_slow:ratio1h and on(node) "
+            f"node:fleetcanary_fabric_partners_measured:count1h >= 3)[{since}:{RULE_INTERVAL}]))")}
 
     # node-3 can reach its minimum before another node does when a slot was lost to the busy machine
     # (a skipped pair): wait until every node has been judged with the minimum of partners.
-    counts = wait_for(lambda: (m := measured()) and set(m) == set(NAMES) and all(v >= 3 for v in m.values()) and m,
-                      timeout=6 * SLOT, interval=2.0, what="every node with 3 partners measured")
-    assert set(counts) == set(NAMES) and all(v >= 3 for v in counts.values()), counts
+    judged = wait_for(lambda: (s := share()) and set(s) == set(NAMES) and s, timeout=6 * SLOT, interval=2.0,
+                      what="every node judged with 3 partners measured")
+    assert set(judged) == set(NAMES), judged
     since = f"{int(time.time() - fleet.started) + 60}s"
     ever = fleet.prom.query(f'max by (node) (max_over_time(ALERTS{{alertname="FleetCanaryFabricNodeSlow"}}[{since}]))')
     assert {r["metric"]["node"] for r in ever} == {SLOW}, ever            # not even pending elsewhere
-    # The slow share of each node whenever it had the minimum of partners (before that it is no verdict).
-    share = {r["metric"]["node"]: float(r["value"][1]) for r in fleet.prom.query(
-        f"max by (node) (max_over_time((node:fleetcanary_fabric_partners_slow:ratio1h and on(node) "
-        f"node:fleetcanary_fabric_partners_measured:count1h >= 3)[{since}:{RULE_INTERVAL}]))")}
-    assert set(share) == set(NAMES), share
-    assert share[SLOW] > 0.5 and all(share[n] <= 0.5 for n in NAMES if n != SLOW), share
+    assert judged[SLOW] > 0.5 and all(judged[n] <= 0.5 for n in NAMES if n != SLOW), judged
     # The slow verdicts name node-3's pairs only: (node-3, any) and (any, node-3).
     slow_pairs = {(r["metric"]["node"], r["metric"]["partner"]) for r in fleet.prom.query(
         f"max_over_time(node_partner:fleetcanary_fabric_pair_slow:bool[{since}]) == 1")}
