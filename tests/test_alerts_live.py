@@ -17,6 +17,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -133,6 +134,27 @@ def expected_alerts() -> dict[str, str]:
     return out
 
 
+def recorded_counts(url: str, missing: list[str]) -> dict[str, object]:
+    """For a failure message: how many series of each recorded step the missing alerts read exist now,
+    and the rule groups' last errors."""
+    out: dict[str, object] = {}
+    fams = {a["labels"]["family"] for g in build.build()[1]["groups"] for a in g["rules"]
+            if a["alert"] in missing and "family" in a["labels"]}
+    for f in build.FAMILIES:
+        if f.key in fams:
+            for key in ("smoothed", "median1d", "drift_median1d", "baseline", "change"):
+                name = build.names(f)[key]
+                code, _, body = http_get(url + "/api/v1/query?query=" + urllib.parse.quote(f"count({name})"),
+                                         timeout=10)
+                res = json.loads(body)["data"]["result"] if code == 200 else None
+                out[name] = res[0]["value"][1] if res else 0
+    code, _, body = http_get(url + "/api/v1/rules?type=record", timeout=10)
+    if code == 200:
+        out["errors"] = [(r["name"], r.get("lastError")) for g in json.loads(body)["data"]["groups"]
+                         for r in g["rules"] if r.get("lastError")][:10]
+    return out
+
+
 def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometheus(tmp_path):
     prometheus = require_binary("prometheus")
     promtool = require_binary("promtool")
@@ -157,7 +179,11 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
     # The 1-day medians the baselines are built from, as the hourly group would have recorded them.
     # Per-driver families build theirs from the 1-day medians of days on one driver (labelled with it).
     daily = [build.names(f)["drift_median1d" if f.per_driver else "median1d"] for f in build.FAMILIES if f.history]
-    backfill.backfill_rules(data, daily, int(start + 86400), int(end), 3600, tmp_path)
+    # The lookback must cover the backfill's 10-minute sample spacing: the node-info joins are instant
+    # selectors, and at 5 minutes half of all hourly evaluation instants (which ones depends on the
+    # time of day the test starts) found no sample, so the driver join and every per-driver baseline
+    # came out empty and the per-driver regression alerts could never fire.
+    backfill.backfill_rules(data, daily, int(start + 86400), int(end), 3600, tmp_path, lookback="15m")
 
     exporter = Exporter(fleet, port)
     cfg = tmp_path / "prometheus.yml"
@@ -195,7 +221,8 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
             wait_for(all_fired, timeout=720, interval=2, what="every peer, fast, history and driver-change alert")
         except AssertionError as e:
             missing = sorted(n for n in want if want[n] not in fired.get(n, set()))
-            raise AssertionError(f"{e}; never fired: {missing}; fired: {fired}") from None
+            raise AssertionError(f"{e}; never fired: {missing}; fired: {fired}; "
+                                 f"recorded: {recorded_counts(url, missing)}") from None
     finally:
         proc.terminate()
         try:
