@@ -152,4 +152,17 @@ def union(fleet: Fleet, name: str, family: str, rows_eps: list[tuple], kinds=("s
         if t:
             recall[label]["ttd_median_min"] = round(statistics.median(t), 1)
             recall[label]["ttd_max_min"] = round(max(t), 1)
+            # each detected fault: minutes, and whether its first degraded run came within a smoothing
+            # window of a busy period's end (a window that must first fill with MIN_RUNS fresh runs)
+            recall[label]["ttd_each"] = sorted(
+                [round((first[id(e)] - e.detect_from) / 60), after_busy(fleet, e)] for e in hit
+                if e.detect_from is not None)
     return {"alert": name, "kind": "union", "family": family, "recall": recall}
+
+
+def after_busy(fleet: Fleet, e) -> bool:
+    """The fault's first degraded run came less than 5 probe intervals after a busy period ended (or
+    the fault started inside one): its windows were refilling."""
+    n = fleet.by_name[e.node]
+    iv = 15 * 60 if e.family == "gpu_memory_bandwidth" else 30 * 60
+    return any(a <= e.detect_from and b >= e.detect_from - 5 * iv for a, b in n.busy)
