@@ -87,15 +87,19 @@ class Family:
     alert: str = ""       # CamelCase stem of the alert name
     rel: float = 0.05     # change path floor: at least this far from the peers' median change
     rel_hist: float = REL_HIST
-    window: str = ""      # smoothing window; default MIN_RUNS + 0.5 probe intervals
+    window: str = ""      # smoothing window; default MIN_RUNS - 0.5 probe intervals + 4 minutes
     for_minutes: int = 0  # override the peer alert's `for` (default: 1 probe interval, at least 15 min if under 10)
     fast: bool = True     # a fast path for large drops
     runs_by_changes: bool = True  # False: a recorded, continuously changing figure (no run count)
 
     def __post_init__(self) -> None:
         if not self.window:
-            # MIN_RUNS intervals and half one more: with up to 10% jitter per run, 5 runs always fit.
-            self.window = dur(math.ceil((MIN_RUNS + 0.5) * self.interval_minutes) * 60)
+            # MIN_RUNS - 0.5 intervals and 4 minutes (two scrapes at a 2-minute interval): 4 or 5 runs
+            # inside (gaps of 1 to 1.1 intervals with the default 10% jitter) plus the run before them,
+            # whose figure is still exported at the window's start: 5 or 6 runs, never fewer without a
+            # skip. The median turns with the 3rd degraded run of 5 (halfway with 6), a whole interval
+            # sooner than a window of MIN_RUNS + 0.5 intervals (6-7 runs) did.
+            self.window = dur(math.ceil((MIN_RUNS - 0.5) * self.interval_minutes + 4) * 60)
 
     @property
     def group(self) -> tuple[str, ...]:
@@ -197,6 +201,7 @@ def names(f: Family) -> dict[str, str]:
         "change_count": f"{g}:{base}:peer_change_count",
         "recent": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_last2runs",
         "recent_ratio": f"{lv}:{base}:last2runs_peer_ratio",
+        "recent_hist_ratio": f"{lv}:{base}:last2runs_history_ratio",
         "pre_change_ratio": f"{lv}:{base}:pre_driver_change_ratio",
         "drift_median1d": f"{lv}:{base}:median1d_same_driver",
         "drift_best": f"{lv}:{base}:best_day_{DRIFT_WINDOW}",
@@ -310,19 +315,25 @@ def not_after_driver_change(f: Family) -> str:
     return "" if f.per_driver else " unless on(node) (node:fleetcanary_driver_versions:count3d > 1)"
 
 
-def fast_rules(f: Family) -> list[dict]:
+def fast_rules(f: Family, c: Ctx) -> list[dict]:
     """The better of the runs whose figures were exported in the last interval: the newest run and the
     one before it (each exported until the next replaces it); two runs at least, or nothing. Against
     the peers' median outright: at 20% no per-GPU offset matters, and no baseline is needed (a new
-    node, a node just upgraded)."""
+    node, a node just upgraded). And against its own baseline, for the pools too small to judge by
+    peers (FarBelowOwnHistory)."""
     n = names(f)
     g = ", ".join(f.group)
     fn = "max_over_time" if f.higher_is_better else "min_over_time"
     win = dur(f.interval_minutes * 60)
     m = f"{f.metric}[{win}]"
     agree = f"(max_over_time({m}) / min_over_time({m}) < {1 + FAST_AGREE * f.rel:g})"
-    return [rec(n["recent"], info_join(f, f"({fn}({m}) and (changes({m}) >= 1) and {agree})")),
-            rec(n["recent_ratio"], f"{n['recent']} / on({g}) group_left() {n['peer_median']}")]
+    out = [rec(n["recent"], info_join(f, f"({fn}({m}) and (changes({m}) >= 1) and {agree})")),
+           rec(n["recent_ratio"], f"{n['recent']} / on({g}) group_left() {n['peer_median']}")]
+    if f.history:
+        out.append(rec(n["recent_hist_ratio"], f"{n['recent']} / {baseline_match(f)} group_left() "
+                                               f"last_over_time({n['baseline']}[{c.cover('daily')}])"
+                                               f"{not_after_driver_change(f)}"))
+    return out
 
 
 def daily_rules(f: Family) -> list[dict]:
@@ -467,6 +478,25 @@ def fast_alert(f: Family, c: Ctx | None = None) -> dict:
                   f"at least {FAST_DROP:.0%}.", severity="critical")
 
 
+def fast_history_alert(f: Family, c: Ctx | None = None) -> dict:
+    """The fast path where peers cannot judge (fewer than MIN_PEERS nodes report in the group: a small
+    pool, or a large one mostly busy): the newest two runs, agreeing, both FAST_DROP or more off the
+    series' own baseline (on the driver it runs now). `for: 0m`, as the peer fast path."""
+    c = c or Ctx()
+    n = names(f)
+    g = ", ".join(f.group)
+    name = f"FleetCanary{f.alert}{'FarBelowOwnHistory' if f.higher_is_better else 'FarSlowerThanOwnHistory'}"
+    worse = f"< {1 - FAST_DROP:g}" if f.higher_is_better else f"> {1 + FAST_DROP:g}"
+    cond = f"({n['recent_hist_ratio']} {worse}) unless on({g}) ({n['count']} >= {MIN_PEERS})"
+    words = "below" if f.higher_is_better else "slower than"
+    return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c,
+                  f"{f.title} far {words} its own history in two runs in a row, with too few peers to compare",
+                  f"{entity_words(f)}: the better of its last two runs is {{{{ $value | humanizePercentage }}}} of its "
+                  f"median over about the previous 3 days{' on this driver' if f.per_driver else ''} (at least "
+                  f"{FAST_DROP:.0%} {'below' if f.higher_is_better else 'above'}); fewer than {MIN_PEERS} peer nodes "
+                  f"({', '.join(f.group)}) report, so the peer fast path cannot judge it.", severity="critical")
+
+
 def history_alerts(f: Family, c: Ctx | None = None) -> list[dict]:
     c = c or Ctx()
     n = names(f)
@@ -608,7 +638,7 @@ def build(scale: float = 1.0) -> tuple[dict, dict]:
     recording = {"groups": [
         {"name": "fleetcanary-inventory", "interval": iv["inventory"], "rules": inventory_rules()},
         {"name": "fleetcanary-peers", "interval": iv["peers"],
-         "rules": [r for f in fast for r in smoothing_rules(f) + peer_rules(f) + (fast_rules(f) if f.fast else [])]
+         "rules": [r for f in fast for r in smoothing_rules(f) + peer_rules(f) + (fast_rules(f, c) if f.fast else [])]
          + [r for f in fast if f.history for r in change_rules(f, c)]},
         {"name": "fleetcanary-peers-slow", "interval": iv["peers_slow"],
          "rules": [r for f in slow for r in smoothing_rules(f) + peer_rules(f)]},
@@ -623,7 +653,8 @@ def build(scale: float = 1.0) -> tuple[dict, dict]:
     alerts = {"groups": [
         {"name": "fleetcanary-hard-failures", "rules": hard},
         {"name": "fleetcanary-peer-outliers",
-         "rules": [peer_alert(f, c) for f in FAMILIES] + [fast_alert(f, c) for f in FAMILIES if f.fast]},
+         "rules": [peer_alert(f, c) for f in FAMILIES] + [fast_alert(f, c) for f in FAMILIES if f.fast]
+         + [fast_history_alert(f, c) for f in FAMILIES if f.fast and f.history]},
         {"name": "fleetcanary-regressions", "rules": [a for f in FAMILIES if f.history for a in history_alerts(f, c)]},
         {"name": "fleetcanary-nic", "rules": rules_nic.alert_rules(annotations)},
         {"name": "fleetcanary-fabric-alerts", "rules": rules_fabric.alert_rules(RUNBOOK)}]}
@@ -659,6 +690,8 @@ def runbooks_markdown() -> str:
                 meaning, checks, causes = rules_nic.RUNBOOKS[name]
             elif name.endswith(("FarBelowPeers", "FarSlowerThanPeers")):
                 meaning, checks, causes = rb.fast_text(fam.title, fam.key, not fam.higher_is_better)
+            elif name.endswith(("FarBelowOwnHistory", "FarSlowerThanOwnHistory")):
+                meaning, checks, causes = rb.fast_history_text(fam.title, fam.key, not fam.higher_is_better)
             elif name.endswith("Drift"):
                 meaning, checks, causes = rb.drift_text(fam.title, fam.key, not fam.higher_is_better)
             elif name in rules_fabric.RUNBOOKS:

@@ -407,8 +407,10 @@ def history_cases() -> list[dict]:
     - the self-history alert: silent 30 minutes after the change, firing once half the smoothing
       window and its `for` have passed;
     - the drift rule: silent 11 hours after, firing 14 hours after (the day's median has turned);
+    - the fast path on its own history stays silent there (6 peer nodes: the peer fast path judges);
     and on one node whose driver changes at that moment: the driver alert fires, the history and
-    drift alerts stay silent."""
+    drift alerts stay silent; and in a pool of 3 nodes (below the peer minimum), the third 25% worse:
+    the fast path on its own history fires after its second bad run, the peer fast path cannot."""
     day = 1440
     k = HISTORY_STEP_MINUTES
     drop_at = 2 * day
@@ -425,6 +427,12 @@ def history_cases() -> list[dict]:
         return f'{f.metric}{{node="{node}", {_labels(f)}}}', _values(_runs(runs, per_run)[:steps])
 
     info = 'fleetcanary_node_info{{node="{}", pool="pool-a", cpu_model="Xeon 8480", driver_version="{}"}}'
+    small = []
+    for i in range(1, 4):
+        node = f"n{i}"
+        small += [(info.format(node, "550.90.07"), f"1x{steps}"),
+                  (f'fleetcanary_gpu_info{{node="{node}", gpu="0", model="H100", uuid="GPU-{i}"}}', f"1x{steps}")]
+        small += [member(f, node, i == 3) for f in fams]
     same = []
     for i in range(1, 7):
         node = f"n{i}"
@@ -435,7 +443,7 @@ def history_cases() -> list[dict]:
            (info.format("n1", "550.90.07"), f"1x{drop_at // k - 1}"),
            (info.format("n1", "570.124.06"), f"_x{drop_at // k - 1} 1x{steps - drop_at // k + 1}")]
     one += [member(f, "n1", True) for f in fams]
-    checks_same, checks_drv = [], []
+    checks_same, checks_drv, checks_small = [], [], []
     def joined(f: build.Family, labels: dict, driver: str = "550.90.07") -> dict:
         """The labels the peer join adds to an entity's series."""
         if "cpu_model" in f.group:
@@ -465,6 +473,14 @@ def history_cases() -> list[dict]:
             checks_same += [{"eval_time": f"{drop_at + f.interval_minutes - k}m", "alertname": fast, "exp_alerts": []},
                             {"eval_time": f"{drop_at + f.interval_minutes + k}m", "alertname": fast,
                              "exp_alerts": [_with(exp(fast, fl, "25%" if f.higher_is_better else "30%"), fam)]}]
+            own = build.fast_history_alert(f)["alert"]
+            checks_same.append({"eval_time": f"{drop_at + f.interval_minutes + k}m", "alertname": own,
+                                "exp_alerts": []})
+            sl = joined(f, {**labels, "node": "n3"})
+            checks_small += [{"eval_time": f"{drop_at + f.interval_minutes - k}m", "alertname": own, "exp_alerts": []},
+                             {"eval_time": f"{drop_at + f.interval_minutes + k}m", "alertname": own,
+                              "exp_alerts": [_with(exp(own, sl, pct), fam)]},
+                             {"eval_time": f"{drop_at + f.interval_minutes + k}m", "alertname": fast, "exp_alerts": []}]
         one_l = {**labels, "node": "n1"}
         checks_drv += [{"eval_time": f"{fire}m", "alertname": reg, "exp_alerts": []},
                        {"eval_time": f"{fire}m", "alertname": drv,
@@ -475,6 +491,8 @@ def history_cases() -> list[dict]:
          "alert_rule_test": checks_same},
         {"interval": f"{k}m", "input_series": [{"series": s, "values": v} for s, v in one],
          "alert_rule_test": checks_drv},
+        {"interval": f"{k}m", "input_series": [{"series": s, "values": v} for s, v in small],
+         "alert_rule_test": checks_small},
     ]
 
 

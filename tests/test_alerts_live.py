@@ -1,5 +1,7 @@
 """The shipped rules on a live Prometheus, in real time: every peer, fast-path, history and
-driver-change alert fires, and healthy nodes stay silent.
+driver-change alert fires, and healthy nodes stay silent. Seven nodes in one pool (one degraded,
+one upgraded) and three in a pool below the peer minimum (one degraded: the fast path on its own
+history, and no peer verdict).
 
 promtool evaluates every group at the test's interval, so it cannot see a rule that reads a
 slower group's output through the default lookback (the history alerts once never fired for
@@ -31,9 +33,10 @@ build_tests = load_script(ROOT / "alerts" / "build_tests.py", "fleetcanary_alert
 backfill = load_script(ROOT / "alerts" / "backfill.py", "fleetcanary_alerts_backfill")
 
 SCALE = 1 / 60
-NODES = [f"n{i}" for i in range(1, 8)]
+NODES = [f"n{i}" for i in range(1, 8)] + ["s1", "s2", "s3"]
 DEGRADED = "n6"        # 25% worse for 8 h on the same driver: peer, fast-path and regression alerts
 DRIVER_CHANGED = "n7"  # a new driver 12 h ago, 25% worse since: the driver-change alerts
+SMALL_DEGRADED = "s3"  # in a pool of 3 nodes (s1-s3), 25% worse for 8 h: the fast path on its own history
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.45, 1.0, 2.0)
 
 
@@ -46,7 +49,7 @@ class Fleet:
 
     def factor(self, f, node: str, t: float) -> float:
         # The daily burn's figure is judged over 5 daily runs: degraded throughout.
-        bad = ((node == DEGRADED and (t >= self.now0 - 8 * 3600 or f.slow))
+        bad = ((node in (DEGRADED, SMALL_DEGRADED) and (t >= self.now0 - 8 * 3600 or f.slow))
                or (node == DRIVER_CHANGED and t >= self.now0 - 12 * 3600))
         return (0.75 if f.higher_is_better else 1.3) if bad else 1.0
 
@@ -57,7 +60,8 @@ class Fleet:
         out = []
         for node in NODES:
             n = f'node="{node}", {self.ident}'
-            out.append((f'fleetcanary_node_info{{{n}, pool="pool-a", cpu_model="Xeon 8480", '
+            pool = "pool-s" if node.startswith("s") else "pool-a"
+            out.append((f'fleetcanary_node_info{{{n}, pool="{pool}", cpu_model="Xeon 8480", '
                         f'driver_version="{self.driver(node, t)}"}}', 1.0))
             out.append((f'fleetcanary_gpu_info{{{n}, gpu="0", model="H100", uuid="GPU-{node}"}}', 1.0))
             for f in build.FAMILIES:
@@ -127,7 +131,9 @@ def expected_alerts() -> dict[str, str]:
     for g in alerts["groups"]:
         for a in g["rules"]:
             name = a["alert"]
-            if name.endswith(("BelowPeers", "SlowerThanPeers", "Regression")):
+            if name.endswith(("OwnHistory",)):
+                out[name] = SMALL_DEGRADED
+            elif name.endswith(("BelowPeers", "SlowerThanPeers", "Regression")):
                 out[name] = DEGRADED  # the Far... fast-path alerts end the same way
             elif name.endswith(("DropAfterDriverChange", "RiseAfterDriverChange")):
                 out[name] = DRIVER_CHANGED
@@ -142,7 +148,7 @@ def recorded_counts(url: str, missing: list[str]) -> dict[str, object]:
             if a["alert"] in missing and "family" in a["labels"]}
     for f in build.FAMILIES:
         if f.key in fams:
-            for key in ("smoothed", "median1d", "drift_median1d", "baseline", "change"):
+            for key in ("smoothed", "median1d", "drift_median1d", "baseline", "change", "recent_hist_ratio"):
                 name = build.names(f)[key]
                 code, _, body = http_get(url + "/api/v1/query?query=" + urllib.parse.quote(f"count({name})"),
                                          timeout=10)
@@ -200,8 +206,8 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{prom_port}"
     want = expected_alerts()
-    # 10 peer, 8 fast-path, 8 regression, 8 driver-change alerts
-    assert len(want) == 34, sorted(want)
+    # 10 peer, 8 fast-path, 8 own-history fast-path, 8 regression, 8 driver-change alerts
+    assert len(want) == 42, sorted(want)
     fired: dict[str, set[str]] = {}
     try:
         wait_for(lambda: proc.poll() is None and http_get(url + "/-/ready", timeout=2)[0] == 200, timeout=120,
@@ -238,5 +244,11 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
         other = DRIVER_CHANGED if node == DEGRADED else DEGRADED
         if name.endswith(("Regression", "AfterDriverChange")):
             assert other not in fired.get(name, set()), (name, fired[name])
-    healthy = {f"n{i}" for i in range(1, 6)}
+        # the own-history fast path is for groups the peer fast path cannot judge
+        if name.endswith("OwnHistory"):
+            assert DEGRADED not in fired.get(name, set()), (name, fired[name])
+        # peers cannot judge a pool of 3
+        if name.endswith(("BelowPeers", "SlowerThanPeers")):
+            assert SMALL_DEGRADED not in fired.get(name, set()), (name, fired[name])
+    healthy = {f"n{i}" for i in range(1, 6)} | {"s1", "s2"}
     assert not any(healthy & nodes for nodes in fired.values()), fired
