@@ -87,19 +87,19 @@ class Family:
     alert: str = ""       # CamelCase stem of the alert name
     rel: float = 0.05     # change path floor: at least this far from the peers' median change
     rel_hist: float = REL_HIST
-    window: str = ""      # smoothing window; default MIN_RUNS - 0.5 probe intervals + 4 minutes
+    window: str = ""      # smoothing window; default MIN_RUNS + 0.5 probe intervals
     for_minutes: int = 0  # override the peer alert's `for` (default: 1 probe interval, at least 15 min if under 10)
     fast: bool = True     # a fast path for large drops
     runs_by_changes: bool = True  # False: a recorded, continuously changing figure (no run count)
 
     def __post_init__(self) -> None:
         if not self.window:
-            # MIN_RUNS - 0.5 intervals and 4 minutes (two scrapes at a 2-minute interval): 4 or 5 runs
-            # inside (gaps of 1 to 1.1 intervals with the default 10% jitter) plus the run before them,
-            # whose figure is still exported at the window's start: 5 or 6 runs, never fewer without a
-            # skip. The median turns with the 3rd degraded run of 5 (halfway with 6), a whole interval
-            # sooner than a window of MIN_RUNS + 0.5 intervals (6-7 runs) did.
-            self.window = dur(math.ceil((MIN_RUNS - 0.5) * self.interval_minutes + 4) * 60)
+            # MIN_RUNS intervals and half one more: with up to 10% jitter per run, 5 runs always fit (6-7
+            # with the run before the window, still exported at its start). A window of 4.5 intervals
+            # (5-6 runs) turned the median a run sooner, but on the 195-node detection fleet it added 5
+            # false episodes (junk-run pairs weigh more in 5 runs) for 6 minutes of median time to
+            # detect that both windows already kept within 4 intervals (docs/detection.md).
+            self.window = dur(math.ceil((MIN_RUNS + 0.5) * self.interval_minutes) * 60)
 
     @property
     def group(self) -> tuple[str, ...]:
