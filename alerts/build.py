@@ -64,7 +64,9 @@ FAST_DROP = 0.15      # the fast path: the newest two runs both this far off. It
                       # +-2%) never fired (the detection benchmark caught 75% of its 20% steps, median 48 min)
 FAST_AGREE = 2        # ... and within this many change floors (Family.rel) of each other: the second run
                       # confirms the first (a real fault moves a GPU to a new level; junk runs scatter)
-DRIFT = 0.05          # long baseline: the day's median this far off the best day on this driver
+DRIFT = 0.04          # long baseline: the day's median this far off the best day on this driver. At 5% the
+                      # day's median reached it 12-36 h after a 1%/day ramp crossed 5% (its half-day lag, the
+                      # best day's small upward bias, busy days with too few runs); 4% fires about a day sooner
 DRIFT_WINDOW = "14d"
 HOLD = "1d"           # a firing peer/history alert holds at most this long while its window is sparse
 INTERVALS = {"inventory": 60, "peers": 60, "peers_slow": 900, "daily": 3600}  # group intervals, seconds

@@ -498,8 +498,8 @@ def history_cases() -> list[dict]:
 
 def ramp_case() -> dict:
     """A slow ramp: GPU memory bandwidth healthy for a day, then 1% lower every day. The 3-day
-    history follows it along (never 5% off); the drift rule fires within a day of it crossing 5%
-    (day 6): silent at day 5.5, firing at day 7."""
+    history follows it along (never 5% off); the drift rule (4%) fires within a day of it crossing 5%
+    (day 6): silent at day 4.5 (3.5% down, its day's median 3%), firing at day 7."""
     f = next(x for x in build.FAMILIES if x.key == "gpu_memory_bandwidth")
     k, day = f.interval_minutes, 1440
     steps = 7 * day // k + 1
@@ -514,7 +514,7 @@ def ramp_case() -> dict:
          "values": f"1x{steps}"},
         {"series": 'fleetcanary_gpu_info{node="n1", gpu="0", model="H100", uuid="GPU-1"}', "values": f"1x{steps}"},
         {"series": f'{f.metric}{{node="n1", gpu="0", direction="d2d"}}', "values": _values(_runs(runs, per_run)[:steps])}],
-        "alert_rule_test": [{"eval_time": f"{int(5.5 * day)}m", "alertname": drift, "exp_alerts": []},
+        "alert_rule_test": [{"eval_time": f"{int(4.5 * day)}m", "alertname": drift, "exp_alerts": []},
                             {"eval_time": f"{7 * day}m", "alertname": drift,
                              "exp_alerts": [_with(exp(drift, labels, "94.5%"), {"family": f.key})]},
                             {"eval_time": f"{7 * day}m", "alertname": reg, "exp_alerts": []}]}

@@ -178,7 +178,7 @@ def fast_history_text(family_title: str, key: str, lower: bool) -> tuple[str, st
 
 def drift_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title}'s median over the last day is 5% or more {'above' if lower else 'below'} its best "
+    return (f"The {family_title}'s median over the last day is 4% or more {'above' if lower else 'below'} its best "
             "day on the current driver in the last 14 days: a slow drift that the 3-day history and the peer "
             "comparison follow along and cannot see (a fan slowly failing, dust, a creeping thermal problem).",
             "Plot the daily medians of the series over two weeks; compare with its peers' daily medians. " + checks,
