@@ -83,6 +83,36 @@ def label_values(node: int, model: str) -> dict[str, list[str]]:
     }
 
 
+def _nic_fabric_combos(spec, node: int) -> list[dict]:
+    """An HGX node's fabric: 8 InfiniBand ports (mlx5_0-7, port 1) and one Ethernet interface; the
+    fabric probe's one last-partner series and its rejection reasons."""
+    from fleetcanary.probes.lib import nic_sysfs
+    from fleetcanary.probes.nic_health import PHYS_STATES, STATES
+
+    ports = [{"device": f"mlx5_{i}", "port": "1"} for i in range(8)]
+    extra = {"fleetcanary_rdma_device_info": None, "fleetcanary_rdma_port_info": {"link_layer": ["InfiniBand"]},
+             "fleetcanary_rdma_port_state": {"state": list(STATES.values())},
+             "fleetcanary_rdma_port_physical_state": {"state": list(PHYS_STATES.values())},
+             "fleetcanary_rdma_port_errors_total": {"counter": list(nic_sysfs.ERROR_COUNTERS)},
+             "fleetcanary_rdma_port_hw_events_total": {"counter": list(nic_sysfs.HW_COUNTERS)}}
+    if spec.name == "fleetcanary_rdma_device_info":
+        return [{"device": f"mlx5_{i}", "hca_type": "MT4129", "fw_ver": "28.39.1002", "board_id": "MT_0000000838"}
+                for i in range(8)]
+    if spec.name == "fleetcanary_fabric_last_partner_info":
+        return [{"partner": f"node-{(node + 1) % 1000:04d}"}]
+    if spec.name == "fleetcanary_fabric_rendezvous_rejected_total":
+        return []  # only once a stray was refused
+    if spec.name.startswith("fleetcanary_net_interface_"):
+        return [{"interface": "eth0", **({"direction": d} if "direction" in spec.labels else {})}
+                for d in (("rx", "tx") if "direction" in spec.labels else ("",))]
+    if "device" not in spec.labels:
+        return [{}]
+    combos = ports
+    for name, values in (extra.get(spec.name) or {}).items():
+        combos = [{**c, name: v} for c in combos for v in values]
+    return combos
+
+
 def node_series(node: int, model: str, pool: str) -> list[tuple[str, str, dict]]:
     """(family, sample name, labels) of every series one node exposes, from the declared metric specs."""
     from fleetcanary.daemon.collector import EXPORTER_METRICS
@@ -143,6 +173,9 @@ def node_series(node: int, model: str, pool: str) -> list[tuple[str, str, dict]]
             elif spec.name == "fleetcanary_gpu_nvlink_errors_total":
                 combos = [{"gpu": g, "link": k, "counter": c} for g in lv["gpu"] for k in lv["link"]
                           for c in ("replay", "recovery", "crc_flit", "crc_data")]
+            elif spec.name.startswith(("fleetcanary_rdma_", "fleetcanary_net_interface_")) or spec.name in (
+                    "fleetcanary_fabric_last_partner_info", "fleetcanary_fabric_rendezvous_rejected_total"):
+                combos = _nic_fabric_combos(spec, node)
             elif spec.name == "fleetcanary_inference_requests_total":
                 combos = [{"model": "meta-llama/Llama-3.1-70B-Instruct", "outcome": "success"}]
             elif "target" in spec.labels:
@@ -197,12 +230,28 @@ ERROR_COUNTERS = {"fleetcanary_gpu_xid_errors_total", "fleetcanary_gpu_ecc_error
                   "fleetcanary_probe_failures_total", "fleetcanary_probe_crashes_total",
                   "fleetcanary_probe_skips_total", "fleetcanary_probe_invalid_samples_total",
                   "fleetcanary_storage_failures_total", "fleetcanary_object_failures_total",
-                  "fleetcanary_history_write_errors_total", "fleetcanary_clock_jumps_total"}
+                  "fleetcanary_history_write_errors_total", "fleetcanary_clock_jumps_total",
+                  "fleetcanary_rdma_port_errors_total", "fleetcanary_rdma_port_hw_events_total",
+                  "fleetcanary_net_interface_errors_total", "fleetcanary_net_interface_dropped_total",
+                  "fleetcanary_net_interface_carrier_changes_total", "fleetcanary_fabric_rendezvous_rejected_total"}
+# A healthy fabric: every port present, expected, up and at its rate; no sysfs error.
+NIC_VALUES = {"fleetcanary_rdma_port_present": 1.0, "fleetcanary_rdma_port_expected": 1.0,
+              "fleetcanary_rdma_ports_present": 8.0, "fleetcanary_rdma_ports_up": 8.0,
+              "fleetcanary_rdma_ports_expected": 8.0, "fleetcanary_rdma_port_rate_below_expected": 0.0,
+              "fleetcanary_rdma_port_counters_saturated": 0.0, "fleetcanary_nic_sysfs_errors": 0.0,
+              "fleetcanary_rdma_port_rate_bytes_per_second": 50e9,
+              "fleetcanary_rdma_port_expected_rate_bytes_per_second": 50e9,
+              "fleetcanary_rdma_port_link_width": 4.0, "fleetcanary_net_interface_present": 1.0,
+              "fleetcanary_net_interface_speed_bytes_per_second": 12.5e9, "fleetcanary_net_interface_mtu_bytes": 9000.0}
 
 
 def value(family: str, labels: dict, model: str, rng: random.Random, t: float) -> float:
     """A plausible, healthy value (the rules' cost does not depend on it, only on what is there)."""
     f = family
+    if f in NIC_VALUES:
+        return NIC_VALUES[f]
+    if f in ("fleetcanary_rdma_port_state", "fleetcanary_rdma_port_physical_state"):
+        return 1.0 if labels.get("state") in ("active", "link_up") else 0.0
     if f.endswith("_info") or f.endswith(("_pass", "_stable", "_success", "_up", "_enabled", "_access",
                                           "_successful", "persistence_mode")):
         return 1.0
@@ -340,7 +389,10 @@ class FleetServer:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body or b"")))
                 self.end_headers()
-                self.wfile.write(body or b"")
+                try:
+                    self.wfile.write(body or b"")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # Prometheus gave up on a slow scrape (its timeout); it counts it itself
 
             def log_message(self, *a):
                 pass
