@@ -283,6 +283,15 @@ def peer_rules(f: Family) -> list[dict]:
     ]
 
 
+def over_baseline(f: Family, c: Ctx, numerator: str) -> str:
+    """`numerator` over the series' own baseline on the driver it runs now, read from the hourly group
+    through last_over_time over a window that covers that group's interval. group_left(): a one-to-one
+    match `ignoring` labels drops them from the result; the peer grouping needs model, pool and driver
+    version kept."""
+    return (f"{numerator} / {baseline_match(f)} group_left() "
+            f"last_over_time({names(f)['baseline']}[{c.cover('daily')}]){not_after_driver_change(f)}")
+
+
 def change_rules(f: Family, c: Ctx) -> list[dict]:
     """Change path: each series against its own baseline (history_ratio), against its peers' changes.
     The baselines come from the hourly group: read through last_over_time over a window that covers
@@ -290,10 +299,7 @@ def change_rules(f: Family, c: Ctx) -> list[dict]:
     n = names(f)
     g = ", ".join(f.group)
     cover = c.cover("daily")
-    # group_left(): a one-to-one match `ignoring` labels drops them from the result; the peer grouping
-    # needs model, pool and driver version kept.
-    out = [rec(n["change"], f"{n['smoothed']} / {baseline_match(f)} group_left() "
-                            f"last_over_time({n['baseline']}[{cover}]){not_after_driver_change(f)}"),
+    out = [rec(n["change"], over_baseline(f, c, n["smoothed"])),
            rec(n["pre_change_ratio"], f"{n['smoothed']} / ignoring({strip(f)}) group_left() "
                                       f"last_over_time({n['pre_change_baseline']}[{cover}])"),
            rec(n["change_median"], f"quantile by ({g}) (0.5, {n['change']})"),
@@ -332,9 +338,7 @@ def fast_rules(f: Family, c: Ctx) -> list[dict]:
     out = [rec(n["recent"], info_join(f, f"({fn}({m}) and (changes({m}) >= 1) and {agree})")),
            rec(n["recent_ratio"], f"{n['recent']} / on({g}) group_left() {n['peer_median']}")]
     if f.history:
-        out.append(rec(n["recent_hist_ratio"], f"{n['recent']} / {baseline_match(f)} group_left() "
-                                               f"last_over_time({n['baseline']}[{c.cover('daily')}])"
-                                               f"{not_after_driver_change(f)}"))
+        out.append(rec(n["recent_hist_ratio"], over_baseline(f, c, n["recent"])))
     return out
 
 

@@ -427,18 +427,18 @@ def history_cases() -> list[dict]:
         return f'{f.metric}{{node="{node}", {_labels(f)}}}', _values(_runs(runs, per_run)[:steps])
 
     info = 'fleetcanary_node_info{{node="{}", pool="pool-a", cpu_model="Xeon 8480", driver_version="{}"}}'
-    small = []
-    for i in range(1, 4):
-        node = f"n{i}"
-        small += [(info.format(node, "550.90.07"), f"1x{steps}"),
-                  (f'fleetcanary_gpu_info{{node="{node}", gpu="0", model="H100", uuid="GPU-{i}"}}', f"1x{steps}")]
-        small += [member(f, node, i == 3) for f in fams]
-    same = []
-    for i in range(1, 7):
-        node = f"n{i}"
-        same += [(info.format(node, "550.90.07"), f"1x{steps}"),
-                 (f'fleetcanary_gpu_info{{node="{node}", gpu="0", model="H100", uuid="GPU-{i}"}}', f"1x{steps}")]
-        same += [member(f, node, i == 6) for f in fams]
+
+    def pool(size: int) -> list[tuple[str, str]]:
+        """Nodes n1..n<size> on one driver, the last one degraded at drop_at."""
+        out = []
+        for i in range(1, size + 1):
+            node = f"n{i}"
+            out += [(info.format(node, "550.90.07"), f"1x{steps}"),
+                    (f'fleetcanary_gpu_info{{node="{node}", gpu="0", model="H100", uuid="GPU-{i}"}}', f"1x{steps}")]
+            out += [member(f, node, i == size) for f in fams]
+        return out
+
+    small, same = pool(3), pool(6)
     one = [(f'fleetcanary_gpu_info{{node="n1", gpu="0", model="H100", uuid="GPU-1"}}', f"1x{steps}"),
            (info.format("n1", "550.90.07"), f"1x{drop_at // k - 1}"),
            (info.format("n1", "570.124.06"), f"_x{drop_at // k - 1} 1x{steps - drop_at // k + 1}")]

@@ -90,7 +90,7 @@ def _nic_fabric_combos(spec, node: int) -> list[dict]:
     from fleetcanary.probes.nic_health import PHYS_STATES, STATES
 
     ports = [{"device": f"mlx5_{i}", "port": "1"} for i in range(8)]
-    extra = {"fleetcanary_rdma_device_info": None, "fleetcanary_rdma_port_info": {"link_layer": ["InfiniBand"]},
+    extra = {"fleetcanary_rdma_port_info": {"link_layer": ["InfiniBand"]},
              "fleetcanary_rdma_port_state": {"state": list(STATES.values())},
              "fleetcanary_rdma_port_physical_state": {"state": list(PHYS_STATES.values())},
              "fleetcanary_rdma_port_errors_total": {"counter": list(nic_sysfs.ERROR_COUNTERS)},
@@ -512,15 +512,14 @@ def live(work: Path, data: Path, args, bodies_server: FleetServer, node_names: l
         # A group that did not run its cycles (the hourly group with --history-cycles 0): each rule's
         # expression once as an instant query, summed, the same work one evaluation does (an upper bound,
         # since a query also encodes its answer as JSON).
+        rule_groups = {grp["name"]: grp["rules"] for grp in yaml.safe_load(RULE_FILES[0].read_text())["groups"]}
         for gname, g in groups.items():
             if g["cycles"] == 0:
                 spent = 0.0
-                for grp in yaml.safe_load(RULE_FILES[0].read_text())["groups"]:
-                    if grp["name"] == gname:
-                        for r in grp["rules"]:
-                            t = time.monotonic()
-                            query(url, r["expr"])
-                            spent += time.monotonic() - t
+                for r in rule_groups.get(gname, []):
+                    t = time.monotonic()
+                    query(url, r["expr"])
+                    spent += time.monotonic() - t
                 g["instant_query_seconds"] = round(spent, 3) if spent else None
         recorded = {r["metric"]["__name__"]: int(float(r["value"][1]))
                     for r in query(url, 'count by (__name__) ({__name__=~".+:.+"})')}
