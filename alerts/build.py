@@ -64,6 +64,10 @@ FAST_DROP = 0.15      # the fast path: the newest two runs both this far off. It
                       # +-2%) never fired (the detection benchmark caught 75% of its 20% steps, median 48 min)
 FAST_AGREE = 2        # ... and within this many change floors (Family.rel) of each other: the second run
                       # confirms the first (a real fault moves a GPU to a new level; junk runs scatter)
+CONFIRM_INTERVALS = 2.5  # the newest runs that must confirm a smoothed judgement: those exported in the last 2.5
+                      # probe intervals (the newest 3, with up to 10% jitter per run, sometimes 4)
+CONFIRM_SHARE = 0.5   # ... the best of them at least this share of the floor worse than the reference. Two junk
+                      # runs in a 6-run window move its median; they cannot also make the newest runs all bad
 DRIFT = 0.04          # long baseline: the day's median this far off the best day on this driver. At 5% the
                       # day's median reached it 12-36 h after a 1%/day ramp crossed 5% (its half-day lag, the
                       # best day's small upward bias, busy days with too few runs); 4% fires about a day sooner
@@ -118,6 +122,12 @@ class Family:
     def slow(self) -> bool:
         """Smoothing windows of days are recorded in a 15-minute group, not every minute."""
         return self.interval_minutes >= 1440
+
+    @property
+    def confirmed(self) -> bool:
+        """Smoothed judgements need the newest runs to agree (families of discrete runs every few minutes
+        to hours; a daily burn's newest runs are days, a recorded p95 has no runs)."""
+        return self.runs_by_changes and not self.slow
 
     @property
     def for_m(self) -> int:
@@ -202,6 +212,13 @@ def names(f: Family) -> dict[str, str]:
         "change_mad": f"{g}:{base}:peer_change_mad",
         "change_count": f"{g}:{base}:peer_change_count",
         "recent": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_last2runs",
+        "confirm": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_newest_runs_over_median",
+        "prev_baseline": f"{lv}:{base}:baseline_previous_driver",
+        "upgrade_change": f"{lv}:{base}:history_ratio_previous_driver",
+        "upgrade_median": f"{g}:{base}:peer_upgrade_change_median",
+        "upgrade_ratio": f"{lv}:{base}:peer_upgrade_change_ratio",
+        "upgrade_mad": f"{g}:{base}:peer_upgrade_change_mad",
+        "upgrade_count": f"{g}:{base}:peer_upgrade_change_count",
         "recent_ratio": f"{lv}:{base}:last2runs_peer_ratio",
         "recent_hist_ratio": f"{lv}:{base}:last2runs_history_ratio",
         "pre_change_ratio": f"{lv}:{base}:pre_driver_change_ratio",
@@ -268,6 +285,12 @@ def smoothing_rules(f: Family) -> list[dict]:
                                                    f"and ({n['runs']} >= {MIN_RUNS}))")))
     else:
         out.append(rec(n["smoothed"], info_join(f, f"quantile_over_time(0.5, {raw}[{w}])")))
+    if f.confirmed:
+        # The best of the newest runs over the window's median, labelled as the smoothed series: a ratio
+        # judged on the window, times this, is the same judgement of the newest runs alone.
+        fn = "max_over_time" if f.higher_is_better else "min_over_time"
+        cw = dur(math.ceil(CONFIRM_INTERVALS * f.interval_minutes) * 60)
+        out.append(rec(n["confirm"], f"{fn}({raw}[{cw}]) / ignoring({strip(f)}) group_right() {n['smoothed']}"))
     return out
 
 
@@ -306,6 +329,18 @@ def change_rules(f: Family, c: Ctx) -> list[dict]:
            rec(n["change_ratio"], f"{n['change']} / on({g}) group_left() {n['change_median']}"),
            rec(n["change_mad"], f"quantile by ({g}) (0.5, abs({n['change_ratio']} - 1))"),
            rec(n["change_count"], f"count by ({g}) (count by ({g}, node) ({n['change']}))")]
+    if f.per_driver:
+        # Just after a driver upgrade a series has no baseline on its new driver for about 2 days. Until it
+        # has one, its change is taken against its baseline on the previous driver, and judged only against
+        # the changes of its cohort: the peers on the same new driver that are in the same position, so the
+        # driver's own effect, common to the cohort, cancels.
+        ent = ", ".join(f.entity)
+        out += [rec(n["upgrade_change"], f"({n['smoothed']} unless on({ent}) {n['change']}) / ignoring({strip(f)}) "
+                                         f"group_left() last_over_time({n['prev_baseline']}[{cover}])"),
+                rec(n["upgrade_median"], f"quantile by ({g}) (0.5, {n['upgrade_change']})"),
+                rec(n["upgrade_ratio"], f"{n['upgrade_change']} / on({g}) group_left() {n['upgrade_median']}"),
+                rec(n["upgrade_mad"], f"quantile by ({g}) (0.5, abs({n['upgrade_ratio']} - 1))"),
+                rec(n["upgrade_count"], f"count by ({g}) (count by ({g}, node) ({n['upgrade_change']}))")]
     return out
 
 
@@ -364,6 +399,12 @@ def daily_rules(f: Family) -> list[dict]:
         rec(n["baseline"], f"quantile_over_time(0.5, {src}[{BASE_DAYS}d] offset {offset}) "
                            f"and (count_over_time({src}[{BASE_DAYS}d] offset {offset}) >= 24)"),
         rec(n["pre_change_baseline"], f"quantile_over_time(0.5, {n['median1d']}[{BASE_DAYS}d] offset 1d)"),
+    ] + ([
+        # The newest baseline each series had on a driver other than the one its node runs now (kept 4 days:
+        # a baseline on the new driver takes about 2): the change path's reference until that one exists.
+        rec(n["prev_baseline"], f"max without(driver_version) (last_over_time({n['baseline']}[4d]) "
+                                f"unless on(node, driver_version) node:fleetcanary_driver:info)"),
+    ] if f.per_driver else []) + [
         rec(n["drift_best"], f"{best}({n['drift_median1d']}[{DRIFT_WINDOW}])"),
         rec(n["drift_ratio"], f"{n['drift_median1d']} / {n['drift_best']}"),
     ]
@@ -413,13 +454,18 @@ def entity_words(f: Family) -> str:
     return ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
 
 
-def worse_than(f: Family, ratio: str, floor: float, mad: str, count: str, g: str, k: float = K_MAD) -> str:
-    """`ratio` worse than 1 by `floor` and by k x `mad`, with MIN_PEERS nodes; the value is how far off."""
+def worse_than(f: Family, ratio: str, floor: float, mad: str, count: str, g: str, k: float = K_MAD,
+               confirm: str | None = None) -> str:
+    """`ratio` worse than 1 by `floor` and by k x `mad`, with MIN_PEERS nodes; the value is how far off.
+    With `confirm` (the best newest run over the smoothed value), the best of the newest runs must also be
+    CONFIRM_SHARE of the floor worse than the same reference."""
     if f.higher_is_better:
+        gate = f" and ({ratio} * {confirm} < {1 - CONFIRM_SHARE * floor:g})" if confirm else ""
         return (f"((1 - {ratio}) > on({g}) group_left() ({k:g} * {mad})) and ({ratio} < {1 - floor:g}) "
-                f"and on({g}) ({count} >= {MIN_PEERS})")
+                f"and on({g}) ({count} >= {MIN_PEERS}){gate}")
+    gate = f" and ({ratio} * {confirm} > {1 + CONFIRM_SHARE * floor:g})" if confirm else ""
     return (f"(({ratio} - 1) > on({g}) group_left() ({k:g} * {mad})) and ({ratio} > {1 + floor:g}) "
-            f"and on({g}) ({count} >= {MIN_PEERS})")
+            f"and on({g}) ({count} >= {MIN_PEERS}){gate}")
 
 
 # Replay metadata for the detection benchmark, which cannot evaluate ALERTS on backfilled data:
@@ -451,12 +497,19 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
     c = c or Ctx()
     g = ", ".join(f.group)
     name = f"FleetCanary{f.alert}BelowPeers" if f.higher_is_better else f"FleetCanary{f.alert}SlowerThanPeers"
-    raw = worse_than(f, c.ref(f, "ratio"), REL_RAW, c.ref(f, "mad"), c.ref(f, "count"), g)
+    n = names(f)
+    confirm = n["confirm"] if f.confirmed else None
+    raw = worse_than(f, c.ref(f, "ratio"), REL_RAW, c.ref(f, "mad"), c.ref(f, "count"), g, confirm=confirm)
     if f.history:
-        change = worse_than(f, names(f)["change_ratio"], f.rel, names(f)["change_mad"], names(f)["change_count"], g,
-                            K_MAD_CHANGE)
+        change = worse_than(f, n["change_ratio"], f.rel, n["change_mad"], n["change_count"], g, K_MAD_CHANGE, confirm)
         cond = f"({change}) or ({raw})"
-        last = f"(last_over_time({names(f)['change_ratio']}[{HOLD}]) or last_over_time({names(f)['ratio']}[{HOLD}]))"
+        last = f"(last_over_time({n['change_ratio']}[{HOLD}]) or last_over_time({n['ratio']}[{HOLD}]))"
+        if f.per_driver:
+            upgrade = worse_than(f, n["upgrade_ratio"], f.rel, n["upgrade_mad"], n["upgrade_count"], g, K_MAD_CHANGE,
+                                 confirm)
+            cond = f"({change}) or ({upgrade}) or ({raw})"
+            last = (f"(last_over_time({n['change_ratio']}[{HOLD}]) or last_over_time({n['upgrade_ratio']}[{HOLD}]) "
+                    f"or last_over_time({n['ratio']}[{HOLD}]))")
     else:
         cond, last = raw, f"last_over_time({names(f)['ratio']}[{HOLD}])"
     held = f"1 - {last}" if f.higher_is_better else f"{last} - 1"

@@ -545,6 +545,43 @@ def upgraded_case() -> dict:
                              "exp_alerts": [_with(exp(reg, labels, "85%"), {"family": f.key})]}]}
 
 
+def cohort_case() -> dict:
+    """A rolling upgrade over 6 nodes of one pool (one an hour from day 3; the new driver costs 6%), and
+    n6's GPU 7% lower from day 3.5, 6 hours after its own upgrade: no node has a baseline on the new
+    driver for about 2 more days and 7% is under the raw path's 10%, so only the change against the
+    previous driver's baseline, judged against the upgraded cohort's changes, can see it. It fires within
+    2 hours; no other node does (the driver's 6% is common to the cohort)."""
+    f = next(x for x in build.FAMILIES if x.key == "gpu_memory_bandwidth")
+    k, day = f.interval_minutes, 1440
+    drop, end = int(3.5 * day), int(3.5 * day) + 150
+    steps = end // k + 1
+    h = HEALTHY[f.key]
+    info = 'fleetcanary_node_info{{node="{}", pool="pool-a", cpu_model="Xeon 8480", driver_version="{}"}}'
+    series = []
+    for i in range(1, 7):
+        node, up = f"n{i}", (3 * day + i * 60) // k
+        runs = [h * (1.0 if r < up else 0.94) * (0.93 if i == 6 and r * k >= drop else 1.0) for r in range(steps)]
+        series += [{"series": info.format(node, "550.90.07"), "values": f"1x{up - 1}"},
+                   {"series": info.format(node, "570.124.06"), "values": f"_x{up} 1x{steps - up - 1}"},
+                   {"series": f'fleetcanary_gpu_info{{node="{node}", gpu="0", model="H100", uuid="GPU-{i}"}}',
+                    "values": f"1x{steps}"},
+                   {"series": f'{f.metric}{{node="{node}", gpu="0", direction="d2d"}}',
+                    "values": _values([wobble(v, r + i) for r, v in enumerate(runs)])}]
+    peers = build.peer_alert(f)["alert"]
+    labels = {"node": "n6", "gpu": "0", "direction": "d2d", "model": "H100", "pool": "pool-a",
+              "driver_version": "570.124.06"}
+    n = build.names(f)
+    at = f"{drop + 120}m"
+    return {"interval": f"{k}m", "input_series": series,
+            # the path that judges it: no change against a baseline on the new driver, one against the old
+            "promql_expr_test": [{"expr": f'count({n["change"]}{{node="n6"}})', "eval_time": at, "exp_samples": []},
+                                 {"expr": f'count({n["upgrade_ratio"]}{{node="n6"}} < 0.95)', "eval_time": at,
+                                  "exp_samples": [{"labels": "{}", "value": 1}]}],
+            "alert_rule_test": [{"eval_time": f"{drop - k}m", "alertname": peers, "exp_alerts": []},
+                                {"eval_time": f"{drop + 120}m", "alertname": peers,
+                                 "exp_alerts": [_with(exp(peers, labels, "7%"), {"family": f.key})]}]}
+
+
 # --------------------------------------------------------------------------- windows of runs
 def run_series(runs: list, per_run: int, frozen: bool = False) -> list:
     """Per-minute figure for one run per `per_run` minutes (None: the run skipped, "down": the exporter
@@ -622,7 +659,21 @@ def runs_cases() -> list[dict]:
     real_case = {"interval": "1m", "input_series": gpu_bw_fleet({**healthy, "n6": real}),
                  "alert_rule_test": quiet([fast], (181, 194))
                  + [{"eval_time": "196m", "alertname": fast, "exp_alerts": [_with(exp(fast, labels, "22%"), fam)]}]}
-    return [frozen_case, restart_case, hold_case, junk_case, real_case]
+    # 5. Junk and low runs scattered through one window (50%, healthy, 85%, 50%, healthy, 85%): its median is
+    # 15% below the peers for an hour (the expression test), which the raw path alone would call a fault;
+    # but among the newest runs (2.5 intervals) one is always healthy, so nothing confirms it: silent.
+    scattered = [1.0] * 12 + [0.5, 1.0, 0.85, 0.5, 1.0, 0.85] + [1.0] * 10
+    ratio = f'{build.names(build.FAMILIES[0])["ratio"]}{{node="n6"}}'
+    scattered_case = {"interval": "1m", "input_series": gpu_bw_fleet({**healthy, "n6": scattered}),
+                      "promql_expr_test": [{"expr": f"count({ratio} < 0.9)", "eval_time": f"{m}m",
+                                            "exp_samples": [{"labels": "{}", "value": 1}]} for m in (240, 265, 290)],
+                      "alert_rule_test": quiet([peers, fast, reg], range(236, 330, 6))}
+    # 6. The same runs, each healthy run 85% instead: the newest runs confirm the window, and it fires.
+    confirmed = [1.0] * 12 + [0.5, 0.85, 0.85, 0.5, 0.85, 0.85] + [0.85] * 10
+    confirmed_case = {"interval": "1m", "input_series": gpu_bw_fleet({**healthy, "n6": confirmed}),
+                      "alert_rule_test": [{"eval_time": "300m", "alertname": peers,
+                                           "exp_alerts": [_with(exp(peers, labels, "15%"), fam)]}]}
+    return [frozen_case, restart_case, hold_case, junk_case, real_case, scattered_case, confirmed_case]
 
 
 def _with(e: dict, labels: dict) -> dict:
@@ -638,7 +689,7 @@ def render_more() -> dict[str, str]:
                                                          "tests": hard_cases()}, sort_keys=False, width=200),
         # The ramp's week at its probe interval (15 min): every group evaluates each step.
         "drift.test.yml": head + yaml.safe_dump({"rule_files": files, "group_eval_order": ORDER, "evaluation_interval": "15m",
-                                                 "tests": [ramp_case(), upgraded_case()]}, sort_keys=False, width=200),
+                                                 "tests": [ramp_case(), upgraded_case(), cohort_case()]}, sort_keys=False, width=200),
         "runs.test.yml": head + yaml.safe_dump({"rule_files": files, "group_eval_order": ORDER, "evaluation_interval": "1m",
                                                 "tests": runs_cases()}, sort_keys=False, width=200),
         "history.test.yml": head + yaml.safe_dump({"rule_files": files, "group_eval_order": ORDER,

@@ -120,6 +120,7 @@ def score(fleet: Fleet, alert, episodes: list[dict]) -> dict:
         if miss:
             recall[label]["missed_in_small_pools"] = sum(
                 1 for e in miss if fleet.pool_size[fleet.by_name[e.node].pool] < 5)
+            recall[label]["missed"] = [missed_fact(fleet, e) for e in miss]
     causes = Counter(f["cause"] for f in false)
     n = tp + len(false)
     return {"alert": alert.name, "kind": alert.kind, "family": alert.family, "for_s": alert.for_s,
@@ -149,6 +150,9 @@ def union(fleet: Fleet, name: str, family: str, rows_eps: list[tuple], kinds=("s
         hit = [e for e in es if id(e) in first]
         t = [(first[id(e)] - e.detect_from) / 60 for e in hit if e.detect_from is not None]
         recall[label] = {"detected": len(hit), "of": len(es), "recall": round(len(hit) / len(es), 3)}
+        miss = [e for e in es if id(e) not in first]
+        if miss:
+            recall[label]["missed"] = [missed_fact(fleet, e) for e in miss]
         if t:
             recall[label]["ttd_median_min"] = round(statistics.median(t), 1)
             recall[label]["ttd_max_min"] = round(max(t), 1)
@@ -166,3 +170,15 @@ def after_busy(fleet: Fleet, e) -> bool:
     n = fleet.by_name[e.node]
     iv = 15 * 60 if e.family == "gpu_memory_bandwidth" else 30 * 60
     return any(a <= e.detect_from and b >= e.detect_from - 5 * iv for a, b in n.busy)
+
+
+def missed_fact(fleet: Fleet, e) -> dict:
+    """What was around a fault no alert caught: its pool and size, the node's driver upgrade relative to
+    the fault (hours; negative: before it), how much of the next 6 hours the node was busy."""
+    n = fleet.by_name[e.node]
+    t0 = e.detect_from if e.detect_from is not None else e.start
+    busy = sum(max(0.0, min(b, t0 + 6 * HOUR) - max(a, t0)) for a, b in n.busy) / (6 * HOUR)
+    return {"node": e.node, "gpu": e.gpu, "pool": n.pool, "pool_nodes": fleet.pool_size[n.pool],
+            "day": round((e.start - fleet.start) / DAY, 2),
+            "upgrade_h": round((n.upgrade_at - t0) / HOUR, 1) if n.upgrade_at else None,
+            "busy_next_6h": round(busy, 2), "no_degraded_run": e.detect_from is None}
