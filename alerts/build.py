@@ -21,9 +21,12 @@ explains each decision; in short:
   median of its previous ~3 days on the driver it runs now), against the same change of
   its peers. Persistent per-GPU offsets cancel, so the spread is run noise, not silicon
   spread. Peers share model, pool and driver version (a rolling upgrade splits a pool into
-  two cohorts instead of blinding it), and at least MIN_PEERS nodes must report. A raw path (the
-  smoothed value against the peer median, 10% floor) judges members without a baseline
-  and persistent outliers.
+  two cohorts instead of blinding it), and at least MIN_PEERS nodes must report. Until a
+  series has a baseline on its new driver (~2 days after an upgrade), its change against the
+  previous driver's baseline is judged against its upgraded cohort's. A raw path (the smoothed
+  value against the peer median, 10% floor) judges members without any baseline and
+  persistent outliers. Every smoothed judgement needs the best of the newest runs to confirm
+  it (CONFIRM_INTERVALS, CONFIRM_SHARE).
 - A fast path for drops of 20% and more (gate FAST_DROP, below 20% by the per-GPU spread): the better of the newest two runs, which
   must agree with each other (a confirmation, not two unrelated junk runs).
 - Self-history and driver changes against the same baseline; a long-baseline drift
@@ -760,7 +763,8 @@ def runbooks_markdown() -> str:
             elif name.endswith("Regression"):
                 meaning, checks, causes = rb.regression_text(fam.title, fam.key, not fam.higher_is_better)
             else:
-                meaning, checks, causes = rb.peer_text(fam.title, fam.key, not fam.higher_is_better)
+                meaning, checks, causes = rb.peer_text(fam.title, fam.key, not fam.higher_is_better,
+                                                         K_MAD_CHANGE if fam.history else K_MAD, fam.history)
             out += [f"## {name}", "", f"Severity: {a['labels']['severity']}. Fires after {a.get('for', '0m')}"
                     + (f", keeps firing for {a['keep_firing_for']} after it clears." if a.get("keep_firing_for")
                        else "."), "", f"**What it means.** {meaning}", "", f"**First checks.** {checks}", "",

@@ -146,16 +146,22 @@ HARD = {
 }
 
 
-def peer_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
+def peer_text(family_title: str, key: str, lower: bool, k_mad: int = 7, history: bool = True) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     worse = "slower than" if lower else "below"
+    if not history:
+        return (f"The smoothed {family_title} of this node or GPU (the median of its window) is 10% or more {worse} "
+                f"its peers' median (same model or pool) and more than {k_mad} median absolute deviations of the "
+                "peers' ratios, with 5 or more peer nodes.", checks, causes)
     return (f"Over its last 5 runs, the {family_title} of this node or GPU changed against its own baseline (its "
             f"median over about the previous 3 days) by more than its peers' changes (same GPU model, pool and "
-            f"driver, same size or direction), {worse} them by at least the family's floor and by more than 5 "
-            "median absolute deviations of the peers' changes, with 5 or more peer nodes; or it is 10% or more "
-            f"{worse} its peers' median outright (a member without a baseline, or a persistent outlier). Because "
-            "each GPU is judged against itself, a GPU's persistent manufacturing offset does not count.",
-            checks, causes)
+            f"driver, same size or direction), {worse} them by at least the family's floor and by more than {k_mad} "
+            "median absolute deviations of the peers' changes, with 5 or more peer nodes; in the 2 days after a "
+            "driver upgrade, its change against the previous driver's baseline judged the same way against the "
+            f"other upgraded nodes'; or it is 10% or more {worse} its peers' median outright (a member without a "
+            "baseline, or a persistent outlier). Its newest runs confirm it: the best of them is also at least half "
+            "the floor worse. Because each GPU is judged against itself, a GPU's persistent manufacturing offset "
+            "does not count.", checks, causes)
 
 
 def fast_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
