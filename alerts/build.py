@@ -569,6 +569,10 @@ def history_alerts(f: Family, c: Ctx | None = None) -> list[dict]:
     drift_worse = f"< {1 - DRIFT:g}" if f.higher_is_better else f"> {1 + DRIFT:g}"
     for_m = max(2 * f.interval_minutes, 30)
     reg_cond = f"({n['change']} {worse}){not_after_driver_change(f)}"
+    if f.confirmed:
+        # as the peer alert: the best of the newest runs is also half the floor off the baseline
+        gate = (f"< {1 - CONFIRM_SHARE * f.rel_hist:g}" if f.higher_is_better else f"> {1 + CONFIRM_SHARE * f.rel_hist:g}")
+        reg_cond += f" and ({n['change']} * {n['confirm']} {gate})"
     drv_cond = f"({n['pre_change_ratio']} {worse}) and on(node) (node:fleetcanary_driver_versions:count1d > 1)"
     drift_cond = f"last_over_time({n['drift_ratio']}[{c.cover('daily')}]) {drift_worse}"
     lo, hi = ("below", "dropped") if f.higher_is_better else ("above", "rose")
