@@ -96,6 +96,7 @@ class Family:
     alert: str = ""       # CamelCase stem of the alert name
     rel: float = 0.05     # change path floor: at least this far from the peers' median change
     rel_hist: float = REL_HIST
+    k_mad: float = K_MAD_CHANGE  # the change path's gate in MADs of the peers' changes
     window: str = ""      # smoothing window; default MIN_RUNS + 0.5 probe intervals
     for_minutes: int = 0  # override the peer alert's `for` (default: 1 probe interval, at least 15 min if under 10)
     fast: bool = True     # a fast path for large drops
@@ -504,11 +505,11 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
     confirm = n["confirm"] if f.confirmed else None
     raw = worse_than(f, c.ref(f, "ratio"), REL_RAW, c.ref(f, "mad"), c.ref(f, "count"), g, confirm=confirm)
     if f.history:
-        change = worse_than(f, n["change_ratio"], f.rel, n["change_mad"], n["change_count"], g, K_MAD_CHANGE, confirm)
+        change = worse_than(f, n["change_ratio"], f.rel, n["change_mad"], n["change_count"], g, f.k_mad, confirm)
         cond = f"({change}) or ({raw})"
         last = f"(last_over_time({n['change_ratio']}[{HOLD}]) or last_over_time({n['ratio']}[{HOLD}]))"
         if f.per_driver:
-            upgrade = worse_than(f, n["upgrade_ratio"], f.rel, n["upgrade_mad"], n["upgrade_count"], g, K_MAD_CHANGE,
+            upgrade = worse_than(f, n["upgrade_ratio"], f.rel, n["upgrade_mad"], n["upgrade_count"], g, f.k_mad,
                                  confirm)
             cond = f"({change}) or ({upgrade}) or ({raw})"
             last = (f"(last_over_time({n['change_ratio']}[{HOLD}]) or last_over_time({n['upgrade_ratio']}[{HOLD}]) "
@@ -521,7 +522,7 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
            f"median outright)" if f.history else f"{REL_RAW:.0%} or more from their median")
     return _alert(f, name, cond, held, f.for_m, 2 * f.for_m, c, f"{f.title} {words} its peers",
                   f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} {words} its peers ({', '.join(f.group)}) "
-                  f"{how}, and more than {K_MAD_CHANGE if f.history else K_MAD} MADs of their spread; {MIN_PEERS}+ peer nodes, {MIN_RUNS}+ runs "
+                  f"{how}, and more than {f.k_mad if f.history else K_MAD:g} MADs of their spread; {MIN_PEERS}+ peer nodes, {MIN_RUNS}+ runs "
                   f"in {f.window}.")
 
 
@@ -768,7 +769,7 @@ def runbooks_markdown() -> str:
                 meaning, checks, causes = rb.regression_text(fam.title, fam.key, not fam.higher_is_better)
             else:
                 meaning, checks, causes = rb.peer_text(fam.title, fam.key, not fam.higher_is_better,
-                                                         K_MAD_CHANGE if fam.history else K_MAD, fam.history)
+                                                         fam.k_mad if fam.history else K_MAD, fam.history)
             out += [f"## {name}", "", f"Severity: {a['labels']['severity']}. Fires after {a.get('for', '0m')}"
                     + (f", keeps firing for {a['keep_firing_for']} after it clears." if a.get("keep_firing_for")
                        else "."), "", f"**What it means.** {meaning}", "", f"**First checks.** {checks}", "",

@@ -151,11 +151,11 @@ def peer_text(family_title: str, key: str, lower: bool, k_mad: int = 7, history:
     worse = "slower than" if lower else "below"
     if not history:
         return (f"The smoothed {family_title} of this node or GPU (the median of its window) is 10% or more {worse} "
-                f"its peers' median (same model or pool) and more than {k_mad} median absolute deviations of the "
+                f"its peers' median (same model or pool) and more than {k_mad:g} median absolute deviations of the "
                 "peers' ratios, with 5 or more peer nodes.", checks, causes)
     return (f"Over its last 5 runs, the {family_title} of this node or GPU changed against its own baseline (its "
             f"median over about the previous 3 days) by more than its peers' changes (same GPU model, pool and "
-            f"driver, same size or direction), {worse} them by at least the family's floor and by more than {k_mad} "
+            f"driver, same size or direction), {worse} them by at least the family's floor and by more than {k_mad:g} "
             "median absolute deviations of the peers' changes, with 5 or more peer nodes; in the 2 days after a "
             "driver upgrade, its change against the previous driver's baseline judged the same way against the "
             f"other upgraded nodes'; or it is 10% or more {worse} its peers' median outright (a member without a "
