@@ -301,16 +301,22 @@ def smoothing_rules(f: Family) -> list[dict]:
     return out
 
 
+def against_peers(f: Family, value: str, median: str, ratio: str, mad: str, count: str) -> list[dict]:
+    """`value` against its peer group: the group's median, each member's ratio to it, the MAD of those
+    ratios, and the number of nodes reporting. One shape for the raw, change and upgraded-cohort paths."""
+    g = ", ".join(f.group)
+    return [
+        rec(median, f"quantile by ({g}) (0.5, {value})"),
+        rec(ratio, f"{value} / on({g}) group_left() {median}"),
+        rec(mad, f"quantile by ({g}) (0.5, abs({ratio} - 1))"),
+        rec(count, f"count by ({g}) (count by ({g}, node) ({value}))"),
+    ]
+
+
 def peer_rules(f: Family) -> list[dict]:
     """Raw path: the smoothed value against its peers' median. Peers counted in nodes."""
     n = names(f)
-    g = ", ".join(f.group)
-    return [
-        rec(n["peer_median"], f"quantile by ({g}) (0.5, {n['smoothed']})"),
-        rec(n["ratio"], f"{n['smoothed']} / on({g}) group_left() {n['peer_median']}"),
-        rec(n["mad"], f"quantile by ({g}) (0.5, abs({n['ratio']} - 1))"),
-        rec(n["count"], f"count by ({g}) (count by ({g}, node) ({n['smoothed']}))"),
-    ]
+    return against_peers(f, n["smoothed"], n["peer_median"], n["ratio"], n["mad"], n["count"])
 
 
 def over_baseline(f: Family, c: Ctx, numerator: str) -> str:
@@ -327,15 +333,11 @@ def change_rules(f: Family, c: Ctx) -> list[dict]:
     The baselines come from the hourly group: read through last_over_time over a window that covers
     that group's interval, never through the 5-minute lookback."""
     n = names(f)
-    g = ", ".join(f.group)
     cover = c.cover("daily")
     out = [rec(n["change"], over_baseline(f, c, n["smoothed"])),
            rec(n["pre_change_ratio"], f"{n['smoothed']} / ignoring({strip(f)}) group_left() "
                                       f"last_over_time({n['pre_change_baseline']}[{cover}])"),
-           rec(n["change_median"], f"quantile by ({g}) (0.5, {n['change']})"),
-           rec(n["change_ratio"], f"{n['change']} / on({g}) group_left() {n['change_median']}"),
-           rec(n["change_mad"], f"quantile by ({g}) (0.5, abs({n['change_ratio']} - 1))"),
-           rec(n["change_count"], f"count by ({g}) (count by ({g}, node) ({n['change']}))")]
+           *against_peers(f, n["change"], n["change_median"], n["change_ratio"], n["change_mad"], n["change_count"])]
     if f.per_driver:
         # Just after a driver upgrade a series has no baseline on its new driver for about 2 days. Until it
         # has one, its change is taken against its baseline on the previous driver, and judged only against
@@ -344,10 +346,8 @@ def change_rules(f: Family, c: Ctx) -> list[dict]:
         ent = ", ".join(f.entity)
         out += [rec(n["upgrade_change"], f"({n['smoothed']} unless on({ent}) {n['change']}) / ignoring({strip(f)}) "
                                          f"group_left() last_over_time({n['prev_baseline']}[{cover}])"),
-                rec(n["upgrade_median"], f"quantile by ({g}) (0.5, {n['upgrade_change']})"),
-                rec(n["upgrade_ratio"], f"{n['upgrade_change']} / on({g}) group_left() {n['upgrade_median']}"),
-                rec(n["upgrade_mad"], f"quantile by ({g}) (0.5, abs({n['upgrade_ratio']} - 1))"),
-                rec(n["upgrade_count"], f"count by ({g}) (count by ({g}, node) ({n['upgrade_change']}))")]
+                *against_peers(f, n["upgrade_change"], n["upgrade_median"], n["upgrade_ratio"], n["upgrade_mad"],
+                               n["upgrade_count"])]
     return out
 
 
@@ -461,16 +461,24 @@ def entity_words(f: Family) -> str:
     return ", ".join(f"{x} {{{{ $labels.{x} }}}}" for x in f.entity)
 
 
+def newest_runs_agree(f: Family, ratio: str, floor: float) -> str:
+    """` and ...`: the best of the newest runs (the `confirm` series, over the smoothed value, times a ratio
+    judged on the smoothed value) is also CONFIRM_SHARE of `floor` worse than the same reference; empty for
+    families without it."""
+    if not f.confirmed:
+        return ""
+    worse = f"< {1 - CONFIRM_SHARE * floor:g}" if f.higher_is_better else f"> {1 + CONFIRM_SHARE * floor:g}"
+    return f" and ({ratio} * {names(f)['confirm']} {worse})"
+
+
 def worse_than(f: Family, ratio: str, floor: float, mad: str, count: str, g: str, k: float = K_MAD,
-               confirm: str | None = None) -> str:
+               confirm: bool = False) -> str:
     """`ratio` worse than 1 by `floor` and by k x `mad`, with MIN_PEERS nodes; the value is how far off.
-    With `confirm` (the best newest run over the smoothed value), the best of the newest runs must also be
-    CONFIRM_SHARE of the floor worse than the same reference."""
+    With `confirm`, the newest runs must agree (newest_runs_agree)."""
+    gate = newest_runs_agree(f, ratio, floor) if confirm else ""
     if f.higher_is_better:
-        gate = f" and ({ratio} * {confirm} < {1 - CONFIRM_SHARE * floor:g})" if confirm else ""
         return (f"((1 - {ratio}) > on({g}) group_left() ({k:g} * {mad})) and ({ratio} < {1 - floor:g}) "
                 f"and on({g}) ({count} >= {MIN_PEERS}){gate}")
-    gate = f" and ({ratio} * {confirm} > {1 + CONFIRM_SHARE * floor:g})" if confirm else ""
     return (f"(({ratio} - 1) > on({g}) group_left() ({k:g} * {mad})) and ({ratio} > {1 + floor:g}) "
             f"and on({g}) ({count} >= {MIN_PEERS}){gate}")
 
@@ -505,20 +513,15 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
     g = ", ".join(f.group)
     name = f"FleetCanary{f.alert}BelowPeers" if f.higher_is_better else f"FleetCanary{f.alert}SlowerThanPeers"
     n = names(f)
-    confirm = n["confirm"] if f.confirmed else None
-    raw = worse_than(f, c.ref(f, "ratio"), REL_RAW, c.ref(f, "mad"), c.ref(f, "count"), g, confirm=confirm)
-    if f.history:
-        change = worse_than(f, n["change_ratio"], f.rel, n["change_mad"], n["change_count"], g, f.k_mad, confirm)
-        cond = f"({change}) or ({raw})"
-        last = f"(last_over_time({n['change_ratio']}[{HOLD}]) or last_over_time({n['ratio']}[{HOLD}]))"
-        if f.per_driver:
-            upgrade = worse_than(f, n["upgrade_ratio"], f.rel, n["upgrade_mad"], n["upgrade_count"], g, f.k_mad,
-                                 confirm)
-            cond = f"({change}) or ({upgrade}) or ({raw})"
-            last = (f"(last_over_time({n['change_ratio']}[{HOLD}]) or last_over_time({n['upgrade_ratio']}[{HOLD}]) "
-                    f"or last_over_time({n['ratio']}[{HOLD}]))")
-    else:
-        cond, last = raw, f"last_over_time({names(f)['ratio']}[{HOLD}])"
+    # (ratio, its MAD, its count, floor, MADs): the change path, the upgraded cohort's, then the raw path
+    paths = [("change_ratio", "change_mad", "change_count", f.rel, f.k_mad)] if f.history else []
+    if f.history and f.per_driver:
+        paths.append(("upgrade_ratio", "upgrade_mad", "upgrade_count", f.rel, f.k_mad))
+    conds = [worse_than(f, n[r], floor, n[m], n[k], g, km, confirm=True) for r, m, k, floor, km in paths]
+    conds.append(worse_than(f, c.ref(f, "ratio"), REL_RAW, c.ref(f, "mad"), c.ref(f, "count"), g, confirm=True))
+    cond = " or ".join(f"({x})" for x in conds) if len(conds) > 1 else conds[0]
+    lasts = [f"last_over_time({n[r]}[{HOLD}])" for r, *_ in paths] + [f"last_over_time({n['ratio']}[{HOLD}])"]
+    last = f"({' or '.join(lasts)})" if len(lasts) > 1 else lasts[0]
     held = f"1 - {last}" if f.higher_is_better else f"{last} - 1"
     words = "below" if f.higher_is_better else "slower than"
     how = (f"against its own baseline, {f.rel:.1%} or more beyond its peers' change (or {REL_RAW:.0%} from their "
@@ -572,11 +575,8 @@ def history_alerts(f: Family, c: Ctx | None = None) -> list[dict]:
     worse = f"< {1 - f.rel_hist:g}" if f.higher_is_better else f"> {1 + f.rel_hist:g}"
     drift_worse = f"< {1 - DRIFT:g}" if f.higher_is_better else f"> {1 + DRIFT:g}"
     for_m = max(2 * f.interval_minutes, 30)
-    reg_cond = f"({n['change']} {worse}){not_after_driver_change(f)}"
-    if f.confirmed:
-        # as the peer alert: the best of the newest runs is also half the floor off the baseline
-        gate = (f"< {1 - CONFIRM_SHARE * f.rel_hist:g}" if f.higher_is_better else f"> {1 + CONFIRM_SHARE * f.rel_hist:g}")
-        reg_cond += f" and ({n['change']} * {n['confirm']} {gate})"
+    # as the peer alert, the newest runs must agree (half the floor off the baseline)
+    reg_cond = f"({n['change']} {worse}){not_after_driver_change(f)}{newest_runs_agree(f, n['change'], f.rel_hist)}"
     drv_cond = f"({n['pre_change_ratio']} {worse}) and on(node) (node:fleetcanary_driver_versions:count1d > 1)"
     drift_cond = f"last_over_time({n['drift_ratio']}[{c.cover('daily')}]) {drift_worse}"
     lo, hi = ("below", "dropped") if f.higher_is_better else ("above", "rose")
