@@ -27,8 +27,9 @@ explains each decision; in short:
   value against the peer median, 10% floor) judges members without any baseline and
   persistent outliers. Every smoothed judgement needs the best of the newest runs to confirm
   it (CONFIRM_INTERVALS, CONFIRM_SHARE).
-- A fast path for drops of 20% and more (gate FAST_DROP, below 20% by the per-GPU spread): the better of the newest two runs, which
-  must agree with each other (a confirmation, not two unrelated junk runs).
+- A fast path for drops of 20% and more (gate FAST_DROP, below 20% by the per-GPU spread): the best of
+  three agreeing runs: FAST_CONFIRMED intervals after the first with the exporter's confirmation run
+  among them, at the third scheduled run without one.
 - Self-history and driver changes against the same baseline; a long-baseline drift
   rule (the day's median against the best day on the current driver in 14 days).
 - Every alert reads recorded series from a group at most as slow as its own evaluation,
@@ -62,11 +63,15 @@ K_MAD = 5             # and more than this many median absolute deviations of th
 K_MAD_CHANGE = 7
 MIN_PEERS = 5         # nodes reporting in the peer group
 MIN_RUNS = 5          # distinct fresh runs in a smoothing window
-FAST_DROP = 0.15      # the fast path: the newest two runs both this far off. It is there for drops of 20%
+FAST_DROP = 0.15      # the fast path: the newest three runs all this far off. It is there for drops of 20%
                       # and more; at a 20% gate a 20% drop on a GPU 2% above its peers' median (offsets are
                       # +-2%) never fired (the detection benchmark caught 75% of its 20% steps, median 48 min)
-FAST_AGREE = 2        # ... and within this many change floors (Family.rel) of each other: the second run
-                      # confirms the first (a real fault moves a GPU to a new level; junk runs scatter)
+FAST_AGREE = 2        # ... and within this many change floors (Family.rel) of each other (a real fault moves a
+                      # GPU to a new level; junk runs scatter)
+FAST_CONFIRMED = 1.2  # three runs within this many intervals: the run that jumped, the confirmation run the exporter
+                      # adds minutes later (daemon/confirm.py), the next scheduled run (its jitter included). Two runs
+                      # were not enough: 0.5% junk runs gave the 195-node fleet 4 agreeing junk pairs a week
+FAST_UNCONFIRMED = 2.5  # ... or within this many: three scheduled runs at any jitter, for as long as a fault lasts
 CONFIRM_INTERVALS = 2.5  # the newest runs that must confirm a smoothed judgement: those exported in the last 2.5
                       # probe intervals (the newest 3, with up to 10% jitter per run, sometimes 4)
 CONFIRM_SHARE = 0.5   # ... the best of them at least this share of the floor worse than the reference. Two junk
@@ -218,7 +223,7 @@ def names(f: Family) -> dict[str, str]:
         "change_ratio": f"{lv}:{base}:peer_change_ratio",
         "change_mad": f"{g}:{base}:peer_change_mad",
         "change_count": f"{g}:{base}:peer_change_count",
-        "recent": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_last2runs",
+        "recent": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_last3runs",
         "confirm": f"{lv}:{base}:{'max' if f.higher_is_better else 'min'}_newest_runs_over_median",
         "prev_baseline": f"{lv}:{base}:baseline_previous_driver",
         "upgrade_change": f"{lv}:{base}:history_ratio_previous_driver",
@@ -226,8 +231,8 @@ def names(f: Family) -> dict[str, str]:
         "upgrade_ratio": f"{lv}:{base}:peer_upgrade_change_ratio",
         "upgrade_mad": f"{g}:{base}:peer_upgrade_change_mad",
         "upgrade_count": f"{g}:{base}:peer_upgrade_change_count",
-        "recent_ratio": f"{lv}:{base}:last2runs_peer_ratio",
-        "recent_hist_ratio": f"{lv}:{base}:last2runs_history_ratio",
+        "recent_ratio": f"{lv}:{base}:last3runs_peer_ratio",
+        "recent_hist_ratio": f"{lv}:{base}:last3runs_history_ratio",
         "pre_change_ratio": f"{lv}:{base}:pre_driver_change_ratio",
         "drift_median1d": f"{lv}:{base}:median1d_same_driver",
         "drift_best": f"{lv}:{base}:best_day_{DRIFT_WINDOW}",
@@ -366,18 +371,25 @@ def not_after_driver_change(f: Family) -> str:
 
 
 def fast_rules(f: Family, c: Ctx) -> list[dict]:
-    """The better of the runs whose figures were exported in the last interval: the newest run and the
-    one before it (each exported until the next replaces it); two runs at least, or nothing. Against
-    the peers' median outright: at 20% no per-GPU offset matters, and no baseline is needed (a new
-    node, a node just upgraded). And against its own baseline, for the pools too small to judge by
-    peers (FarBelowOwnHistory)."""
+    """The best of three or more runs, all agreeing, exported within FAST_CONFIRMED intervals, or within
+    FAST_UNCONFIRMED; nothing otherwise. The short window holds three runs, and none from before them, from
+    FAST_CONFIRMED intervals after the first of them: the run that jumped, its confirmation run minutes later
+    (daemon/confirm.py) and the next scheduled run. Without a confirmation (the GPU busy then, an older
+    exporter) it holds three scheduled runs from the third on, about 2 intervals after the first. The
+    short window holds three runs only for minutes after each run; the long one carries a steady fault. Against the peers' median outright: at 20% no per-GPU offset matters, and no baseline is
+    needed (a new node, a node just upgraded). And against its own baseline, for the pools too small to
+    judge by peers (FarBelowOwnHistory)."""
     n = names(f)
     g = ", ".join(f.group)
     fn = "max_over_time" if f.higher_is_better else "min_over_time"
-    win = dur(f.interval_minutes * 60)
-    m = f"{f.metric}[{win}]"
-    agree = f"(max_over_time({m}) / min_over_time({m}) < {1 + FAST_AGREE * f.rel:g})"
-    out = [rec(n["recent"], info_join(f, f"({fn}({m}) and (changes({m}) >= 1) and {agree})")),
+
+    def three_runs(intervals: float) -> str:
+        m = f"{f.metric}[{dur(intervals * f.interval_minutes * 60)}]"
+        agree = f"(max_over_time({m}) / min_over_time({m}) < {1 + FAST_AGREE * f.rel:g})"
+        return f"({fn}({m}) and (changes({m}) >= 2) and {agree})"
+
+    best = f"({three_runs(FAST_CONFIRMED)} or {three_runs(FAST_UNCONFIRMED)})"
+    out = [rec(n["recent"], info_join(f, best)),
            rec(n["recent_ratio"], f"{n['recent']} / on({g}) group_left() {n['peer_median']}")]
     if f.history:
         out.append(rec(n["recent_hist_ratio"], over_baseline(f, c, n["recent"])))
@@ -533,23 +545,25 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
 
 
 def fast_alert(f: Family, c: Ctx | None = None) -> dict:
-    """Large drops: the newest two runs both FAST_DROP or more off the peers' median (and K_MAD MADs),
-    with MIN_PEERS nodes. `for: 0m`: it fires at the second bad run, within 2 intervals of the first."""
+    """Large drops: the newest three runs (fast_rules) all FAST_DROP or more off the peers' median (and K_MAD
+    MADs), with MIN_PEERS nodes. `for: 0m`: with the exporter's confirmation run it fires FAST_CONFIRMED
+    intervals after the first bad run, without it at the third scheduled run; keep_firing_for (2 intervals)
+    holds it until the window of FAST_UNCONFIRMED intervals carries it."""
     c = c or Ctx()
     n = names(f)
     g = ", ".join(f.group)
     name = f"FleetCanary{f.alert}{'FarBelowPeers' if f.higher_is_better else 'FarSlowerThanPeers'}"
     cond = worse_than(f, n["recent_ratio"], FAST_DROP, n["mad"], n["count"], g)
     words = "far below" if f.higher_is_better else "far slower than"
-    return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c, f"{f.title} {words} its peers in two runs in a row",
-                  f"{entity_words(f)}: the better of its last two runs is {{{{ $value | humanizePercentage }}}} "
+    return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c, f"{f.title} {words} its peers in three runs in a row",
+                  f"{entity_words(f)}: the best of its last three runs is {{{{ $value | humanizePercentage }}}} "
                   f"{'below' if f.higher_is_better else 'slower than'} the median of its peers ({', '.join(f.group)}); "
                   f"at least {FAST_DROP:.0%}.", severity="critical")
 
 
 def fast_history_alert(f: Family, c: Ctx | None = None) -> dict:
     """The fast path where peers cannot judge (fewer than MIN_PEERS nodes report in the group: a small
-    pool, or a large one mostly busy): the newest two runs, agreeing, both FAST_DROP or more off the
+    pool, or a large one mostly busy): the newest three runs, agreeing, all FAST_DROP or more off the
     series' own baseline (on the driver it runs now). `for: 0m`, as the peer fast path."""
     c = c or Ctx()
     n = names(f)
@@ -559,8 +573,8 @@ def fast_history_alert(f: Family, c: Ctx | None = None) -> dict:
     cond = f"({n['recent_hist_ratio']} {worse}) unless on({g}) ({n['count']} >= {MIN_PEERS})"
     words = "below" if f.higher_is_better else "slower than"
     return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c,
-                  f"{f.title} far {words} its own history in two runs in a row, with too few peers to compare",
-                  f"{entity_words(f)}: the better of its last two runs is {{{{ $value | humanizePercentage }}}} of its "
+                  f"{f.title} far {words} its own history in three runs in a row, with too few peers to compare",
+                  f"{entity_words(f)}: the best of its last three runs is {{{{ $value | humanizePercentage }}}} of its "
                   f"median over about the previous 3 days{' on this driver' if f.per_driver else ''} (at least "
                   f"{FAST_DROP:.0%} {'below' if f.higher_is_better else 'above'}); fewer than {MIN_PEERS} peer nodes "
                   f"({', '.join(f.group)}) report, so the peer fast path cannot judge it.", severity="critical")

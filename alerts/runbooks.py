@@ -167,17 +167,20 @@ def peer_text(family_title: str, key: str, lower: bool, k_mad: int = 7, history:
 def fast_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     return (f"The {family_title} of this node or GPU was {'15% or more slower than' if lower else '15% or more below'} "
-            "the median of its peers in both of its last two runs, which agree with each other (a confirmed new "
-            "level, not two scattered junk runs): a large drop, reported within two probe intervals instead of "
-            "waiting for a 5-run median.", checks, causes)
+            "the median of its peers in each of its last three runs, which agree with each other (a confirmed new "
+            "level, not scattered junk runs). The exporter runs the probe again a few minutes after a run whose "
+            "figure jumped (fleetcanary_probe_confirmation_runs_total), so the three runs usually span about one "
+            "probe interval: a large drop, reported about an interval after the first bad run instead of waiting "
+            "for a 5-run median.", checks, causes)
 
 
 def fast_history_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     return (f"The {family_title} of this node or GPU was 15% or more {'above' if lower else 'below'} its own median "
-            "over about the previous 3 days (on the driver it runs now) in both of its last two runs, which agree "
-            "with each other, and fewer than 5 peer nodes report in its group, so the peer fast path cannot judge "
-            "it: a large drop in a small pool, reported within two probe intervals. Every GPU of a small pool "
+            "over about the previous 3 days (on the driver it runs now) in each of its last three runs (the "
+            "exporter's confirmation run among them), which agree with each other, and fewer than 5 peer nodes "
+            "report in its group, so the peer fast path cannot judge it: a large drop in a small pool, reported "
+            "about an interval after the first bad run. Every GPU of a small pool "
             "firing at once points at something they share (a firmware or BIOS change, cooling, power).",
             "Compare with the other members of the pool, and with its runs before the drop. " + checks, causes)
 

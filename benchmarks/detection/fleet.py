@@ -29,6 +29,8 @@ the default 2-minute scrape that is 3 minutes of extra visibility at each disapp
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +69,8 @@ class Profile:
     offset: float = 0.02          # persistent per-GPU (and per-node collective) offset: uniform +-this
     diurnal_max: float = 0.015    # each node's diurnal amplitude: uniform 0..this, its own phase
     junk: float = 0.005           # share of figures that are junk (30-70% of the value)
+    confirm_change: float = 0.10  # the exporter's confirmation runs (daemon/confirm.py): a run whose figure moved
+    confirm_delay_s: int = 300    # this much from the median of its last 3 gets one more run this long after it; 0: none
     fail: float = 0.003           # share of runs that fail
     busy_per_day: float = 1.0     # busy periods per node and day (invasive probes skip)
     busy_hours: tuple = (2.0, 10.0)
@@ -168,6 +172,7 @@ class Fleet:
             n.runs["gpu_bandwidth"] = self._runs(n, p.bw_interval_s, 30.0, rng) | {"timeout": p.bw_timeout_s}
             n.runs["collectives"] = self._runs(n, p.coll_interval_s, 60.0, rng) | {"timeout": p.coll_timeout_s}
         self._values(rng)
+        self._confirmations(np.random.default_rng([p.seed, 7]))  # its own stream: the scheduled runs stay as they were
         self._first_degraded_runs()
 
     # ------------------------------------------------------------------ ground truth
@@ -270,34 +275,88 @@ class Fleet:
                 f *= np.where((t >= e.start) & (ph < 2 * HOUR), 1 - e.size, 1.0)
         return f
 
-    def _values(self, rng) -> None:
+    def _figures(self, n: Node, probe: str, t: np.ndarray, out: np.ndarray, rng) -> np.ndarray:
+        """The figures of runs finishing at `t` (rows) per GPU, or per node for the collective (columns);
+        NaN where the run did not succeed. Junk runs are noted in n.junk."""
         p = self.p
-        for n in self.nodes:
-            base_bw, base_coll = MODELS[n.model]
-            r = n.runs["gpu_bandwidth"]
-            t = r["fin"]
-            diur = 1 + n.amp * np.sin(2 * math.pi * t / DAY + n.phase)
+        base_bw, base_coll = MODELS[n.model]
+        diur = 1 + n.amp * np.sin(2 * math.pi * t / DAY + n.phase)
+        if probe == "gpu_bandwidth":
             vals = np.empty((len(t), 8))
             for g in range(8):
                 v = base_bw * (1 + n.gpu_off[g]) * diur * self._noise(rng, p.bw_noise, len(t))
                 v *= self.degradation(n.name, str(g), "gpu_memory_bandwidth", t)
                 junk = rng.random(len(t)) < p.junk
                 v[junk] *= rng.uniform(0.3, 0.7, int(junk.sum()))
-                n.junk[str(g)] = t[junk & (r["out"] == 0)].tolist()
+                n.junk.setdefault(str(g), []).extend(t[junk & (out == 0)].tolist())
                 for e in self.fault.get((n.name, str(g), "gpu_lost"), []):
                     v[t >= e.start] = np.nan
                 vals[:, g] = v
-            vals[r["out"] != 0] = np.nan
-            r["vals"] = vals
-            r = n.runs["collectives"]
-            t = r["fin"]
-            v = base_coll * (1 + n.coll_off) * (1 + n.amp * np.sin(2 * math.pi * t / DAY + n.phase)) * \
-                self._noise(rng, p.coll_noise, len(t)) * self.degradation(n.name, None, "collective_bus_bandwidth", t)
+        else:
+            v = base_coll * (1 + n.coll_off) * diur * self._noise(rng, p.coll_noise, len(t)) * \
+                self.degradation(n.name, None, "collective_bus_bandwidth", t)
             junk = rng.random(len(t)) < p.junk
             v[junk] *= rng.uniform(0.3, 0.7, int(junk.sum()))
-            n.junk["node"] = t[junk & (r["out"] == 0)].tolist()
-            v[r["out"] != 0] = np.nan
-            r["vals"] = v[:, None]
+            n.junk.setdefault("node", []).extend(t[junk & (out == 0)].tolist())
+            vals = v[:, None]
+        vals[out != 0] = np.nan
+        return vals
+
+    def _values(self, rng) -> None:
+        for n in self.nodes:
+            for probe in ("gpu_bandwidth", "collectives"):
+                r = n.runs[probe]
+                r["vals"] = self._figures(n, probe, r["fin"], r["out"], rng)
+                r["confirmation"] = np.zeros(len(r["fin"]), dtype=bool)
+
+    def _confirmations(self, rng) -> None:
+        """The exporter's confirmation runs (daemon/confirm.py): after a successful scheduled run in which a
+        figure moved by confirm_change or more from the median of that series' previous 3 figures, one run
+        confirm_delay_s after it, unless the next scheduled run or an outage comes first; skipped while
+        the node is busy, failing at the usual rate. Its figures are drawn like any run's (junk included)."""
+        p = self.p
+        if p.confirm_change <= 0:
+            return
+        for n in self.nodes:
+            for probe, dur in (("gpu_bandwidth", 30.0), ("collectives", 60.0)):
+                r = n.runs[probe]
+                fin, out, vals = r["fin"], r["out"], r["vals"]
+                past = [deque(maxlen=3) for _ in range(vals.shape[1])]
+                extra = []  # (finish, outcome, figures)
+
+                def remember(row) -> bool:
+                    jumped = False
+                    for g, v in enumerate(row):
+                        if math.isnan(v):
+                            continue
+                        if len(past[g]) == 3:
+                            ref = statistics.median(past[g])
+                            jumped |= abs(v / ref - 1) >= p.confirm_change
+                        past[g].append(float(v))
+                    return jumped
+
+                for i in range(len(fin)):
+                    if out[i] != 0 or not remember(vals[i]):
+                        continue
+                    start = fin[i] + p.confirm_delay_s
+                    nxt = fin[i + 1] - dur if i + 1 < len(fin) else self.end
+                    if start + dur >= min(nxt, self.end) or any(a <= start + dur and start < b for a, b in n.outages):
+                        continue
+                    o = 2 if self._inside(start, n.busy) else (1 if rng.random() < p.fail else 0)
+                    row = self._figures(n, probe, np.array([start + dur]), np.array([o], dtype=np.int8), rng)
+                    if o == 0:
+                        for g, v in enumerate(row[0]):
+                            if not math.isnan(v):
+                                past[g].append(float(v))  # a confirmation asks for nothing more
+                    extra.append((start + dur, o, row[0]))
+                if not extra:
+                    continue
+                t = np.concatenate([fin, [e[0] for e in extra]])
+                order = np.argsort(t, kind="stable")
+                r["fin"] = t[order]
+                r["out"] = np.concatenate([out, np.array([e[1] for e in extra], dtype=np.int8)])[order]
+                r["vals"] = np.concatenate([vals, np.array([e[2] for e in extra])])[order]
+                r["confirmation"] = np.concatenate([r["confirmation"], np.ones(len(extra), dtype=bool)])[order]
 
     def _first_degraded_runs(self) -> None:
         for e in self.events:
@@ -482,4 +541,5 @@ class Fleet:
                 "pools": {k: v for k, v in self.pool_size.items()},
                 "busy_share": round(busy, 3), "runs": runs, "skipped_runs": skipped,
                 "junk_runs": sum(len(v) for n in self.nodes for v in n.junk.values()),
+                "confirmation_runs": {pr: int(sum(n.runs[pr]["confirmation"].sum() for n in self.nodes)) for pr in runs},
                 "events": kinds}

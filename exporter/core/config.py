@@ -138,6 +138,14 @@ class ProbeEntryBase(Strict):
     jitter_seconds: float = Field(
         -1.0, description="Random delay added to each run, seconds; -1 = 10% of the interval. "
         "Spreads a fleet so it does not hit one target in lock-step.")
+    confirm_change: float = Field(
+        0.10, ge=0, le=10, description="A run in which a figure the alerts' fast path judges moved by this share or "
+        "more from the median of its previous 3 runs gets one confirmation run; 0 turns confirmation runs off. "
+        "Probes without such figures ignore it.")
+    confirm_delay_seconds: float = Field(
+        300.0, gt=0, description="Seconds from such a run to its confirmation run; at most half the interval (the "
+        "alerts count three runs within 1.2 intervals; the default is held to that). Longer than the scrape interval, so Prometheus sees the "
+        "first run's figures before the confirmation replaces them.")
 
     @model_validator(mode="after")
     def _check_schedule(self) -> "ProbeEntryBase":
@@ -148,11 +156,19 @@ class ProbeEntryBase(Strict):
             problems.append(f"timeout_seconds ({timeout:g}) must be shorter than interval_seconds ({interval:g})")
         if self.jitter_seconds >= interval:
             problems.append(f"jitter_seconds ({self.jitter_seconds:g}) must be shorter than interval_seconds ({interval:g})")
+        if "confirm_delay_seconds" in self.model_fields_set and self.confirm_delay_seconds > interval / 2:
+            problems.append(f"confirm_delay_seconds ({self.confirm_delay_seconds:g}) must be at most half of "
+                            f"interval_seconds ({interval:g})")
         if self.jitter_seconds < 0 and self.jitter_seconds != -1:
             problems.append("jitter_seconds must be >= 0, or -1 for 10% of the interval")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def effective_confirm_delay_seconds(self) -> float:
+        """The default 300 s, held to half the interval for probes that run more often than every 10 minutes."""
+        return min(self.confirm_delay_seconds, getattr(self, "interval_seconds") / 2)
 
     @property
     def effective_jitter_seconds(self) -> float:

@@ -56,6 +56,7 @@ class RunRecord:
     samples: list[dict[str, Any]] = field(default_factory=list)  # metric samples (worker to daemon only)
     exit_status: int | None = None      # the worker's exit status
     output_tail: str = ""               # the end of the worker's stdout and stderr
+    trigger: str = "schedule"           # "schedule", or "confirmation": the daemon re-ran it (daemon/confirm.py)
     source: str = field(default="", compare=False)  # the file it was loaded from (never serialized)
 
     # --- reading ------------------------------------------------------------
@@ -112,6 +113,7 @@ class RunRecord:
         try:
             for name in ("reason", "detail", "node", "output_tail"):
                 kw[name] = str(kw.get(name, ""))
+            kw["trigger"] = str(kw.get("trigger", "schedule"))
             for name in ("started_at", "wall_seconds"):
                 kw[name] = float(kw.get(name, 0.0))
             if "probe_seconds" in kw:

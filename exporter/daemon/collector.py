@@ -67,6 +67,9 @@ PROBE_ENABLED = _m("fleetcanary_probe_enabled", "gauge", "1 if the probe is enab
                    ("probe",))
 PROBE_INTERVAL = _m("fleetcanary_probe_interval_seconds", "gauge",
                     "The probe's configured interval; staleness alerts use it.", ("probe",))
+PROBE_CONFIRMATIONS = _m("fleetcanary_probe_confirmation_runs_total", "counter",
+                         "Extra runs started a few minutes after a run in which a figure the alerts' fast path judges "
+                         "jumped (confirm_change); counted in runs_total too. Probes with such figures only.", ("probe",))
 PROBE_INVALID = _m("fleetcanary_probe_invalid_samples_total", "counter",
                    "Samples a probe returned that its metric specs do not declare; dropped.", ("probe",))
 GPU_PROBE_SECONDS = _m("fleetcanary_gpu_probe_seconds_total", "counter",
@@ -114,6 +117,7 @@ class _StateCollector:
                                                              PROBE_LAST_SUCCESS))
         runs, skips, fails, crashes = (m.family() for m in (PROBE_RUNS, PROBE_SKIPS, PROBE_FAILURES, PROBE_CRASHES))
         enabled, interval, invalid = (m.family() for m in (PROBE_ENABLED, PROBE_INTERVAL, PROBE_INVALID))
+        confirmations = PROBE_CONFIRMATIONS.family()
         for name in probes:
             st = s.state[name]
             cls = s.probes[name]
@@ -130,13 +134,15 @@ class _StateCollector:
             for reason in CRASH_REASONS:
                 crashes.add_metric([name, reason], st.crashes.get(reason, 0))
             invalid.add_metric([name], st.invalid_samples)
+            if cls.confirm_metrics:
+                confirmations.add_metric([name], st.confirmations)
             if st.last is not None:
                 success.add_metric([name], 1.0 if st.last.outcome == "success" else 0.0)
                 dur.add_metric([name], st.last.wall_seconds)
                 last.add_metric([name], st.last_run_ts or 0.0)
             if st.last_success_ts is not None:
                 last_ok.add_metric([name], st.last_success_ts)
-        yield from (success, dur, last, last_ok, runs, skips, fails, crashes, enabled, interval, invalid)
+        yield from (success, dur, last, last_ok, runs, skips, fails, crashes, enabled, interval, invalid, confirmations)
 
         # Probe families, from their declared specs.
         for name in probes:

@@ -4,7 +4,8 @@ One instance of a probe at a time (max_instances=1, missed runs coalesced), prob
 of one ``exclusive`` class ("gpu") serialized by a lock, and a per-GPU GPU-time budget
 (a duty cycle, enforced over a window as long as the asking probe's interval, see
 GpuBudget) whose remainder is handed to invasive probes, which skip with reason
-"budget" when it is spent.
+"budget" when it is spent. A run whose figure jumped gets one confirmation run a few
+minutes later (run_once; daemon/confirm.py decides).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Callable
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 log = logging.getLogger("fleetcanary.scheduler")
@@ -109,7 +111,7 @@ class GpuBudget:
 
 
 class Scheduler:
-    def __init__(self, run_probe: Callable[[str], None], workers: int = 16) -> None:
+    def __init__(self, run_probe: Callable[..., object], workers: int = 16) -> None:
         self._run_probe = run_probe
         self._sched = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=workers)},
@@ -117,6 +119,7 @@ class Scheduler:
             timezone=timezone.utc,
         )
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._probe_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)  # a scheduled run vs an extra one
         self._jobs: dict[str, tuple[float, float, str | None]] = {}
         self._last_start: dict[str, float] = {}  # monotonic start of each job's last run
         self.aligned: set[str] = set()  # probes run on the wall clock's grid of their interval (Probe.slot_aligned)
@@ -175,18 +178,40 @@ class Scheduler:
                 log.debug("probe %s: run %.3f s after the previous start dropped as a duplicate", name, now - last)
                 return
             self._last_start[name] = now
-        if cls is None:
-            self._run_probe(name)
-            return
-        lock = self._locks[cls]
-        # Serialize the class; wait at most one interval, then let the next trigger try.
-        if not lock.acquire(timeout=interval):
-            log.warning("probe %s: exclusive class %r stayed busy for a whole interval; run dropped", name, cls)
-            return
+        self._locked(name, interval, cls)
+
+    def _locked(self, name: str, interval: float, cls: str | None, *args) -> None:
+        """Run the probe holding its own lock (a scheduled run and a confirmation never overlap) and its
+        exclusive class's; wait at most one interval for either, then let the next trigger try."""
+        locks = [self._probe_locks[name]] + ([self._locks[cls]] if cls is not None else [])
+        held = []
         try:
-            self._run_probe(name)
+            for lock in locks:
+                if not lock.acquire(timeout=interval):
+                    what = f"exclusive class {cls!r}" if lock is not locks[0] else "its previous run"
+                    log.warning("probe %s: %s stayed busy for a whole interval; run dropped", name, what)
+                    return
+                held.append(lock)
+            self._run_probe(name, *args)
         finally:
-            lock.release()
+            for lock in reversed(held):
+                lock.release()
+
+    def run_once(self, name: str, delay: float, trigger: str = "confirmation") -> bool:
+        """One extra run of a scheduled probe ``delay`` seconds from now (a confirmation run, daemon/confirm.py).
+        It waits for the probe's exclusive class like any run; it neither replaces nor moves the scheduled
+        runs, and the duplicate check does not apply to it. A reload or a clock step drops it. False when
+        the probe is not scheduled."""
+        with self._jobs_lock:
+            if name not in self._jobs or not self._sched.running:
+                return False
+            interval, _, cls = self._jobs[name]
+            self._sched.add_job(
+                self._locked, DateTrigger(run_date=datetime.now(timezone.utc) + timedelta(seconds=delay),
+                                          timezone=timezone.utc),
+                args=[name, interval, cls, trigger], id=f"{name}:{trigger}", name=f"{name} ({trigger})",
+                replace_existing=True)
+        return True
 
     def set_jobs(self, jobs: dict[str, tuple[float, float, str | None]], first_delay: bool = True,
                  delays: dict[str, float | None] | None = None) -> None:

@@ -17,6 +17,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import kube as kubemod
+from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon import webconfig
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import GpuBudget, Scheduler, budget_window
@@ -49,6 +50,7 @@ class Daemon:
         else:
             self.store.set_node_extra_labels(self._extra_node_labels(settings))
         self.history = self._history(settings)
+        self.confirmer = Confirmer()
         self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2))
         self.scheduler.on_clock_jump = lambda step: self.store.count_clock_jump()
         host, port = configmod.parse_listen_address(settings.server.listen_address)
@@ -143,7 +145,7 @@ class Daemon:
         return True
 
     # --- running probes ---------------------------------------------------------
-    def run_probe(self, name: str) -> RunRecord | None:
+    def run_probe(self, name: str, trigger: str = "schedule") -> RunRecord | None:
         if self._stopping.is_set():
             return None
         with self._settings_lock:
@@ -162,7 +164,9 @@ class Daemon:
             # Killed by our own shutdown: not a result, not a crash of the probe.
             log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.wall_seconds)
             return None
+        out.trigger = trigger
         self.store.apply(out)
+        self._maybe_confirm(name, entry, out)
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)
         if out.outcome in ("success", "skipped"):
@@ -177,6 +181,14 @@ class Daemon:
                 self.store.count_history_error()
                 log.error("results history: %s", exc)
         return out
+
+    def _maybe_confirm(self, name: str, entry, out: RunRecord) -> None:
+        metrics = self.probe_map[name].confirm_metrics
+        if not metrics or entry.confirm_change <= 0:
+            return
+        why = self.confirmer.jumped(out, metrics, entry.confirm_change)
+        if why and self.scheduler.run_once(name, entry.effective_confirm_delay_seconds):
+            log.info("probe %s: %s; confirmation run in %.0f s", name, why, entry.effective_confirm_delay_seconds)
 
     # --- health -------------------------------------------------------------------
     def healthy(self) -> bool:

@@ -48,6 +48,7 @@ class ProbeState:
     gauges: dict[str, dict[LabelKey, float]] = field(default_factory=dict)
     gauges_at: float | None = None  # finished_at of the run that produced `gauges`
     invalid_samples: int = 0
+    confirmations: int = 0  # runs the daemon added to confirm a jump (daemon/confirm.py)
 
 
 @dataclass
@@ -109,6 +110,8 @@ class ResultStore:
             st.last = out
             st.runs[out.outcome] = st.runs.get(out.outcome, 0) + 1
             st.last_run_ts = out.finished_at
+            if out.trigger == "confirmation":
+                st.confirmations += 1
             if out.outcome == "skipped":
                 st.skips[out.reason] = st.skips.get(out.reason, 0) + 1
             elif out.outcome == "failure":

@@ -170,5 +170,29 @@ class Quick(_Fault):
         return ProbeResult(samples=[Sample("fleetcanary_test_fault_value", {"mode": config.mode}, time.time() % 1)])
 
 
+class LevelConfig(ProbeConfig):
+    value_file: str = Field("", description="the figure each run reports, read from this file")
+
+
+class Level(Probe):
+    """A probe whose figure a test sets by writing a file; each run appends a "time value" line to
+    ``<value_file>.runs``. Its figure is one the alerts' fast path would judge (confirm_metrics)."""
+    name = "level"
+    Config = LevelConfig
+    default_interval_seconds = 4.0
+    default_timeout_seconds = 2.0
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec("fleetcanary_test_level", "gauge", "test figure", "ratio", ("series",)),
+    )
+    confirm_metrics = ("fleetcanary_test_level",)
+
+    def run(self, config, ctx):
+        value = float(open(config.value_file).read())
+        with open(config.value_file + ".runs", "a") as f:
+            f.write(f"{time.time()} {value}\n")
+        return ProbeResult(samples=[Sample("fleetcanary_test_level", {"series": "a"}, value),
+                                    Sample("fleetcanary_test_level", {"series": "b"}, 1.0)])
+
+
 FAULT_PROBES = {c.name: c for c in (Hang, IgnoreTerm, Abort, ForkHang, EscapeSession, Ok, Flood, Garbage,
-                                    BadSamples, Raises, Hog, Quick)}
+                                    BadSamples, Raises, Hog, Quick, Level)}
