@@ -41,7 +41,14 @@ panels = [
           "and samples a probe returned outside its declared metrics. Good: zero.", "none",
           [(f"sum by (node) (increase(fleetcanary_history_write_errors_total{{{N}}}[1h]))", "{{node}} history"),
            (f"sum by (node, probe) (increase(fleetcanary_probe_invalid_samples_total{{{N}}}[1h]))",
-            "{{node}} {{probe}} invalid")], w=24),
+            "{{node}} {{probe}} invalid")], w=12),
+    panel("timeseries", "Confirmation runs (share of runs, per hour)",
+          "Extra runs the exporter started 5 minutes after a run whose figure jumped 10% or more from its last 3 "
+          "runs, so the alerts' fast path can confirm a large drop within about one interval "
+          "(docs/alerting.md). Good: a few percent (junk runs and real drops); a probe near 100% has a figure "
+          "too noisy for its confirm_change.", "percentunit",
+          [(f"sum by (probe) (increase(fleetcanary_probe_confirmation_runs_total{{{N}}}[1h])) / sum by (probe) "
+            f"(increase(fleetcanary_probe_runs_total{{{N}}}[1h]))", "{{probe}}")], w=12),
 ]
 
 dashboard = dashboard(
