@@ -74,6 +74,7 @@ FAST_CONFIRMED = 1.2  # three runs within this many intervals: the run that jump
 FAST_UNCONFIRMED = 2.5  # ... or within this many: three scheduled runs at any jitter, for as long as a fault lasts
 CONFIRM_INTERVALS = 2.5  # the newest runs that must confirm a smoothed judgement: those exported in the last 2.5
                       # probe intervals (the newest 3, with up to 10% jitter per run, sometimes 4)
+CONFIRM_RUNS = 3      # ... and at least this many of them, or the window is not confirmed (neither fires nor resolves)
 CONFIRM_SHARE = 0.5   # ... the best of them at least this share of the floor worse than the reference. Two junk
                       # runs in a 6-run window move its median; they cannot also make the newest runs all bad
 DRIFT = 0.04          # long baseline: the day's median this far off the best day on this driver. At 5% the
@@ -302,7 +303,10 @@ def smoothing_rules(f: Family) -> list[dict]:
         # judged on the window, times this, is the same judgement of the newest runs alone.
         fn = "max_over_time" if f.higher_is_better else "min_over_time"
         cw = dur(math.ceil(CONFIRM_INTERVALS * f.interval_minutes) * 60)
-        out.append(rec(n["confirm"], f"{fn}({raw}[{cw}]) / ignoring({strip(f)}) group_right() {n['smoothed']}"))
+        # Three runs at least (CONFIRM_RUNS): as a busy period begins, the newest figures expire one by one, and
+        # one low last run alone confirmed a window (3 false peer episodes held through busy periods).
+        newest = f"({fn}({raw}[{cw}]) and (changes({raw}[{cw}]) >= {CONFIRM_RUNS - 1}))"
+        out.append(rec(n["confirm"], f"{newest} / ignoring({strip(f)}) group_right() {n['smoothed']}"))
     return out
 
 
