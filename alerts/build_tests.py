@@ -709,7 +709,21 @@ def runs_cases() -> list[dict]:
     confirmed_case = {"interval": "1m", "input_series": gpu_bw_fleet({**healthy, "n6": confirmed}),
                       "alert_rule_test": [{"eval_time": "300m", "alertname": peers,
                                            "exp_alerts": [_with(exp(peers, labels, "15%"), fam)]}]}
-    return [frozen_case, restart_case, hold_case, junk_case, real_case, unconfirmed_case, scattered_case, confirmed_case]
+    # 7. Low runs (88%) around a healthy one, then a busy period: its last figures expire one by one. With 3
+    # runs in the newest 2.5 intervals (240) the newest-runs ratio exists (and the healthy run keeps it from
+    # confirming); with 2 left (250) it is absent although the window's median is still 12% low, so a lone
+    # low last run never confirms a window, and nothing fires through the busy period.
+    confirm = f'{build.names(gpu_bw)["confirm"]}{{node="n6"}}'
+    edge = [1.0] * 12 + [0.88, 1.0, 0.88, 0.88] + [None] * 16 + [1.0] * 8
+    edge_case = {"interval": "1m", "input_series": gpu_bw_fleet({**healthy, "n6": edge}),
+                 "promql_expr_test": [{"expr": f"count({confirm})", "eval_time": "240m",
+                                       "exp_samples": [{"labels": "{}", "value": 1}]},
+                                      {"expr": f"count({confirm})", "eval_time": "250m", "exp_samples": []},
+                                      {"expr": f"count({ratio} < 0.9)", "eval_time": "250m",
+                                       "exp_samples": [{"labels": "{}", "value": 1}]}],
+                 "alert_rule_test": quiet([peers, fast, reg], range(240, 480, 10))}
+    return [frozen_case, restart_case, hold_case, junk_case, real_case, unconfirmed_case, scattered_case,
+            confirmed_case, edge_case]
 
 
 def _with(e: dict, labels: dict) -> dict:
