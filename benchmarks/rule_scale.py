@@ -291,6 +291,31 @@ def fmt_labels(labels: dict) -> str:
     return ",".join(f'{k}="{v}"' for k, v in labels.items())
 
 
+# The hourly group's outputs that rules read back over days, with how far back: a live Prometheus has them
+# after days of running; a fleet built from raw samples alone would leave the baselines, and with them the
+# change path of the 1-minute group, empty. Written hourly (the group's interval) with the raw figure's value.
+DAILY_READ_BACK = {"median1d": 3 * 86400 + 2 * 3600, "median1d_same_driver": 2 * 86400 + 3 * 3600,
+                   "baseline": 4 * 86400, "baseline_before_1d": 2 * 3600}
+
+
+def daily_outputs(raw_rows: dict[str, list]) -> dict[str, tuple[str, list]]:
+    """Recorded name -> (its raw metric, rows as write_history keeps them): one series per raw series, with the
+    node's driver_version where the rule joins it (the per-driver medians and the baselines built on them)."""
+    driver = "570.124.06"  # every modelled node's (node_series)
+    out = {}
+    for g in yaml.safe_load(RULE_FILES[0].read_text())["groups"]:
+        for r in g["rules"]:
+            rec = r.get("record", "")
+            parts = rec.split(":")
+            if len(parts) != 3 or parts[2] not in DAILY_READ_BACK or parts[1] not in raw_rows:
+                continue
+            per_driver = parts[2] == "median1d_same_driver" or "median1d_same_driver" in r["expr"]
+            extra = f',driver_version="{driver}"' if per_driver else ""
+            out[rec] = (parts[1], [(rec, lab + extra, model, {**labels, **({"driver_version": driver} if per_driver else {})})
+                                   for _, lab, model, labels in raw_rows[parts[1]]])
+    return out
+
+
 BLOCK = 7200  # promtool's block: it parses its whole input once per 2-hour block, so each gets its own file
 
 
@@ -310,6 +335,12 @@ def write_history(work: Path, nodes: int, pool_nodes: int, end: int, history_ste
             if sample in need:
                 lab = fmt_labels({"job": "fleetcanary", "instance": node, "node": node, **labels})
                 by_family[fam].append((sample, lab, model, labels))
+    value_of = {}  # a recorded family -> the raw metric whose value it carries
+    for rec, (metric, rows) in daily_outputs({f: [r for r in rows if r[0] == f] for f, rows in by_family.items()}).items():
+        by_family[rec] = rows
+        value_of[rec] = metric
+        need[rec] = DAILY_READ_BACK[rec.split(":")[2]]
+        interval[rec] = 3600
     plan, families = {}, {}
     for fam, rows in by_family.items():
         run = interval.get(fam) or scrape_interval
@@ -335,7 +366,7 @@ def write_history(work: Path, nodes: int, pool_nodes: int, end: int, history_ste
                 k = {"info": "gauge"}.get(kind.get(fam, "gauge"), kind.get(fam, "gauge"))
                 f.write(f"# TYPE {fam.removesuffix('_total') if k == 'counter' else fam} {k}\n")
                 for sample, lab, model, labels in rows:
-                    name = sample if k == "histogram" else fam
+                    name = sample if k == "histogram" else value_of.get(fam, fam)
                     pre = f"{sample}{{{lab}}} "
                     shape = value(name, labels, model, rng, times[0])
                     if name.endswith(("_total", "_bucket", "_count", "_sum", "_timestamp_seconds")):
