@@ -368,7 +368,7 @@ def write_history(work: Path, nodes: int, pool_nodes: int, end: int, history_ste
                 for sample, lab, model, labels in rows:
                     name = sample if k == "histogram" else value_of.get(fam, fam)
                     pre = f"{sample}{{{lab}}} "
-                    shape = value(name, labels, model, rng, times[0])
+                    shape = value(name, labels, model, level(name, lab), times[0])
                     if name.endswith(("_total", "_bucket", "_count", "_sum", "_timestamp_seconds")):
                         f.write("".join(f"{pre}{value(name, labels, model, rng, t):.6g} {t}\n" for t in times))
                     elif shape in (0.0, 1.0, 5.0, 8.0, 16.0, 900.0):  # a constant
@@ -394,10 +394,16 @@ def backfill(files: list[Path], data: Path) -> None:
         list(pool.map(one, files))
 
 
+def level(name: str, lab: str) -> random.Random:
+    """The random source of one measured series' level, seeded by its identity (the labels as backfilled,
+    without the driver a per-driver median adds): its history, its live figure and the baselines backfilled
+    for it share one level, as on a steady fleet."""
+    return random.Random(f"{name}|{lab.split(',driver_version=')[0]}")
+
+
 def render_node(i: int, node: str, model: str, pool: str, t: float) -> bytes:
     """The node's current exposition (text format 0.0.4)."""
     interval, kind = metric_probe()
-    rng = random.Random(i)
     lines, typed = [], set()
     for fam, sample, labels in node_series(i, model, pool):
         if fam not in typed:
@@ -405,7 +411,9 @@ def render_node(i: int, node: str, model: str, pool: str, t: float) -> bytes:
             lines.append(f"# TYPE {fam.removesuffix('_total') if k == 'counter' else fam} "
                          f"{'gauge' if k == 'info' else k}")
             typed.add(fam)
-        lines.append(f"{sample}{{{fmt_labels(labels)}}} {value(sample if kind.get(fam) == 'histogram' else fam, labels, model, rng, t):.6g}")
+        name = sample if kind.get(fam) == "histogram" else fam
+        rng = level(name, fmt_labels({"job": "fleetcanary", "instance": node, "node": node, **labels}))
+        lines.append(f"{sample}{{{fmt_labels(labels)}}} {value(name, labels, model, rng, t):.6g}")
     return ("\n".join(lines) + "\n").encode()
 
 
