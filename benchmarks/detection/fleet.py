@@ -29,8 +29,6 @@ the default 2-minute scrape that is 3 minutes of extra visibility at each disapp
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -310,33 +308,30 @@ class Fleet:
                 r["confirmation"] = np.zeros(len(r["fin"]), dtype=bool)
 
     def _confirmations(self, rng) -> None:
-        """The exporter's confirmation runs (daemon/confirm.py): after a successful scheduled run in which a
-        figure moved by confirm_change or more from the median of that series' previous 3 figures, one run
-        confirm_delay_s after it, unless the next scheduled run or an outage comes first; skipped while
-        the node is busy, failing at the usual rate. Its figures are drawn like any run's (junk included)."""
+        """The exporter's confirmation runs, decided by the exporter's own rule (daemon/confirm.py, Confirmer):
+        after a successful scheduled run in which a figure moved by confirm_change or more from the median of
+        that series' previous figures, one run confirm_delay_s after it, unless the next scheduled run or an
+        outage comes first; skipped while the node is busy, failing at the usual rate. Its figures are drawn
+        like any run's (junk included)."""
+        from fleetcanary.core.record import RunRecord
+        from fleetcanary.daemon.confirm import Confirmer
+
         p = self.p
         if p.confirm_change <= 0:
             return
+
+        def record(probe: str, row, trigger: str = "schedule") -> RunRecord:
+            return RunRecord(probe, "success", trigger=trigger, samples=[
+                {"metric": probe, "labels": {"col": str(g)}, "value": float(v)} for g, v in enumerate(row)])
+
         for n in self.nodes:
             for probe, dur in (("gpu_bandwidth", 30.0), ("collectives", 60.0)):
                 r = n.runs[probe]
                 fin, out, vals = r["fin"], r["out"], r["vals"]
-                past = [deque(maxlen=3) for _ in range(vals.shape[1])]
+                seen = Confirmer()
                 extra = []  # (finish, outcome, figures)
-
-                def remember(row) -> bool:
-                    jumped = False
-                    for g, v in enumerate(row):
-                        if math.isnan(v):
-                            continue
-                        if len(past[g]) == 3:
-                            ref = statistics.median(past[g])
-                            jumped |= abs(v / ref - 1) >= p.confirm_change
-                        past[g].append(float(v))
-                    return jumped
-
                 for i in range(len(fin)):
-                    if out[i] != 0 or not remember(vals[i]):
+                    if out[i] != 0 or not seen.jumped(record(probe, vals[i]), (probe,), p.confirm_change):
                         continue
                     start = fin[i] + p.confirm_delay_s
                     nxt = fin[i + 1] - dur if i + 1 < len(fin) else self.end
@@ -344,10 +339,8 @@ class Fleet:
                         continue
                     o = 2 if self._inside(start, n.busy) else (1 if rng.random() < p.fail else 0)
                     row = self._figures(n, probe, np.array([start + dur]), np.array([o], dtype=np.int8), rng)
-                    if o == 0:
-                        for g, v in enumerate(row[0]):
-                            if not math.isnan(v):
-                                past[g].append(float(v))  # a confirmation asks for nothing more
+                    if o == 0:  # remembered; a confirmation asks for nothing more
+                        seen.jumped(record(probe, row[0], "confirmation"), (probe,), p.confirm_change)
                     extra.append((start + dur, o, row[0]))
                 if not extra:
                     continue
