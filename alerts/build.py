@@ -72,6 +72,7 @@ FAST_CONFIRMED = 1.2  # three runs within this many intervals: the run that jump
                       # adds minutes later (daemon/confirm.py), the next scheduled run (its jitter included). Two runs
                       # were not enough: 0.5% junk runs gave the 195-node fleet 4 agreeing junk pairs a week
 FAST_UNCONFIRMED = 2.5  # ... or within this many: three scheduled runs at any jitter, for as long as a fault lasts
+FAST_RUNS = 3         # the runs the fast path needs in either window
 CONFIRM_INTERVALS = 2.5  # the newest runs that must confirm a smoothed judgement: those exported in the last 2.5
                       # probe intervals (the newest 3, with up to 10% jitter per run, sometimes 4)
 CONFIRM_RUNS = 3      # ... and at least this many of them, or the window is not confirmed (neither fires nor resolves)
@@ -380,9 +381,10 @@ def fast_rules(f: Family, c: Ctx) -> list[dict]:
     FAST_CONFIRMED intervals after the first of them: the run that jumped, its confirmation run minutes later
     (daemon/confirm.py) and the next scheduled run. Without a confirmation (the GPU busy then, an older
     exporter) it holds three scheduled runs from the third on, about 2 intervals after the first. The
-    short window holds three runs only for minutes after each run; the long one carries a steady fault. Against the peers' median outright: at 20% no per-GPU offset matters, and no baseline is
-    needed (a new node, a node just upgraded). And against its own baseline, for the pools too small to
-    judge by peers (FarBelowOwnHistory)."""
+    short window holds three runs only for minutes after each run; the long one carries a steady fault.
+    Against the peers' median outright: at 20% no per-GPU offset matters, and no baseline is needed (a
+    new node, a node just upgraded). And against its own baseline, for the pools too small to judge by
+    peers (FarBelowOwnHistory)."""
     n = names(f)
     g = ", ".join(f.group)
     fn = "max_over_time" if f.higher_is_better else "min_over_time"
@@ -390,7 +392,7 @@ def fast_rules(f: Family, c: Ctx) -> list[dict]:
     def three_runs(intervals: float) -> str:
         m = f"{f.metric}[{dur(intervals * f.interval_minutes * 60)}]"
         agree = f"(max_over_time({m}) / min_over_time({m}) < {1 + FAST_AGREE * f.rel:g})"
-        return f"({fn}({m}) and (changes({m}) >= 2) and {agree})"
+        return f"({fn}({m}) and (changes({m}) >= {FAST_RUNS - 1}) and {agree})"
 
     best = f"({three_runs(FAST_CONFIRMED)} or {three_runs(FAST_UNCONFIRMED)})"
     out = [rec(n["recent"], info_join(f, best)),

@@ -56,6 +56,7 @@ from benchmarks.common import free_port, get, proc_stats, wait_http, write_resul
 RULE_FILES = [ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml"]
 FAKE_NVML = ROOT / "tests/fixtures/nvml/h100_8gpu_healthy.json"
 GPUS = 8
+DRIVER = "570.124.06"  # every modelled node's driver (fleetcanary_node_info, and the per-driver series backfilled)
 MODELS = {"H100": {"d2d": 3.0e12, "h2d": 5.3e10, "d2h": 5.3e10}, "H200": {"d2d": 4.2e12, "h2d": 5.4e10, "d2h": 5.4e10}}
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -135,7 +136,7 @@ def node_series(node: int, model: str, pool: str) -> list[tuple[str, str, dict]]
         labels = spec.labels
         if spec.name == "fleetcanary_node_info":
             combos = [{"pool": pool, "cpu_model": "Xeon 8480", "gpu_model": model, "gpu_count": "8",
-                       "driver_version": "570.124.06", "node_name": f"node-{node:04d}"}]
+                       "driver_version": DRIVER, "node_name": f"node-{node:04d}"}]
         elif spec.name == "fleetcanary_build_info":
             combos = [{"version": "0.1.0", "commit": "abc1234", "python_version": "3.11.7"}]
         elif "probe" in labels:
@@ -301,7 +302,6 @@ DAILY_READ_BACK = {"median1d": 3 * 86400 + 2 * 3600, "median1d_same_driver": 2 *
 def daily_outputs(raw_rows: dict[str, list]) -> dict[str, tuple[str, list]]:
     """Recorded name -> (its raw metric, rows as write_history keeps them): one series per raw series, with the
     node's driver_version where the rule joins it (the per-driver medians and the baselines built on them)."""
-    driver = "570.124.06"  # every modelled node's (node_series)
     out = {}
     for g in yaml.safe_load(RULE_FILES[0].read_text())["groups"]:
         for r in g["rules"]:
@@ -310,8 +310,8 @@ def daily_outputs(raw_rows: dict[str, list]) -> dict[str, tuple[str, list]]:
             if len(parts) != 3 or parts[2] not in DAILY_READ_BACK or parts[1] not in raw_rows:
                 continue
             per_driver = parts[2] == "median1d_same_driver" or "median1d_same_driver" in r["expr"]
-            extra = f',driver_version="{driver}"' if per_driver else ""
-            out[rec] = (parts[1], [(rec, lab + extra, model, {**labels, **({"driver_version": driver} if per_driver else {})})
+            extra = f',driver_version="{DRIVER}"' if per_driver else ""
+            out[rec] = (parts[1], [(rec, lab + extra, model, {**labels, **({"driver_version": DRIVER} if per_driver else {})})
                                    for _, lab, model, labels in raw_rows[parts[1]]])
     return out
 

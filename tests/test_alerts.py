@@ -101,3 +101,13 @@ def test_alertmanager_example_is_valid():
     r = subprocess.run([amtool, "check-config", str(ALERTS / "alertmanager.example.yml")], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_fast_path_figure_gets_confirmation_runs_and_only_those():
+    """The fast path counts on the exporter's confirmation run (three runs within 1.2 intervals); the probes
+    declare which figures get one (Probe.confirm_metrics). The two lists must name the same metrics."""
+    from fleetcanary.probes import PROBES
+
+    fast = {f.metric for f in build.FAMILIES if f.fast}
+    confirmed = {m for cls in PROBES.values() for m in cls.confirm_metrics}
+    assert fast == confirmed, (sorted(fast - confirmed), sorted(confirmed - fast))

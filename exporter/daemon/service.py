@@ -17,8 +17,8 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import kube as kubemod
-from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon import webconfig
+from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
