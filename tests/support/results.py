@@ -56,3 +56,15 @@ def scale_figure(src: Path, dst: Path, probe: str, name: str, factor: float) -> 
                 n += 1
     dst.write_text(json.dumps(data))
     return n
+
+
+def jitter_runs(src: Path, dst: Path, factors: tuple[float, ...]) -> None:
+    """Copy a result file with run i's figures (repeats and median) scaled by factors[i % len(factors)]: a candidate
+    whose run-to-run spread is known, for verdict tests that must not depend on how steady the machine was."""
+    data = json.loads(src.read_text())
+    for i, run in enumerate(data["runs"]):
+        k = factors[i % len(factors)]
+        for f in (run.get("result") or {}).get("figures", []):
+            f["repeats"] = [v * k for v in f["repeats"]]
+            f["median"] *= k
+    dst.write_text(json.dumps(data))
