@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,8 @@ import trustme
 from fleetcanary.probes.base import ProbeError
 from fleetcanary.probes.object_storage import Config, ObjectStorage, Target, fetch
 from tests.support.gpu import ctx, value
-from tests.support.helpers import unavailable
-from tests.support.object_server import ObjectServer
+from tests.support.helpers import unavailable, wait_for
+from tests.support.object_server import CHUNK_BYTES, ObjectServer
 
 ROOT = Path(__file__).resolve().parents[2]
 PH = "fleetcanary_object_phase_seconds"
@@ -50,24 +51,39 @@ def reason_of(t: Target) -> str:
     return ei.value.reason
 
 
-def test_first_byte_is_within_a_few_ms_of_the_injected_delay(server):
+def timed_run(targets, repeats=3):
+    """run(), and the wall time it took: no phase of it can be longer."""
+    t0 = time.perf_counter()
+    r = run(targets, repeats)
+    return r, time.perf_counter() - t0
+
+
+def paced_floor(size: int, rate: float) -> float:
+    """The least time a body paced by the test server takes to arrive (tests/support/object_server.py)."""
+    return (size - CHUNK_BYTES) / rate
+
+
+def test_first_byte_is_never_before_the_injected_delay(server):
+    # How close it comes to the delay is load-bound (a busy 2-core machine adds tens of ms): benchmarks/storage.py
+    # measures that on a quiet one. Here: never before the delay, and the phases fit in the run's own wall time.
     for delay_ms in (50, 200):
-        r = run([Target(name="o", url=f"{server.base}/obj?delay_ms={delay_ms}&size=65536")])
+        r, elapsed = timed_run([Target(name="o", url=f"{server.base}/obj?delay_ms={delay_ms}&size=65536")])
         fb = value(r, PH, target="o", phase="first_byte")
-        # never before the server's delay; after it by scheduling delay only (a busy 2-core machine adds
-        # tens of ms; how close it is on a quiet one is benchmarks/storage.py's business)
-        assert delay_ms / 1000 <= fb <= delay_ms / 1000 + 0.1, (delay_ms, fb)
+        assert delay_ms / 1000 <= fb, (delay_ms, fb)
         assert value(r, PH, target="o", phase="tls") == 0
-        assert 0 <= value(r, PH, target="o", phase="resolve") < 0.05
+        phases = [value(r, PH, target="o", phase=p) for p in ("resolve", "connect", "first_byte", "transfer")]
+        assert all(v >= 0 for v in phases) and sum(phases) <= elapsed, (phases, elapsed)
 
 
 def test_throttled_body_gives_the_throttled_rate(server):
-    rate = 4 << 20
-    r = run([Target(name="o", url=f"{server.base}/obj?size={2 << 20}&rate={rate}")], repeats=1)
+    rate, size = 4 << 20, 2 << 20
+    r, elapsed = timed_run([Target(name="o", url=f"{server.base}/obj?size={size}&rate={rate}")], repeats=1)
     bw = value(r, "fleetcanary_object_read_bytes_per_second", target="o", streams="1")
-    # the server paces the body at `rate`: the probe can only see it slower (a busy machine), never faster
-    assert rate * 0.5 <= bw <= rate * 1.05
-    assert 0.5 * 0.95 <= value(r, PH, target="o", phase="transfer") <= 1.0
+    fb, transfer = value(r, PH, target="o", phase="first_byte"), value(r, PH, target="o", phase="transfer")
+    # the server paces the body: the probe can never see it arrive faster than the pacing allows (physics);
+    # slower only by what the run's own wall time shows
+    assert paced_floor(size, rate) <= fb + transfer <= elapsed
+    assert size / elapsed <= bw <= size / paced_floor(size, rate)
 
 
 def test_https_with_the_test_ca_times_the_tls_phase(tls_server, ca, tmp_path):
@@ -85,14 +101,18 @@ def test_max_bytes_bounds_what_is_read_and_asks_for_a_range(server):
 
 
 def test_concurrent_streams_report_the_aggregate(server):
-    r = run([Target(name="o", url=f"{server.base}/obj?size={1 << 20}&rate={2 << 20}", streams=4)], repeats=1)
+    rate, size, streams = 2 << 20, 1 << 20, 4
+    r, elapsed = timed_run([Target(name="o", url=f"{server.base}/obj?size={size}&rate={rate}", streams=streams)],
+                           repeats=1)
     agg = value(r, "fleetcanary_object_read_bytes_per_second", target="o", streams="4")
-    rate = 2 << 20
-    # each stream is paced at `rate`: the aggregate can never beat 4 of them, and it must beat what one
-    # paced stream can deliver (the four overlapped). How close it comes to 4x is the machine's load (it
-    # was 3.4 MB/s of 8.4 with a load average of 11); benchmarks/storage.py measures that on a quiet one.
-    assert rate * 1.05 < agg <= 4 * rate * 1.05
-    assert len(server.requests) == 5
+    assert len(server.requests) == 1 + streams
+    concurrent = server.requests[1:]
+    wait_for(lambda: all("end" in x for x in concurrent), what="the server's handlers to finish")
+    # the four streams overlapped at the server (each began before any ended) ...
+    assert max(x["start"] for x in concurrent) < min(x["end"] for x in concurrent)
+    # ... and each is paced: the aggregate can never beat `streams` paced bodies; it is at least the bytes over the
+    # run's own wall time. How close it comes to 4x is the machine's load: benchmarks/storage.py measures that.
+    assert streams * size / elapsed <= agg <= streams * size / paced_floor(size, rate)
 
 
 def test_http_4xx_and_5xx(server):

@@ -23,7 +23,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         parts = urlsplit(self.path)
         q = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        self.server.requests.append({"path": parts.path, "headers": dict(self.headers)})
+        entry = {"path": parts.path, "headers": dict(self.headers), "start": time.perf_counter()}
+        self.server.requests.append(entry)
         if "delay_ms" in q:
             time.sleep(int(q["delay_ms"]) / 1000)
         status = int(q.get("status", 200))
@@ -45,7 +46,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stop_event.wait(60)
             return
         rate = float(q.get("rate", 0))
-        chunk = 64 << 10
+        chunk = CHUNK_BYTES
         block = b"\xa5" * chunk
         sent, t0 = 0, time.perf_counter()
         try:
@@ -59,6 +60,12 @@ class _Handler(BaseHTTPRequestHandler):
                         time.sleep(ahead)
         except (BrokenPipeError, ConnectionResetError):
             pass
+        entry["end"] = time.perf_counter()
+
+
+# The paced body is written a chunk at a time, the first at once, chunk k at k * CHUNK_BYTES / rate: a body of
+# `size` bytes cannot arrive in less than (size - CHUNK_BYTES) / rate seconds after the request.
+CHUNK_BYTES = 64 << 10
 
 
 class ObjectServer:
