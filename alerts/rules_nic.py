@@ -15,6 +15,10 @@ Down and missing need no threshold: they wait 5 minutes (several 60 s runs) and 
 
 An unused port of a dual-port HCA is down by design: a port that is down counts when it is in
 expected_ports, or (with no list configured) when it was up at some time in the last day.
+
+No recording rules: the alerts use increase() directly. A recorded increase would be read by the alert group
+one evaluation late or not, as promtool and Prometheus order the groups, and make the values in the
+descriptions depend on it.
 """
 from __future__ import annotations
 
@@ -29,13 +33,6 @@ CARRIER_CHANGES_PER_HOUR = 4
 NET_ERRORS_PER_HOUR = 10
 COUNT = '{{ $value | printf "%.0f" }}'  # increase() extrapolates: 4.057 carrier changes reads as 4
 PORT = "{{ $labels.device }}/{{ $labels.port }} on {{ $labels.node }}"
-
-
-def recording_rules() -> list[dict]:
-    """None: the alerts use increase() directly. A recorded increase would be read by the alert group
-    one evaluation late or not, as promtool and Prometheus order the groups, and make the values in the
-    descriptions depend on it."""
-    return []
 
 
 def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
