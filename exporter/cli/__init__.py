@@ -16,9 +16,9 @@ EXIT_CONFIG = 2
 DESCRIPTION = """\
 fleetcanary: a Prometheus exporter and canary benchmarker for GPU nodes.
 
-Probes (GPU memory bandwidth, P2P, health, collectives, storage, inference, host
-memory bandwidth) run on a schedule in isolated worker processes; /metrics serves
-their last results. With no --config, embedded defaults apply.
+Probes (GPU, fabric, storage, inference and host checks; `fleetcanary probes` lists
+them) run on a schedule in isolated worker processes; /metrics serves their last
+results. With no --config, embedded defaults apply.
 """
 
 EPILOG = """\
