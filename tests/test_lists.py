@@ -235,6 +235,9 @@ def test_every_alert_family_has_its_runbook_text_and_healthy_value():
                          ("alerts/build_tests.py HEALTHY", build_tests.HEALTHY)):
         problems += [f"{where}: no entry for family `{k}`" for k in keys if k not in table]
         problems += [f"{where}: `{k}` is no family of alerts/build.py FAMILIES" for k in table if k not in keys]
+    problems += [f"alerts/build_tests.py ENTITY_VALUES: no value for the label `{label}` (family `{f.key}`)"
+                 for f in build.FAMILIES for label in f.entity
+                 if label != "node" and label not in build_tests.ENTITY_VALUES]
     no_problems(problems)
 
 
