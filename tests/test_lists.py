@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,11 @@ from fleetcanary.cli import TOOLS, build_parser
 from fleetcanary.probes import PROBES
 from tests.support.helpers import load_script
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency there
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -37,7 +41,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 def section(path: Path, heading: str) -> str:
     """The text of a Markdown section `## heading`, up to the next heading of that level."""
     text = path.read_text()
-    m = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    m = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
     assert m, f"{path.relative_to(ROOT)}: no section '## {heading}'"
     return m.group(1)
 
@@ -56,7 +60,7 @@ def probe_package(name: str) -> str:
 # ------------------------------------------------------------------ probes (PROBES)
 
 def test_the_readme_probe_table_has_a_row_per_probe():
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \|", section(ROOT / "README.md", "Probes"), re.M)
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \|", section(ROOT / "README.md", "Probes"), re.MULTILINE)
     problems = [f"README.md, ## Probes: no row for probe `{n}` (| `{n}` | what it measures | runs on |)"
                 for n in PROBES if n not in rows]
     problems += [f"README.md, ## Probes: the row `{n}` names no probe of probes/__init__.py PROBES"
@@ -180,9 +184,9 @@ def test_the_sdist_carries_every_file_of_the_checkout():
         rel = d.relative_to(ROOT)
         for f in files:
             p = Path(f)
-            if p.parent == rel and p.suffix == ".py":
-                carried.add(f)
-            elif p.is_relative_to(rel) and any(fnmatch.fnmatch(str(p.relative_to(rel)), g) for g in data.get(pkg, ())):
+            module = p.parent == rel and p.suffix == ".py"
+            if module or (p.is_relative_to(rel) and any(fnmatch.fnmatch(str(p.relative_to(rel)), g)
+                                                        for g in data.get(pkg, ()))):
                 carried.add(f)
     left_out = [f for f in files if f not in carried and not f.startswith("benchmarks/results/") and f != ".gitignore"]
     no_problems([f"MANIFEST.in: {f} is not in the sdist (add a pattern that carries it)" for f in sorted(left_out)])
@@ -197,7 +201,7 @@ def subcommands() -> list[str]:
 
 def test_the_readme_commands_name_every_subcommand():
     block = section(ROOT / "README.md", "Commands")
-    shown = set(re.findall(r"^fleetcanary ([a-z-]+)", block, re.M))
+    shown = set(re.findall(r"^fleetcanary ([a-z-]+)", block, re.MULTILINE))
     cmds = subcommands()
     assert {"run", "once", "compare"} <= set(cmds), cmds
     problems = [f"README.md, ## Commands: no line for `fleetcanary {c}`" for c in cmds if c not in shown]
@@ -273,7 +277,8 @@ def test_every_overlay_is_named_where_the_variants_are_listed():
     problems = []
     for path, form in (("docs/deploy.md", "`deploy/overlays/{}`"), ("deploy/kustomization.yaml", "overlays/{}")):
         text = (ROOT / path).read_text()
-        problems += [f"{path}: does not name the overlay {form.format(o)}" for o in overlays if form.format(o) not in text]
+        problems += [f"{path}: does not name the overlay {form.format(o)}" for o in overlays
+                     if form.format(o) not in text]
     no_problems(problems)
 
 
@@ -311,3 +316,19 @@ def test_every_generated_file_names_a_step_of_scripts_generate():
                                     "which is not a step (make generate would leave it stale)")
     assert named >= 8, named
     no_problems(problems)
+
+
+# ------------------------------------------------------------------ CONTRIBUTING.md
+
+def test_every_path_contributing_names_exists():
+    """The recipes name files by path; a renamed or removed file makes them lie. Placeholders (NAME, TOOL,
+    BOARD) are skipped; a glob must match something."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    block = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+    tokens = re.findall(r"`([^`\s]+)`", block.sub("", text)) + " ".join(block.findall(text)).split()
+    paths = {t for t in tokens
+             if re.fullmatch(r"\.?[\w.*-]+(/[\w.*-]*)*", t) and ("/" in t or re.search(r"\.(md|py|toml|yaml|in)$", t))
+             and not re.search(r"NAME|TOOL|BOARD", t) and not t.startswith(("fleetcanary.", ".venv/"))}
+    assert len(paths) >= 30, sorted(paths)
+    no_problems([f"CONTRIBUTING.md: names {p}, which does not exist" for p in sorted(paths)
+                 if not (any(ROOT.glob(p.rstrip("/"))) if "*" in p else (ROOT / p).exists())])
