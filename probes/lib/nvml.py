@@ -106,10 +106,6 @@ class Session:
     def _str(v: Any) -> str:
         return v.decode() if isinstance(v, bytes) else str(v)
 
-    def is_lost_error(self, exc: Exception) -> bool:
-        code = getattr(exc, "value", None)
-        return code in (getattr(self.lib, "NVML_ERROR_GPU_IS_LOST", 15),)
-
     # --- inventory ----------------------------------------------------------
     def device_count(self) -> int:
         return int(self.lib.nvmlDeviceGetCount())

@@ -6,18 +6,34 @@ perf_counter around a synchronous copy.
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
-from typing import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from fleetcanary.probes.base import ProbeSkipped
+from fleetcanary.probes.base import ProbeError, ProbeSkipped
+
+# A RuntimeError whose message names one of these came from the GPU stack, not from the probe.
+CUDA_MARKERS = ("CUDA", "cuda", "CUBLAS")
+
+
+TORCH_MISSING = "torch is not installed (pip install 'fleetcanary[gpu]')"
 
 
 def import_torch():
     try:
         import torch
     except ImportError:
-        raise ProbeSkipped("dependency_missing", "torch is not installed (pip install 'fleetcanary[gpu]')") from None
+        raise ProbeSkipped("dependency_missing", TORCH_MISSING) from None
     return torch
+
+
+def require_torch() -> None:
+    """Skip with dependency_missing unless torch is installed, without importing it (for a
+    probe whose rank programs import it, on gloo as on NCCL)."""
+    if importlib.util.find_spec("torch") is None:
+        raise ProbeSkipped("dependency_missing", TORCH_MISSING)
 
 
 def resolve_device_kind(requested: str) -> str:
@@ -55,3 +71,31 @@ def l2_cache_bytes(torch, device) -> int | None:
 def fill_random(torch, t) -> None:
     """Non-constant contents: a copy of zeros can be faster than real data on some hardware."""
     t.view(torch.uint8).random_(0, 256) if t.dtype != torch.uint8 else t.random_(0, 256)
+
+
+def classify_cuda_error(exc: BaseException, gpu: int | None = None) -> ProbeError | None:
+    """The failure a GPU error stands for: ``out_of_memory`` for torch's OutOfMemoryError,
+    ``cuda_error`` for a RuntimeError from CUDA or cuBLAS; the detail is the message's first
+    line, after "GPU n: " where the run was on one known GPU. None for anything else: a bug
+    in the probe, which crashes as it should."""
+    text = str(exc)
+    detail = (f"GPU {gpu}: " if gpu is not None else "") + (text.splitlines()[0] if text else "")
+    torch = sys.modules.get("torch")
+    oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return ProbeError("out_of_memory", detail)
+    if isinstance(exc, RuntimeError) and any(m in text for m in CUDA_MARKERS):
+        return ProbeError("cuda_error", detail)
+    return None
+
+
+@contextmanager
+def cuda_errors(gpu: int | None = None) -> Iterator[None]:
+    """Raise what ``classify_cuda_error`` makes of a GPU error in the block; others pass."""
+    try:
+        yield
+    except RuntimeError as exc:
+        err = classify_cuda_error(exc, gpu)
+        if err is None:
+            raise
+        raise err from None
