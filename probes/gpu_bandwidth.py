@@ -16,25 +16,20 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, figure_sample
+from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, figure_sample
+from fleetcanary.probes.lib.gpu_probe import GpuDeviceConfig
 
 METRIC = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
 DIRECTIONS = ("d2d", "h2d", "d2h")
 DEFAULT_L2_BYTES = 64 << 20  # when torch cannot tell
 
 
-class Config(ProbeConfig):
-    device: Literal["auto", "cpu"] = Field(
-        "auto", description="auto: CUDA GPUs (skip with no_gpu without one); cpu: the same code on the CPU, for tests.")
+class Config(GpuDeviceConfig):
     d2d_bytes: int = Field(1 << 30, ge=1 << 20, description="Device-to-device buffer, bytes (raised to 4x L2 if below).")
     host_bytes: int = Field(256 << 20, ge=1 << 20, description="Host<->device buffer, bytes (pinned host memory).")
     warmup: int = Field(2, ge=0, le=20, description="Untimed copies per direction.")
     repeats: int = Field(10, ge=1, le=200, description="Timed copies per direction; the median is published.")
     directions: tuple[Literal["d2d", "h2d", "d2h"], ...] = Field(DIRECTIONS, description="Directions to measure.")
-    busy_policy: Literal["node", "gpu"] = Field(
-        "node", description="node: any busy GPU skips the run; gpu: measure the idle GPUs only.")
-    expected_gpu_seconds: float = Field(
-        1.0, gt=0, description="GPU seconds one run is assumed to cost, for the budget check before it runs.")
 
 
 class GpuBandwidth(Probe):
@@ -53,36 +48,22 @@ class GpuBandwidth(Probe):
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
-        from fleetcanary.probes.lib import gpu_gate, torch_util
+        from fleetcanary.probes.lib import gpu_probe, torch_util
 
-        kind = torch_util.resolve_device_kind(config.device) if config.device == "cpu" else None
-        gate = None
-        if config.device == "auto":
-            session = gpu_gate.open_session()
-            with session:
-                gate = gpu_gate.gate(session, session.handles(), ctx.gpu, ctx.kube, config.expected_gpu_seconds,
-                                     config.busy_policy)
-            kind = torch_util.resolve_device_kind("auto")
-            indices = [g.index for g in gate.usable]
-        else:
-            indices = [0]
+        gpus = gpu_probe.acquire(config, ctx)
+        kind = gpus.kind
+        indices = gpus.indices if kind == "cuda" else [0]
         torch = torch_util.import_torch()
 
         res = ProbeResult(parameters={"device": kind, "warmup": config.warmup, "repeats": config.repeats,
                                       "byte_counting": "d2d: read+write (2x size); h2d, d2h: size once",
                                       "timer": "cuda events" if kind == "cuda" else "perf_counter"},
-                          touched={"gpus": indices, "invasive": True, **(gate.record() if gate else {})})
+                          touched={"gpus": indices, "invasive": True, **gpus.record()})
         per_gpu = {}
         for idx in indices:
             device = torch.device(kind, idx) if kind == "cuda" else torch.device("cpu")
-            try:
+            with torch_util.cuda_errors(gpu=idx):
                 figs, gpu_seconds, sizes = self._measure(torch, torch_util, device, config)
-            except torch.cuda.OutOfMemoryError as exc:
-                raise ProbeError("out_of_memory", f"GPU {idx}: {exc}".splitlines()[0]) from None
-            except RuntimeError as exc:
-                if "CUDA" in str(exc) or "cuda" in str(exc):
-                    raise ProbeError("cuda_error", f"GPU {idx}: {str(exc).splitlines()[0]}") from None
-                raise
             for f in figs:
                 f.labels = {"gpu": str(idx), "direction": f.name}
                 res.figures.append(f)

@@ -26,8 +26,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult,
-                                     Sample, figure_sample)
+from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, Sample,
+                                     figure_sample)
+from fleetcanary.probes.lib.gpu_probe import GpuDeviceConfig, GpuSeconds
 
 METRIC = "fleetcanary_gpu_matmul_flops_per_second"
 SDC_METRIC = "fleetcanary_gpu_sdc_status"
@@ -35,9 +36,8 @@ SDC_STATUSES = ("match", "mismatch", "no_consensus", "unjudged")
 Dtype = Literal["bf16", "fp16", "tf32", "fp8"]
 
 
-class Config(ProbeConfig):
-    device: Literal["auto", "cpu"] = Field(
-        "auto", description="auto: CUDA GPUs (skip with no_gpu without one); cpu: the same code on the CPU, for tests.")
+class Config(GpuDeviceConfig):
+    expected_gpu_seconds: GpuSeconds = 0.3
     cpu_gpus: int = Field(
         1, ge=1, le=16, description="device cpu only: measure the CPU as this many GPUs, so the SDC consensus runs "
         "its multi-GPU path in tests.")
@@ -60,10 +60,6 @@ class Config(ProbeConfig):
         "must agree).")
     sdc_golden_file: str | None = Field(
         None, description="A shipped golden file (same format as state_dir/sdc_golden.json); its entries win.")
-    busy_policy: Literal["node", "gpu"] = Field(
-        "node", description="node: any busy GPU skips the run; gpu: measure the idle GPUs only.")
-    expected_gpu_seconds: float = Field(
-        0.3, gt=0, description="GPU seconds one run is assumed to cost, for the budget check before it runs.")
 
 
 class GpuCompute(Probe):
@@ -88,21 +84,13 @@ class GpuCompute(Probe):
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
-        from fleetcanary.probes.lib import gpu_gate, matmul, sdc, torch_util
+        from fleetcanary.probes.lib import gpu_probe, matmul, sdc, torch_util
 
-        gate, model, driver = None, "cpu", "none"
-        kind = torch_util.resolve_device_kind(config.device) if config.device == "cpu" else None
-        if config.device == "auto":
-            session = gpu_gate.open_session()
-            with session:
-                gate = gpu_gate.gate(session, session.handles(), ctx.gpu, ctx.kube, config.expected_gpu_seconds,
-                                     config.busy_policy)
-                model = session.identity(gate.usable[0])["model"]
-                driver = session.driver_version()
-            kind = torch_util.resolve_device_kind("auto")
-            indices = [g.index for g in gate.usable]
-        else:
-            indices = list(range(config.cpu_gpus))
+        gpus = gpu_probe.acquire(config, ctx, inspect=lambda s, usable: (s.identity(usable[0])["model"],
+                                                                          s.driver_version()))
+        kind = gpus.kind
+        model, driver = gpus.facts or ("cpu", "none")
+        indices = gpus.indices if kind == "cuda" else list(range(config.cpu_gpus))
         torch = torch_util.import_torch()
         determinism = matmul.set_deterministic(torch) if config.sdc else {}
 
@@ -113,11 +101,11 @@ class GpuCompute(Probe):
                                       "sdc": {"enabled": config.sdc, "size": config.sdc_size,
                                               "products": config.sdc_products, "dtypes": list(config.sdc_dtypes),
                                               "seed": config.sdc_seed, **determinism}},
-                          touched={"gpus": indices, "invasive": True, **(gate.record() if gate else {})})
+                          touched={"gpus": indices, "invasive": True, **gpus.record()})
         per_gpu, checksums = {}, {}
         for idx in indices:
             device = torch.device(kind, idx) if kind == "cuda" else torch.device("cpu")
-            try:
+            with torch_util.cuda_errors(gpu=idx):
                 figs, gpu_seconds, unsupported = self._throughput(torch, torch_util, matmul, device, config)
                 sums, sdc_seconds = {}, 0.0
                 if config.sdc:
@@ -125,12 +113,6 @@ class GpuCompute(Probe):
                         sums[dt], s = matmul.sdc_checksum(torch, device, dt, config.sdc_size, config.sdc_products,
                                                           config.sdc_seed)
                         sdc_seconds += s
-            except torch.cuda.OutOfMemoryError as exc:
-                raise ProbeError("out_of_memory", f"GPU {idx}: {exc}".splitlines()[0]) from None
-            except RuntimeError as exc:
-                if "CUDA" in str(exc) or "cuda" in str(exc) or "CUBLAS" in str(exc):
-                    raise ProbeError("cuda_error", f"GPU {idx}: {str(exc).splitlines()[0]}") from None
-                raise
             for f in figs:
                 f.labels = {"gpu": str(idx), "dtype": f.name}
                 res.figures.append(f)

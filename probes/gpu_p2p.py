@@ -10,12 +10,13 @@ device_to_device_memcpy_read/write show, in the fleet's metrics.
 from __future__ import annotations
 
 import time
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
 from fleetcanary.probes.lib import nvml
-from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+from fleetcanary.probes.lib.gpu_probe import Device, GpuDeviceConfig, GpuSeconds
 
 BW = "fleetcanary_gpu_p2p_bandwidth_bytes_per_second"
 BIDI = "fleetcanary_gpu_p2p_bidirectional_bandwidth_bytes_per_second"
@@ -23,16 +24,15 @@ LINK = "fleetcanary_gpu_p2p_link_info"
 ACCESS = "fleetcanary_gpu_p2p_access"
 
 
-class Config(ProbeConfig):
-    device: Literal["auto", "cpu"] = Field(
+class Config(GpuDeviceConfig):
+    device: Device = Field(
         "auto", description="auto: CUDA GPUs; cpu: copies between CPU tensors (tests), topology from NVML.")
+    expected_gpu_seconds: GpuSeconds = 2.0
     cpu_devices: int = Field(2, ge=2, le=16, description="With device cpu and no NVML: pseudo-GPUs to pair.")
     bytes: int = Field(256 << 20, ge=1 << 20, description="Bytes per copy.")
     warmup: int = Field(1, ge=0, le=20, description="Untimed copies per pair.")
     repeats: int = Field(5, ge=1, le=100, description="Timed copies per pair; the median is published.")
     bidirectional: bool = Field(False, description="Also measure both directions at once.")
-    busy_policy: Literal["node", "gpu"] = Field("node", description="node: any busy GPU skips the run.")
-    expected_gpu_seconds: float = Field(2.0, gt=0, description="GPU seconds a run is assumed to cost, per GPU.")
 
 
 class GpuP2P(Probe):
@@ -56,58 +56,30 @@ class GpuP2P(Probe):
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
-        from fleetcanary.probes.lib import gpu_gate, torch_util
+        from fleetcanary.probes.lib import gpu_probe, torch_util
 
-        links: dict[tuple[int, int], str] = {}
-        nvml_access: dict[tuple[int, int], bool | None] = {}
-        gate = None
-        if config.device == "auto":
-            session = gpu_gate.open_session()  # no driver: skipped before paying for the torch import
-        else:  # cpu: topology from NVML where it exists, else pseudo-GPUs
-            try:
-                session = nvml.open_session()
-            except nvml.NvmlUnavailable:
-                session = None
-        torch = torch_util.import_torch()
-        if session is not None:
-            with session:
-                handles = session.handles()
-                if len([h for h in handles if not h.lost]) < 2:
-                    raise ProbeSkipped("single_gpu", f"{len(handles)} GPU(s) on this node")
-                if config.device == "auto":
-                    gate = gpu_gate.gate(session, handles, ctx.gpu, ctx.kube, config.expected_gpu_seconds,
-                                         config.busy_policy)
-                    usable = gate.usable
-                else:
-                    usable = [h for h in handles if not h.lost]
-                bus = {h.index: session.identity(h)["pci_bus_id"] for h in usable}
-                for a in usable:
-                    for b in usable:
-                        if a.index != b.index:
-                            links[(a.index, b.index)] = session.link_type(a, b, bus)
-                            nvml_access[(a.index, b.index)] = session.p2p_supported(a, b)
-            indices = [h.index for h in usable]
-        else:
+        gpus = gpu_probe.acquire(config, ctx, nvml_on_cpu=True, min_gpus=2, inspect=_topology)
+        kind = gpus.kind
+        if gpus.facts is not None:  # the topology NVML gave, of the GPUs gated (or, device cpu, listed)
+            links, nvml_access = gpus.facts
+            indices = gpus.indices
+        else:  # device cpu without NVML: pseudo-GPUs
+            links, nvml_access = {}, {}
             indices = list(range(config.cpu_devices))
-        if len(indices) < 2:
-            raise ProbeSkipped("single_gpu", f"only {len(indices)} usable GPU(s)")
-
-        kind = torch_util.resolve_device_kind(config.device)
+        torch = torch_util.import_torch()
         if kind == "cuda" and torch.cuda.device_count() < 2:
             raise ProbeSkipped("single_gpu", "torch sees fewer than two CUDA devices")
         res = ProbeResult(parameters={"device": kind, "bytes": config.bytes, "warmup": config.warmup,
                                       "repeats": config.repeats, "bidirectional": config.bidirectional,
                                       "timer": "perf_counter around synchronize of both devices"},
-                          touched={"gpus": indices, "invasive": True, **(gate.record() if gate else {})})
+                          touched={"gpus": indices, "invasive": True, **gpus.record()})
         dev = (lambda i: torch.device("cuda", i)) if kind == "cuda" else (lambda i: torch.device("cpu"))
         bufs = {}
-        try:
+        with torch_util.cuda_errors():
             for i in indices:
                 bufs[i] = torch.empty(config.bytes, dtype=torch.uint8, device=dev(i))
                 torch_util.fill_random(torch, bufs[i])
             recv = {i: torch.empty(config.bytes, dtype=torch.uint8, device=dev(i)) for i in indices}
-        except torch.cuda.OutOfMemoryError as exc:
-            raise ProbeError("out_of_memory", str(exc).splitlines()[0]) from None
         gpu_seconds = {str(i): 0.0 for i in indices}
         matrix = {}
 
@@ -158,6 +130,19 @@ class GpuP2P(Probe):
         times = _timed(both_ways, a, b, config, sync, gpu_seconds)
         return Figure("p2p_bidirectional", "bytes_per_second", [2 * config.bytes / t for t in times],
                       {"src_gpu": str(a), "dst_gpu": str(b)})
+
+
+def _topology(session: nvml.Session, usable: list[nvml.GpuHandle]):
+    """(link type, NVML peer-access status) of every ordered pair of the usable GPUs."""
+    links: dict[tuple[int, int], str] = {}
+    access: dict[tuple[int, int], bool | None] = {}
+    bus = {h.index: session.identity(h)["pci_bus_id"] for h in usable}
+    for a in usable:
+        for b in usable:
+            if a.index != b.index:
+                links[(a.index, b.index)] = session.link_type(a, b, bus)
+                access[(a.index, b.index)] = session.p2p_supported(a, b)
+    return links, access
 
 
 def _timed(copy, a: int, b: int, config: Config, sync, gpu_seconds: dict[str, float]) -> list[float]:

@@ -40,8 +40,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult,
-                                     ProbeSkipped, Sample, figure_sample)
+from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, ProbeSkipped,
+                                     Sample, figure_sample)
+from fleetcanary.probes.lib.gpu_probe import BusyPolicy, Device, GpuDeviceConfig, GpuSeconds
 
 P = "fleetcanary_gpu_sustained_"
 THROUGHPUT = P + "flops_per_second"
@@ -54,10 +55,14 @@ SLOWDOWN = P + "slowdown_ratio"
 BURN = P + "burn_seconds"
 
 
-class Config(ProbeConfig):
-    device: Literal["auto", "cpu"] = Field(
+class Config(GpuDeviceConfig):
+    device: Device = Field(
         "auto", description="auto: CUDA GPUs (skip with no_gpu without one); cpu: the same code on the CPU, for tests "
         "(NVML is still read when present, e.g. the fake NVML).")
+    busy_policy: BusyPolicy = Field(
+        "node", description="node: any busy GPU skips the run; gpu: burn the idle GPUs only.")
+    expected_gpu_seconds: GpuSeconds = Field(
+        22.0, description="GPU seconds one run is assumed to cost (the burn plus set-up), for the budget check.")
     burn_seconds: float = Field(20.0, ge=0.2, le=600, description="Length of the burn, seconds.")
     dtype: Literal["bf16", "fp16"] = Field("bf16", description="Product dtype of the burn.")
     size: int = Field(8192, ge=16, le=32768, description="n of the n x n x n products.")
@@ -66,10 +71,6 @@ class Config(ProbeConfig):
     initial_seconds: float = Field(2.0, gt=0, description="Window at the start whose chunks give the initial rate.")
     tail_fraction: float = Field(0.25, gt=0, le=0.5, description="Share of the burn at its end that gives the "
                                  "sustained rate, clocks and power.")
-    busy_policy: Literal["node", "gpu"] = Field(
-        "node", description="node: any busy GPU skips the run; gpu: burn the idle GPUs only.")
-    expected_gpu_seconds: float = Field(
-        22.0, gt=0, description="GPU seconds one run is assumed to cost (the burn plus set-up), for the budget check.")
 
     @model_validator(mode="after")
     def _windows(self) -> "Config":
@@ -105,35 +106,17 @@ class GpuSustained(Probe):
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
-        from fleetcanary.probes.lib import gpu_gate, load_trace, matmul, nvml, torch_util
+        from fleetcanary.probes.lib import gpu_probe, load_trace, matmul, torch_util
 
-        session, handles, gate = None, [], None
-        if config.device == "auto":
-            session = gpu_gate.open_session()
-            gate = gpu_gate.gate(session, session.handles(), ctx.gpu, ctx.kube, config.expected_gpu_seconds,
-                                 config.busy_policy)
-            handles = gate.usable
-            kind = torch_util.resolve_device_kind("auto")
-        else:
-            kind = torch_util.resolve_device_kind("cpu")
-            try:
-                session = nvml.open_session()
-                handles = [h for h in session.handles()[:1] if not h.lost]
-            except nvml.NvmlUnavailable:
-                session = None
-        indices = [g.index for g in handles] if kind == "cuda" else [0]
-        torch = torch_util.import_torch()
-        try:
-            return self._burn(torch, matmul, load_trace, session, handles, kind, indices, config, gate)
-        except torch.cuda.OutOfMemoryError as exc:
-            raise ProbeError("out_of_memory", str(exc).splitlines()[0]) from None
-        except RuntimeError as exc:
-            if "CUDA" in str(exc) or "cuda" in str(exc):
-                raise ProbeError("cuda_error", str(exc).splitlines()[0]) from None
-            raise
-        finally:
-            if session is not None:
-                session.__exit__(None, None, None)
+        # The session stays open for the load trace; device cpu reads the first GPU's where NVML is.
+        first = None if config.device == "auto" else (lambda handles: handles[:1])
+        with gpu_probe.acquire(config, ctx, nvml_on_cpu=True, select=first, keep_session=True) as gpus:
+            kind = gpus.kind
+            indices = gpus.indices if kind == "cuda" else [0]
+            torch = torch_util.import_torch()
+            with torch_util.cuda_errors():
+                return self._burn(torch, matmul, load_trace, gpus.session, gpus.handles, kind, indices, config,
+                                  gpus.gate)
 
     def _burn(self, torch, matmul, load_trace, session, handles, kind, indices, config: Config, gate) -> ProbeResult:
         devices = {i: (torch.device(kind, i) if kind == "cuda" else torch.device("cpu")) for i in indices}

@@ -27,8 +27,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult,
-                                     Sample, figure_sample)
+from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, Sample,
+                                     figure_sample)
+from fleetcanary.probes.lib.gpu_probe import BusyPolicy, Device, GpuDeviceConfig, GpuSeconds
 
 STEP = "fleetcanary_train_step_seconds"
 TOKENS = "fleetcanary_train_step_tokens_per_second"
@@ -45,9 +46,12 @@ GOLDEN_FP32_LOSS = 5.094761371612549
 TOLERANCE = {"fp32": 1e-3, "bf16": 1e-2, "fp16": 1e-2}
 
 
-class Config(ProbeConfig):
-    device: Literal["auto", "cpu"] = Field(
+class Config(GpuDeviceConfig):
+    device: Device = Field(
         "auto", description="auto: the first idle CUDA GPU (skip with no_gpu without one); cpu: the CPU.")
+    busy_policy: BusyPolicy = Field(
+        "node", description="node: any busy GPU skips the run; gpu: use the first idle GPU.")
+    expected_gpu_seconds: GpuSeconds = 0.3
     dtype: Literal["fp32", "bf16", "fp16"] = Field("bf16", description="fp32, or autocast to bf16/fp16.")
     layers: int = Field(DEFAULT_SHAPE["layers"], ge=1, le=48, description="Transformer blocks.")
     d_model: int = Field(DEFAULT_SHAPE["d_model"], ge=16, le=8192, description="Model width.")
@@ -69,10 +73,6 @@ class Config(ProbeConfig):
     dataloader_batch_size: int = Field(16, ge=1, le=4096, description="Files per DataLoader batch.")
     dataloader_batches: int = Field(20, ge=1, le=10000, description="Batches read (one pass at most).")
     dataloader_workers: int = Field(2, ge=0, le=64, description="DataLoader worker processes.")
-    busy_policy: Literal["node", "gpu"] = Field(
-        "node", description="node: any busy GPU skips the run; gpu: use the first idle GPU.")
-    expected_gpu_seconds: float = Field(
-        0.3, gt=0, description="GPU seconds one run is assumed to cost, for the budget check before it runs.")
 
     @model_validator(mode="after")
     def _check(self) -> "Config":
@@ -115,18 +115,11 @@ class TrainStep(Probe):
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
-        from fleetcanary.probes.lib import gpu_gate, torch_util
+        from fleetcanary.probes.lib import gpu_probe, torch_util
 
-        gate = None
-        if config.device == "auto":
-            session = gpu_gate.open_session()
-            with session:
-                gate = gpu_gate.gate(session, session.handles(), ctx.gpu, ctx.kube, config.expected_gpu_seconds,
-                                     config.busy_policy)
-            kind = torch_util.resolve_device_kind("auto")
-            index = gate.usable[0].index
-        else:
-            kind, index = torch_util.resolve_device_kind("cpu"), 0
+        gpus = gpu_probe.acquire(config, ctx)
+        kind = gpus.kind
+        index = gpus.indices[0] if kind == "cuda" else 0
         torch = torch_util.import_torch()
         device = torch.device(kind, index) if kind == "cuda" else torch.device("cpu")
         label = {"gpu": str(index) if kind == "cuda" else "cpu", "dtype": config.dtype}
@@ -134,15 +127,9 @@ class TrainStep(Probe):
                                       "warmup_steps": config.warmup_steps,
                                       "timer": "cuda events" if kind == "cuda" else "perf_counter"},
                           touched={"gpus": [index] if kind == "cuda" else [], "invasive": True,
-                                   **(gate.record() if gate else {})})
-        try:
+                                   **gpus.record()})
+        with torch_util.cuda_errors():
             times, loss, n_params = self._train(torch, device, config)
-        except torch.cuda.OutOfMemoryError as exc:
-            raise ProbeError("out_of_memory", str(exc).splitlines()[0]) from None
-        except RuntimeError as exc:
-            if "CUDA" in str(exc) or "cuda" in str(exc):
-                raise ProbeError("cuda_error", str(exc).splitlines()[0]) from None
-            raise
         tokens = config.batch * config.seq_len
         step = Figure("step_time", "seconds", times[config.warmup_steps:], labels=dict(label), higher_is_better=False)
         tps = Figure("tokens_per_second", "tokens_per_second", [tokens / t for t in times[config.warmup_steps:]],

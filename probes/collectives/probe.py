@@ -24,7 +24,6 @@ element before the check; stall:R makes rank R sleep instead of joining.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -79,34 +78,23 @@ class Collectives(Probe):
     @staticmethod
     def _plan(config: Config, ctx: ProbeContext):
         """(backend, number of ranks, gate record) or ProbeSkipped."""
-        if importlib.util.find_spec("torch") is None:
-            # Checked before anything else: the ranks are torch programs, on gloo as on NCCL.
-            raise ProbeSkipped("dependency_missing", "torch is not installed (pip install 'fleetcanary[gpu]')")
+        from fleetcanary.probes.lib import gpu_probe, torch_util
+
+        torch_util.require_torch()  # first: the ranks are torch programs, on gloo as on NCCL
         if config.backend == "gloo":
             return "gloo", config.cpu_ranks, None
-        from fleetcanary.probes.lib import gpu_gate, nvml
 
-        try:
-            session = nvml.open_session()
-        except nvml.NvmlUnavailable as exc:
-            if config.backend == "nccl":
-                raise ProbeSkipped("no_gpu", str(exc)) from None
+        # auto without NVML: gloo on the CPU; nccl without it: no_gpu
+        gpus = gpu_probe.acquire(config, ctx, nvml_missing="skip" if config.backend == "nccl" else "none",
+                                 min_gpus=config.min_gpus, too_few="gpu_busy")
+        if gpus.kind == "cpu":
             return "gloo", config.cpu_ranks, None
-        with session:
-            handles = session.handles()
-            if len(handles) < config.min_gpus:
-                raise ProbeSkipped("single_gpu", f"{len(handles)} GPU(s); min_gpus is {config.min_gpus}")
-            gate = gpu_gate.gate(session, handles, ctx.gpu, ctx.kube, config.expected_gpu_seconds, config.busy_policy)
-        if len(gate.usable) < config.min_gpus:
-            raise ProbeSkipped("gpu_busy", f"{len(gate.usable)} usable GPU(s): {gate.skipped}")
-        from fleetcanary.probes.lib import torch_util
-
         torch = torch_util.import_torch()
-        if not torch.cuda.is_available() or torch.cuda.device_count() < len(gate.usable):
+        if torch.cuda.device_count() < len(gpus.handles):
             raise ProbeSkipped("no_gpu", "torch sees fewer CUDA devices than NVML")
         if not torch.distributed.is_nccl_available():
             raise ProbeSkipped("dependency_missing", "this torch build has no NCCL")
-        return "nccl", len(gate.usable), gate
+        return "nccl", len(gpus.handles), gpus.gate
 
     @staticmethod
     def _reduce(per_rank: list[dict], spec: dict, topo: str | None, gate) -> ProbeResult:

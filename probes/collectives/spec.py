@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from fleetcanary.probes.base import ProbeConfig
+from fleetcanary.probes.lib.gpu_probe import GpuProbeConfig, GpuSeconds
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DEFAULT_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
@@ -27,7 +27,8 @@ def bus_factor(collective: str, n: int) -> float:
     return 1.0
 
 
-class Config(ProbeConfig):
+class Config(GpuProbeConfig):
+    expected_gpu_seconds: GpuSeconds = 5.0
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="auto: NCCL with one rank per GPU where GPUs exist, else gloo with cpu_ranks ranks.")
     cpu_ranks: int = Field(2, ge=2, le=64, description="gloo ranks (processes) when running on the CPU.")
@@ -42,8 +43,6 @@ class Config(ProbeConfig):
     iterations: int = Field(20, ge=1, le=1000, description="Timed iterations per size.")
     collective_timeout_seconds: float = Field(
         60.0, gt=0, description="Timeout of one collective; capped below the probe's deadline.")
-    busy_policy: Literal["node", "gpu"] = Field("node", description="node: any busy GPU skips the run.")
-    expected_gpu_seconds: float = Field(5.0, gt=0, description="GPU seconds a run is assumed to cost, per GPU.")
     nccl_tests_dir: str | None = Field(
         None, description="A directory with nccl-tests binaries (all_reduce_perf, ...): run those instead.")
     topology_dump: bool = Field(True, description="Keep the topology NCCL chose (NCCL_TOPO_DUMP_FILE) in the record.")

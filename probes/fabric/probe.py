@@ -27,7 +27,6 @@ hang (the guest stops answering after the collectives, sockets open).
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import time
@@ -138,37 +137,30 @@ class Fabric(Probe):
     def _plan(config: Config, ctx: ProbeContext):
         """(backend, device, gate) or a skip; both sides gate before meeting, so a busy side
         is simply absent and its partner skips with peer_unavailable."""
-        if importlib.util.find_spec("torch") is None:
-            raise ProbeSkipped("dependency_missing", "torch is not installed (pip install 'fleetcanary[gpu]')")
+        from fleetcanary.probes.lib import gpu_probe, torch_util
+
+        torch_util.require_torch()  # first: the ranks are torch programs, on gloo as on NCCL
         if config.backend == "gloo":
             return "gloo", "cpu", None
-        from fleetcanary.probes.lib import gpu_gate, nvml
 
-        try:
-            session = nvml.open_session()
-        except nvml.NvmlUnavailable as exc:
-            if config.backend == "nccl":
-                raise ProbeSkipped("no_gpu", str(exc)) from None
+        def pick(handles):
+            if not handles:  # auto: gloo; nccl: the gate skips no_gpu (NVML lists no GPU)
+                return None if config.backend == "auto" else handles
+            if config.gpu_index is None:
+                return handles
+            picked = [h for h in handles if h.index == config.gpu_index]
+            if not picked:
+                raise ProbeSkipped("no_gpu", f"no GPU {config.gpu_index}")
+            return picked
+
+        # auto without NVML or GPUs: gloo over TCP; nccl without them: no_gpu
+        gpus = gpu_probe.acquire(config, ctx, nvml_missing="skip" if config.backend == "nccl" else "none",
+                                 select=pick)
+        if gpus.kind == "cpu":
             return "gloo", "cpu", None
-        with session:
-            handles = session.handles()
-            if not handles:
-                if config.backend == "nccl":
-                    raise ProbeSkipped("no_gpu", "NVML lists no GPU")
-                return "gloo", "cpu", None
-            if config.gpu_index is not None:
-                handles = [h for h in handles if h.index == config.gpu_index]
-                if not handles:
-                    raise ProbeSkipped("no_gpu", f"no GPU {config.gpu_index}")
-            gate = gpu_gate.gate(session, handles, ctx.gpu, ctx.kube, config.expected_gpu_seconds, config.busy_policy)
-        from fleetcanary.probes.lib import torch_util
-
-        torch = torch_util.import_torch()
-        if not torch.cuda.is_available():
-            raise ProbeSkipped("no_gpu", "torch sees no CUDA device")
-        if not torch.distributed.is_nccl_available():
+        if not torch_util.import_torch().distributed.is_nccl_available():
             raise ProbeSkipped("dependency_missing", "this torch build has no NCCL")
-        return "nccl", f"cuda:{gate.usable[0].index}", gate
+        return "nccl", f"cuda:{gpus.indices[0]}", gpus.gate
 
     # ------------------------------------------------------------------ measure
     def _measure(self, config, ctx, m, session, my_ip, backend, device, gate, n_members) -> ProbeResult:

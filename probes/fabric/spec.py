@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fleetcanary.probes.base import ProbeConfig
+from fleetcanary.probes.lib.gpu_probe import GpuProbeConfig, GpuSeconds
 
 PROBE = "fabric"
 ELEMENT = 4  # float32
@@ -51,7 +51,8 @@ class Member(BaseModel):
         return v
 
 
-class Config(ProbeConfig):
+class Config(GpuProbeConfig):
+    expected_gpu_seconds: GpuSeconds = 5.0
     members_from: Literal["static", "kubernetes"] = Field(
         "static", description="static: the `members` list; kubernetes: the pods of this DaemonSet "
         "(`kubernetes_label_selector` in `kubernetes_namespace`), named by their node, at their pod IP.")
@@ -95,8 +96,6 @@ class Config(ProbeConfig):
     nccl_env_allowlist: tuple[str, ...] = Field(
         NCCL_ENV_ALLOWLIST, description="NCCL_* variables passed from the daemon's environment to NCCL; every "
         "other NCCL_* variable is removed before NCCL starts.")
-    busy_policy: Literal["node", "gpu"] = Field("node", description="node: any busy GPU skips the run.")
-    expected_gpu_seconds: float = Field(5.0, gt=0, description="GPU seconds a run is assumed to cost.")
 
     @field_validator("members")
     @classmethod

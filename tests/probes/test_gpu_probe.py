@@ -1,0 +1,114 @@
+"""The GPU probes' shared prologue (probes/lib/gpu_probe.py acquire) on fake NVML, and the one
+CUDA error classifier (probes/lib/torch_util.py) every GPU probe uses."""
+import pytest
+
+from fleetcanary.probes.base import ProbeError, ProbeSkipped
+from fleetcanary.probes.collectives.spec import Config as CollectivesConfig
+from fleetcanary.probes.gpu_bandwidth import Config as DeviceConfig
+from fleetcanary.probes.lib import gpu_probe, nvml, torch_util
+from tests.support.gpu import ctx, fake
+
+torch = torch_util.import_torch()
+
+
+def broken_nvml(monkeypatch, no_driver: bool) -> None:
+    def backend():
+        raise nvml.NvmlUnavailable("NVML init failed: planted", no_driver=no_driver)
+
+    monkeypatch.setattr(nvml, "_backend", backend)
+
+
+def sessions_seen():
+    seen = []
+    return seen, lambda session, handles: seen.append(session) or [h.index for h in handles]
+
+
+def test_gated_access_lists_the_idle_gpus_their_record_and_closes_nvml(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_busy")  # GPUs 0-3 busy, 4-7 idle
+    seen, inspect = sessions_seen()
+    with pytest.raises(ProbeSkipped) as ei:  # this torch has no CUDA: the gate passed, then no_gpu
+        gpu_probe.acquire(DeviceConfig(busy_policy="gpu"), ctx(tmp_path), inspect=inspect)
+    assert (ei.value.reason, ei.value.detail) == ("no_gpu", "torch sees no CUDA device")
+    monkeypatch.setattr(torch_util, "resolve_device_kind", lambda requested: "cuda")  # the CUDA boundary
+    gpus = gpu_probe.acquire(DeviceConfig(busy_policy="gpu"), ctx(tmp_path), inspect=inspect)
+    assert (gpus.kind, gpus.indices, gpus.facts, gpus.session) == ("cuda", [4, 5, 6, 7], [4, 5, 6, 7], None)
+    assert gpus.record() == {"measured_gpus": [4, 5, 6, 7], "skipped_gpus": {str(i): "gpu_busy" for i in range(4)}}
+    assert len(seen) == 2 and not any(s.lib.initialised for s in seen), "each session is shut down on the way out"
+    with pytest.raises(ProbeSkipped) as ei:
+        gpu_probe.acquire(DeviceConfig(), ctx(tmp_path))
+    assert ei.value.reason == "gpu_busy", "policy node leaves a node with a busy GPU alone"
+
+
+def test_min_gpus_skips_single_gpu_on_a_small_node_and_too_few_after_the_gate(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_busy")  # GPUs 0-3 busy, 4-7 idle
+    with pytest.raises(ProbeSkipped) as ei:
+        gpu_probe.acquire(CollectivesConfig(busy_policy="gpu"), ctx(tmp_path), min_gpus=9)
+    assert ei.value.reason == "single_gpu" and "8 GPU(s)" in ei.value.detail
+    with pytest.raises(ProbeSkipped) as ei:
+        gpu_probe.acquire(CollectivesConfig(busy_policy="gpu"), ctx(tmp_path), min_gpus=5, too_few="gpu_busy")
+    assert ei.value.reason == "gpu_busy" and "only 4 usable" in ei.value.detail
+
+
+def test_device_cpu_reads_nvml_only_when_asked_and_never_gates(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_busy")
+    seen, inspect = sessions_seen()
+    gpus = gpu_probe.acquire(DeviceConfig(device="cpu"), ctx(tmp_path), inspect=inspect)
+    assert (gpus.kind, gpus.handles, gpus.gate, gpus.record(), seen) == ("cpu", [], None, {}, [])
+    gpus = gpu_probe.acquire(DeviceConfig(device="cpu"), ctx(tmp_path), nvml_on_cpu=True, inspect=inspect)
+    assert gpus.kind == "cpu" and gpus.gate is None and gpus.facts == list(range(8))
+
+
+def test_a_kept_session_stays_open_until_the_block_ends(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    with gpu_probe.acquire(DeviceConfig(device="cpu"), ctx(tmp_path), nvml_on_cpu=True, keep_session=True,
+                           select=lambda handles: handles[:1]) as gpus:
+        assert gpus.session.lib.initialised and gpus.indices == [0]
+        assert gpus.session.utilization_ratio(gpus.handles[0]) is not None
+    assert not gpus.session.lib.initialised
+
+
+@pytest.mark.parametrize("no_driver, missing, outcome", [
+    (True, "fail", "skip no_gpu"),
+    (False, "fail", "error nvml_error"),
+    (False, "skip", "skip no_gpu"),
+    (False, "none", "cpu"),
+    (True, "none", "cpu"),
+])
+def test_where_nvml_cannot_be_used(tmp_path, monkeypatch, no_driver, missing, outcome):
+    broken_nvml(monkeypatch, no_driver)
+    try:
+        gpus = gpu_probe.acquire(CollectivesConfig(), ctx(tmp_path), nvml_missing=missing)
+        got = gpus.kind if gpus.session is None and gpus.gate is None else "gated"
+    except ProbeSkipped as exc:
+        got = f"skip {exc.reason}"
+    except ProbeError as exc:
+        got = f"error {exc.reason}"
+    assert got == outcome
+
+
+def test_select_returning_none_means_no_gpu_to_use(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    gpus = gpu_probe.acquire(CollectivesConfig(), ctx(tmp_path), nvml_missing="none", select=lambda handles: None)
+    assert (gpus.kind, gpus.session, gpus.gate) == ("cpu", None, None)
+
+
+@pytest.mark.parametrize("exc, gpu, want", [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\ntrace"), 3,
+     ("out_of_memory", "GPU 3: CUDA out of memory. Tried to allocate 2.00 GiB")),
+    (torch.cuda.OutOfMemoryError("CUDA out of memory.\ntrace"), None, ("out_of_memory", "CUDA out of memory.")),
+    (RuntimeError("CUDA error: an illegal memory access\nCompile with TORCH_USE_CUDA_DSA"), 1,
+     ("cuda_error", "GPU 1: CUDA error: an illegal memory access")),
+    (RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx"), None,
+     ("cuda_error", "CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx")),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), 0, None),
+    (ValueError("cuda in a ValueError is the probe's own bug"), 0, None),
+])
+def test_cuda_errors_are_classified_once_for_every_probe(exc, gpu, want):
+    err = torch_util.classify_cuda_error(exc, gpu)
+    assert (None if err is None else (err.reason, err.detail)) == want
+    with pytest.raises(ProbeError if want else type(exc)) as ei, torch_util.cuda_errors(gpu):
+        raise exc
+    if want:
+        assert (ei.value.reason, ei.value.detail) == want and ei.value.__suppress_context__
+    else:
+        assert ei.value is exc
