@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import SKIP_REASONS, MetricSpec, ProbeSkipped
+from fleetcanary.probes.lib.gpu_probe import GpuDeviceConfig, GpuProbeConfig
 
 NAME = re.compile(r"^fleetcanary_[a-z0-9_]+$")
 BASE_UNITS = {"bytes", "seconds", "bytes_per_second", "ratio", "info", "total", "celsius", "watts", "ops_per_second",
@@ -52,3 +53,32 @@ def test_skip_reasons_are_a_fixed_set():
 def test_metric_names_are_unique_across_probes():
     names = [s.name for cls in PROBES.values() for s in cls.metrics]
     assert len(names) == len(set(names))
+
+
+GPU_FIELDS = ("busy_policy", "expected_gpu_seconds")
+
+
+@pytest.mark.parametrize("name", list(PROBES))
+def test_gpu_probes_build_on_the_gpu_base_config(name):
+    """An invasive GPU probe (exclusive "gpu") takes busy_policy and expected_gpu_seconds (and device, where it
+    runs torch itself) from probes/lib/gpu_probe.py, so an eighth one cannot copy them; a probe may re-declare
+    one for its own default or wording, but only with the base's type and bound."""
+    cls = PROBES[name]
+    fields = cls.Config.model_fields
+    if cls.exclusive != "gpu":
+        assert not issubclass(cls.Config, GpuProbeConfig)
+        assert not set(GPU_FIELDS) & set(fields), f"{name}: GPU gating settings on a probe that is not exclusive gpu"
+        return
+    assert issubclass(cls.Config, GpuProbeConfig), f"{name}: a GPU probe's Config derives from gpu_probe.GpuProbeConfig"
+    if "device" in fields:
+        assert issubclass(cls.Config, GpuDeviceConfig), f"{name}: device comes from gpu_probe.GpuDeviceConfig"
+    base = GpuDeviceConfig.model_fields
+    for field in (*GPU_FIELDS, "device"):
+        if field in fields:
+            f = fields[field]
+            assert (f.annotation, f.metadata) == (base[field].annotation, base[field].metadata), (name, field)
+            assert f.description, (name, field)
+    with pytest.raises(ValidationError):
+        cls.Config(expected_gpu_seconds=0)
+    with pytest.raises(ValidationError):
+        cls.Config(busy_policy="sometimes")
