@@ -6,12 +6,13 @@ import json
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import yaml
 
 from .helpers import free_port, http_get, require_binary, unavailable, wait_for
+from .servers import ServerThread
 
 
 def alertmanager_binary() -> str:
@@ -72,23 +73,7 @@ class Alertmanager:
         self.log.close()
 
 
-class _Server:
-    """A ThreadingHTTPServer on 127.0.0.1 in a daemon thread; stop() shuts it and closes the socket."""
-
-    def __init__(self, handler) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
-
-
-class WebhookReceiver(_Server):
+class WebhookReceiver(ServerThread):
     """Records every Alertmanager webhook POST: (path, arrival time, payload)."""
 
     def __init__(self) -> None:
@@ -97,7 +82,7 @@ class WebhookReceiver(_Server):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with outer.lock:
                     outer.received.append({"path": self.path, "at": time.monotonic(), "payload": json.loads(body)})
@@ -109,14 +94,13 @@ class WebhookReceiver(_Server):
                 pass
 
         super().__init__(Handler)
-        self.url = f"http://127.0.0.1:{self.port}"
 
     def notifications(self) -> list[dict]:
         with self.lock:
             return list(self.received)
 
 
-class Exposition(_Server):
+class Exposition(ServerThread):
     """A scrape target serving whatever exposition text the test last set (GET /metrics)."""
 
     def __init__(self, text: str = "") -> None:
@@ -124,7 +108,7 @@ class Exposition(_Server):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 body = outer.text
                 self.send_response(200 if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -136,7 +120,6 @@ class Exposition(_Server):
                 pass
 
         super().__init__(Handler)
-        self.address = f"127.0.0.1:{self.port}"
 
     def set(self, text: str) -> None:
         self.text = text.encode()

@@ -9,12 +9,13 @@ an operation answer 403/500 or hang (until released) to drive the client's error
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import trustme
+
+from .servers import ServerThread, tls_context
 
 TOKEN = "test-service-account-token"
 
@@ -37,7 +38,7 @@ def pod(ns: str, name: str, node_name: str, gpus: int = 0, phase: str = "Running
     return {"metadata": {"name": name, "namespace": ns}, "spec": spec, "status": {"phase": phase}}
 
 
-class KubeAPI:
+class KubeAPI(ServerThread):
     def __init__(self, tmp_path) -> None:
         self.ca = trustme.CA()
         cert = self.ca.issue_cert("127.0.0.1")
@@ -117,13 +118,7 @@ class KubeAPI:
                     self._reply(200, api.nodes.get(name, node(name, {}, None)))
                 self._handle("patch_node_status", ok)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        cert.configure_cert(ctx)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(Handler, tls=tls_context(cert), on_close=[self.release])  # hung requests end first
 
     @property
     def environ(self) -> dict[str, str]:
@@ -131,11 +126,6 @@ class KubeAPI:
 
     def release(self) -> None:
         self._release.set()
-
-    def close(self) -> None:
-        self.release()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def selects(selector: str, p: dict) -> bool:

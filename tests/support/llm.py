@@ -1,68 +1,32 @@
 """The reference LLM server for tests, and a raw server that replays arbitrary bytes."""
 import json
-import socket
-import threading
+import socketserver
 
 import pytest
 
-from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+from fleetcanary.offline.simulate_llm import SimSettings, Simulator, serve
+
+from .servers import ServerThread
+
+
+def sim_server(settings: SimSettings) -> tuple[ServerThread, Simulator]:
+    """The reference server (`fleetcanary simulate-llm`) on a free port; its base URL is ``.url + "/v1"``."""
+    server, simulator = serve(settings)
+    return ServerThread(server=server), simulator
 
 
 @pytest.fixture
 def sim():
-    server, simulator = start_in_thread(SimSettings(ttft_ms=20, itl_ms=2, max_tokens_default=16))
-    base = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    yield base, simulator
-    server.shutdown()
-    server.server_close()
+    srv, simulator = sim_server(SimSettings(ttft_ms=20, itl_ms=2, max_tokens_default=16))
+    with srv:
+        yield f"{srv.url}/v1", simulator
 
 
 def sim_headers(**over) -> dict:
     return {"X-Sim": json.dumps(over)}
 
 
-class RawStreamServer:
-    """Answers every request with HTTP 200 and a chunked body of the bytes it is given."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.body = b""
-        self._stop = False
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self):
-        while not self._stop:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            with c:
-                try:
-                    data = b""
-                    while b"\r\n\r\n" not in data:
-                        data += c.recv(65536)
-                    head, _, rest = data.partition(b"\r\n\r\n")
-                    length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
-                                       if ln.lower().startswith(b"content-length")), b"0"))
-                    while len(rest) < length:
-                        rest += c.recv(65536)
-                    body = self.body
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    if body:
-                        c.sendall(b"%x\r\n%s\r\n" % (len(body), body))
-                    c.sendall(b"0\r\n\r\n")
-                except OSError:
-                    pass
-
-    def close(self):
-        self._stop = True
-        self.sock.close()
-
-
-class RawHTTPServer:
+class RawHTTPServer(ServerThread):
     """A server that answers every request with exact bytes, written on a raw socket (no HTTP
     framework to normalise them): ``reply`` is a list of byte strings, each sent with its own
     write; the item ``HOLD`` keeps the connection open, silent, until the client hangs up.
@@ -71,8 +35,6 @@ class RawHTTPServer:
     HOLD = object()
 
     def __init__(self, reply=None) -> None:
-        import socketserver
-
         outer = self
         self.reply = list(reply or [])
         self.requests = 0
@@ -110,14 +72,27 @@ class RawHTTPServer:
             daemon_threads = True
             allow_reuse_address = True
 
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.base = f"http://127.0.0.1:{self.port}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(server=Server(("127.0.0.1", 0), Handler))
+        self.base = f"{self.url}/v1"
 
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+
+class RawStreamServer(RawHTTPServer):
+    """Answers every request with HTTP 200 and a chunked event stream of the bytes in ``body``."""
+
+    HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = b""
+
+    @property
+    def body(self) -> bytes:
+        return self._body
+
+    @body.setter
+    def body(self, value: bytes) -> None:
+        self._body = value
+        self.reply = [self.HEAD, *chunked(value)]
 
 
 def chunked(*pieces: bytes) -> list[bytes]:

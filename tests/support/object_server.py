@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
+
+from .servers import ServerThread, tls_context
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -68,29 +70,16 @@ class _Handler(BaseHTTPRequestHandler):
 CHUNK_BYTES = 64 << 10
 
 
-class ObjectServer:
+class ObjectServer(ServerThread):
     def __init__(self, tls_cert=None) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.requests = []
-        self.httpd.stop_event = threading.Event()
-        if tls_cert is not None:
-            import ssl
-
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            tls_cert.configure_cert(ctx)
-            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
-        self.port = self.httpd.server_address[1]
-        self.scheme = "https" if tls_cert is not None else "http"
-        self.base = f"{self.scheme}://127.0.0.1:{self.port}"
-        self._t = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._t.start()
+        stop_event = threading.Event()  # set on close: a stalled body ends instead of holding its thread
+        super().__init__(_Handler, tls=tls_context(tls_cert) if tls_cert is not None else None,
+                         on_close=[stop_event.set])
+        # no client knows the port before this returns, so the handler's state may follow the start
+        self.server.requests = []
+        self.server.stop_event = stop_event
+        self.base = self.url
 
     @property
     def requests(self):
-        return self.httpd.requests
-
-    def close(self) -> None:
-        self.httpd.stop_event.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return self.server.requests
