@@ -2,7 +2,7 @@
 """The fabric probe between network namespaces against plain TCP on the same links, and what
 one slot of the probe costs.
 
-Four network namespaces on one Linux bridge (tests/support/netns.py: link-local
+Four network namespaces on one Linux bridge (harness/netns.py: link-local
 169.254.x.0/24, no route off the machine) stand in for nodes. For every pair of them (the
 pair sweep), in one run:
 
@@ -318,7 +318,7 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("benchmark: network namespaces need root")
-    from tests.support.netns import NamespaceNet
+    from harness.netns import NamespaceNet
 
     result: dict = {"machine": machine(), "settings": vars(args)}
     t0 = time.monotonic()

@@ -1,7 +1,9 @@
 """The package's layers hold: import-linter contracts pass, a broken import fails them, no
-module imports itself in a circle, and the CLI loads a tool only when its subcommand runs."""
+module imports itself in a circle, the CLI loads a tool only when its subcommand runs, and
+tests/ and benchmarks/ never import each other."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -113,3 +115,55 @@ def test_fleetcanary_help_lists_every_subcommand():
     for cmd in ("run", "once", "check-config", "version", "probes", "compare", "report", "demo", "simulate-llm",
                 "loadtest"):
         assert cmd in r.stdout
+
+
+# tests/ and benchmarks/ never import each other (what both need lives in harness/, which imports neither):
+# a benchmark must run from a checkout without the test tree's fixtures, and a test must not depend on a
+# script whose numbers are tuned for a quiet machine.
+FORBIDDEN = {"tests": {"benchmarks"}, "benchmarks": {"tests"}, "harness": {"tests", "benchmarks"}}
+
+
+def imported_top_levels(source: str) -> set[str]:
+    """The top-level package of every absolute import in a module: import/from statements anywhere (also
+    inside functions) and importlib.import_module("...") / __import__("...") with a literal name."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in ("import_module", "__import__"):
+                out.add(node.args[0].value.split(".")[0])
+    return out
+
+
+def crossings(root: Path) -> list[str]:
+    found = []
+    for top, banned in FORBIDDEN.items():
+        for path in sorted((root / top).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            found += [f"{path.relative_to(root)} imports {pkg}"
+                      for pkg in sorted(imported_top_levels(path.read_text()) & banned)]
+    return found
+
+
+def test_tests_and_benchmarks_never_import_each_other():
+    assert (ROOT / "harness" / "__init__.py").exists()
+    assert crossings(ROOT) == []
+
+
+def test_the_import_check_sees_every_form_of_a_crossing(tmp_path):
+    for top in FORBIDDEN:
+        (tmp_path / top / "sub").mkdir(parents=True)
+    (tmp_path / "tests/sub/test_a.py").write_text("def f():\n    from benchmarks.scrape import wrk\n")
+    (tmp_path / "tests/sub/test_b.py").write_text("import importlib\nm = importlib.import_module('benchmarks.x')\n")
+    (tmp_path / "tests/test_ok.py").write_text("from harness.wrk import wrk\nfrom .support import helpers\n")
+    (tmp_path / "benchmarks/b.py").write_text("import tests.support.netns as n\n")
+    (tmp_path / "harness/sub/h.py").write_text("x = __import__('tests')\n")
+    assert crossings(tmp_path) == ["tests/sub/test_a.py imports benchmarks", "tests/sub/test_b.py imports benchmarks",
+                                   "benchmarks/b.py imports tests", "harness/sub/h.py imports tests"]

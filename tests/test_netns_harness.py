@@ -1,4 +1,4 @@
-"""The network-namespace harness (tests/support/netns.py) that the multi-node tests stand on:
+"""The network-namespace harness (harness/netns.py) that the multi-node tests stand on:
 nodes reach each other and the root namespace over the bridge on link-local addresses only,
 the rate limit and the cut act on the link, a daemon runs inside a namespace, and nothing is
 left behind, not even by an owner killed with SIGKILL."""
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.netns import REGISTRY, _links, _netns_list, cleanup_stale
 from tests.conftest import SMALL_HOST_BW
 from tests.support.helpers import http_get, pid_alive, wait_for
-from tests.support.netns import REGISTRY, NamespaceNet, _links, _netns_list, cleanup_stale
+from tests.support.netns import NamespaceNet
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK_LOCAL = ipaddress.ip_network("169.254.0.0/16")

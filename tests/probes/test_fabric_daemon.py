@@ -1,47 +1,32 @@
 """Two real daemons on loopback with the fabric probe: the slot-aligned schedule starts both
 sides together, they meet, and each publishes the pair's figures and its partner; the
 secret appears in neither /metrics, /results nor the logs."""
-import os
-import signal
-import subprocess
-import sys
-
-import yaml
-
 from fleetcanary.probes import PROBES
-from tests.support.helpers import free_port, http_get, metric_value, wait_for
-
+from tests.support.daemon import Daemon
+from tests.support.helpers import free_port, metric_value, wait_for
 
 SECRET = "daemon-pair-secret-5c0ffee5c0ffee"
 
 
-def config(tmp_path, me, ports, listen):
+def config(me, ports):
     off = {n: {"enabled": False} for n in PROBES if n != "fabric"}
-    cfg = {"node_name": me, "state_dir": str(tmp_path / me), "server": {"listen_address": f"127.0.0.1:{listen}"},
-           "kubernetes": {"mode": "off"},
-           "probes": {**off, "fabric": {"enabled": True, "interval_seconds": 30, "timeout_seconds": 28, "params": {
-               "members": [{"name": "node-a", "address": f"127.0.0.1:{ports[0]}"},
-                           {"name": "node-b", "address": f"127.0.0.1:{ports[1]}"}],
-               "backend": "gloo", "slot_seconds": 30, "meet_offset_seconds": 10, "rendezvous_wait_seconds": 8,
-               "sizes_bytes": [8, 4096], "sendrecv_bytes": 1 << 20, "iterations": 3}}}}
-    path = tmp_path / f"{me}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return {"node_name": me, "kubernetes": {"mode": "off"},
+            "probes": {**off, "fabric": {"enabled": True, "interval_seconds": 30, "timeout_seconds": 28, "params": {
+                "members": [{"name": "node-a", "address": f"127.0.0.1:{ports[0]}"},
+                            {"name": "node-b", "address": f"127.0.0.1:{ports[1]}"}],
+                "backend": "gloo", "slot_seconds": 30, "meet_offset_seconds": 10, "rendezvous_wait_seconds": 8,
+                "sizes_bytes": [8, 4096], "sendrecv_bytes": 1 << 20, "iterations": 3}}}}
 
 
 def test_two_daemons_meet_on_the_slot_grid(tmp_path):
-    ports, listens = (free_port(), free_port()), {"node-a": free_port(), "node-b": free_port()}
-    procs, logs = {}, {}
+    ports = (free_port(), free_port())
+    daemons = {}
     try:
         for me in ("node-a", "node-b"):
-            logs[me] = open(tmp_path / f"{me}.log", "wb")
-            procs[me] = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "-c",
-                                          str(config(tmp_path, me, ports, listens[me]))],
-                                         stdout=logs[me], stderr=subprocess.STDOUT,
-                                         env={**os.environ, "FLEETCANARY_FABRIC_SECRET": SECRET})
+            daemons[me] = Daemon(tmp_path / me, config(me, ports), env={"FLEETCANARY_FABRIC_SECRET": SECRET})
 
         def met(me):
-            code, _, body = http_get(f"http://127.0.0.1:{listens[me]}/metrics")
+            code, _, body = daemons[me].get("/metrics")
             text = body.decode()
             return code == 200 and (metric_value(text, "fleetcanary_probe_runs_total", probe="fabric",
                                                  outcome="success") or 0) >= 1 and text
@@ -53,18 +38,10 @@ def test_two_daemons_meet_on_the_slot_grid(tmp_path):
             assert metric_value(texts[me], "fleetcanary_fabric_sendrecv_bandwidth_bytes_per_second",
                                 backend="gloo") > 0
             assert metric_value(texts[me], "fleetcanary_fabric_pair_slot_timestamp_seconds") % 30 == 0
-            _, _, results = http_get(f"http://127.0.0.1:{listens[me]}/results")
+            _, _, results = daemons[me].get("/results")
             assert SECRET not in texts[me] and SECRET not in results.decode()
     finally:
-        for p in procs.values():
-            p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for f in logs.values():
-            f.close()
+        for d in daemons.values():
+            d.stop()
     for me in ("node-a", "node-b"):
-        assert SECRET not in (tmp_path / f"{me}.log").read_text()
+        assert SECRET not in daemons[me].log()

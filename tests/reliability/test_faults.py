@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tests.support.reliability import FaultDaemon, leaked, memory_cgroup, pids_in, runs_of
+from tests.support.reliability import fault_daemon, leaked, memory_cgroup, pids_in, runs_of
 from tests.support.helpers import metric_value as value
 from tests.support.helpers import http_get, wait_for
 from tests.support.mounts import tmpfs
@@ -48,7 +48,7 @@ def test_every_fault_is_classified_and_the_daemon_keeps_serving(tmp_path):
     # fault to be classified as that fault rather than as a timeout.
     probes = {n: {"interval_seconds": 10, "timeout_seconds": 8, "jitter_seconds": 0,
                   "params": {"pid_file": str(pid_dir / n)}} for n in FAULTS}
-    d = FaultDaemon(tmp_path, probes)
+    d = fault_daemon(tmp_path, probes)
     scraper = Scraper(d.url)
     try:
         def each_twice():
@@ -76,7 +76,7 @@ def test_an_oom_killed_probe_is_classified_and_the_daemon_survives(tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     with memory_cgroup(384 << 20) as procs:
-        d = FaultDaemon(tmp_path, {"hog": {"interval_seconds": 12, "timeout_seconds": 10, "jitter_seconds": 0,
+        d = fault_daemon(tmp_path, {"hog": {"interval_seconds": 12, "timeout_seconds": 10, "jitter_seconds": 0,
                                            "params": {"pid_file": str(pid_dir / "hog")}}}, cgroup_procs=procs)
         try:
             text = wait_for(lambda: (lambda t: t if (value(t, "fleetcanary_probe_crashes_total", probe="hog",
@@ -96,7 +96,7 @@ def test_an_oom_killed_probe_is_classified_and_the_daemon_survives(tmp_path):
 def test_state_dir_full_or_read_only_is_counted_and_survived(tmp_path):
     state = tmp_path / "state"
     with tmpfs(state, "size=1m"):
-        d = FaultDaemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0}},
+        d = fault_daemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0}},
                         extra={"state_dir": str(state)})
         try:
             def runs():

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from benchmarks.scrape import wrk as bench_wrk
+from harness.wrk import wrk as bench_wrk
 from tests.conftest import SMALL_HOST_BW
-from tests.support.reliability import FaultDaemon, children, fd_count, leaked, pids_in, rss_bytes, runs_of, scaled
+from tests.support.reliability import children, fault_daemon, fd_count, leaked, pids_in, rss_bytes, runs_of, scaled
 from tests.support.helpers import metric_value as value
 from tests.support.helpers import require_binary, wait_for
 
@@ -23,7 +23,7 @@ def wrk(url: str, connections: int, seconds: int) -> dict:
 @pytest.mark.slow
 def test_200_concurrent_scrapers_while_probes_run_get_zero_errors(tmp_path):
     seconds = scaled(8, 60)
-    d = FaultDaemon(tmp_path, {"host_memory_bandwidth": {**SMALL_HOST_BW, "interval_seconds": 5,
+    d = fault_daemon(tmp_path, {"host_memory_bandwidth": {**SMALL_HOST_BW, "interval_seconds": 5,
                                                          "timeout_seconds": 4},
                                "quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
     try:
@@ -57,7 +57,7 @@ def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
                  "params": {"pid_file": str(pid_dir / "hang")}},
         "host_memory_bandwidth": {**SMALL_HOST_BW, "interval_seconds": 5, "timeout_seconds": 4},
     }
-    d = FaultDaemon(tmp_path, probes, extra={"history": {"max_bytes": 1 << 20, "backups": 1}})
+    d = fault_daemon(tmp_path, probes, extra={"history": {"max_bytes": 1 << 20, "backups": 1}})
 
     def total_runs() -> float:
         text = d.metrics()

@@ -1,15 +1,16 @@
 """An API key given to the inference canary appears nowhere: logs, /metrics, /results, history, state."""
 import json
 
-from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+from fleetcanary.offline.simulate_llm import SimSettings
 from tests.support.helpers import http_get, wait_for
+from tests.support.llm import sim_server
 
 KEY = "sk-live-FLEETCANARYSECRET-7f3a9c"
 
 
 def test_api_key_never_leaks(tmp_path, start_daemon):
-    server, _ = start_in_thread(SimSettings(ttft_ms=5, itl_ms=1, api_key=KEY))
-    base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server, _ = sim_server(SimSettings(ttft_ms=5, itl_ms=1, api_key=KEY))
+    base = f"{server.url}/v1"
     token_file = tmp_path / "token"
     token_file.write_text(KEY + "\n")
     try:
@@ -41,8 +42,7 @@ def test_api_key_never_leaks(tmp_path, start_daemon):
         assert json.loads(results)["inference"]["outcome"] == "failure"
         assert "no-key" in json.loads(results)["inference"]["detail"]
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     d.stop()
     history = "".join(p.read_text() for p in d.state_dir.rglob("*") if p.is_file())
     for name, text in (("log", d.log()), ("metrics", metrics), ("results", results), ("state dir", history)):

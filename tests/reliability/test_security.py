@@ -17,7 +17,9 @@ import yaml
 
 from fleetcanary.daemon import webconfig
 from tests.conftest import ROOT
+from tests.support.daemon import Daemon
 from tests.support.helpers import free_port, require_binary, wait_for
+from tests.support.llm import sim_server
 from tests.support.prometheus import Prometheus
 
 PASSWORD = "s3cret-canary-pass"
@@ -43,27 +45,15 @@ def tls(tmp_path):
     return ca, tmp_path / "server.pem", tmp_path / "ca.pem"
 
 
-class Served:
-    def __init__(self, tmp_path, web: dict | None, extra: dict | None = None) -> None:
-        self.port = free_port()
-        cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{self.port}"},
-               "probes": {"host_memory_bandwidth": {"params": {"array_bytes": 8 << 20, "repeats": 2},
-                                                    "interval_seconds": 30, "timeout_seconds": 20}},
-               **(extra or {})}
-        (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-        args = [sys.executable, "-m", "fleetcanary", "run", "--config", str(tmp_path / "config.yaml")]
-        if web is not None:
-            (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
-            args += ["--web.config.file", str(tmp_path / "web.yml")]
-        self.log_path = tmp_path / "daemon.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
-        self._log.close()
-        return self.proc.returncode
+def served(tmp_path, web: dict | None, ssl_context=None) -> Daemon:
+    """A daemon with the web config ``web`` (none: plain HTTP); ``ssl_context``: the client's, for TLS."""
+    args = ()
+    if web is not None:
+        (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
+        args = ("--web.config.file", str(tmp_path / "web.yml"))
+    return Daemon(tmp_path, {"probes": {"host_memory_bandwidth": {"params": {"array_bytes": 8 << 20, "repeats": 2},
+                                                                   "interval_seconds": 30, "timeout_seconds": 20}}},
+                  args=args, ssl_context=ssl_context)
 
 
 def client_ctx(ca_path, max_version=None):
@@ -77,11 +67,11 @@ def client_ctx(ca_path, max_version=None):
 def test_tls_with_basic_auth(tmp_path, tls):
     _, pem, ca = tls
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode().replace("$2b$", "$2y$")
-    s = Served(tmp_path, {"tls_server_config": {"cert_file": str(pem), "key_file": str(pem), "min_version": "TLS12"},
-                          "basic_auth_users": {"prometheus": hashed},
-                          "http_server_config": {"headers": {"X-Content-Type-Options": "nosniff"}}})
-    url = f"https://127.0.0.1:{s.port}"
     ctx = client_ctx(ca)
+    s = served(tmp_path, {"tls_server_config": {"cert_file": str(pem), "key_file": str(pem), "min_version": "TLS12"},
+                          "basic_auth_users": {"prometheus": hashed},
+                          "http_server_config": {"headers": {"X-Content-Type-Options": "nosniff"}}}, ctx)
+    url = f"https://127.0.0.1:{s.port}"
     try:
         wait_for(lambda: get(url + "/healthz", ctx)[0] == 200, timeout=30, what="TLS healthz")
         assert get(url + "/metrics", ctx)[0] == 401
@@ -121,7 +111,7 @@ def test_tls_with_basic_auth(tmp_path, tls):
 def test_web_config_is_reloaded_on_sighup_and_a_bad_one_is_refused(tmp_path, tls):
     _, pem, ca = tls
     web = {"basic_auth_users": {"a": bcrypt.hashpw(b"one", bcrypt.gensalt(4)).decode()}}
-    s = Served(tmp_path, web)
+    s = served(tmp_path, web)
     url = f"http://127.0.0.1:{s.port}"
     try:
         wait_for(lambda: get(url + "/metrics", None, "a", "one")[0] == 200, timeout=30, what="auth on")
@@ -172,30 +162,24 @@ HOSTILE = ['quote"d', "new\nline", "back\\slash", "brace}{x=\"1\"}", "üñí©ø
 
 def test_hostile_label_values_from_hardware_and_endpoints_keep_the_exposition_valid(tmp_path):
     """Label values come only from config and hardware; both may hold anything and must be escaped."""
-    from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+    from fleetcanary.offline.simulate_llm import SimSettings
 
     facts = json.loads((ROOT / "tests/fixtures/nvml/h100_1gpu.json").read_text())
     facts["devices"][0]["name"] = "NVIDIA " + "".join(HOSTILE)
     facts["devices"][0]["serial"] = HOSTILE[1]
     fixture = tmp_path / "hostile.json"
     fixture.write_text(json.dumps(facts))
-    server, _ = start_in_thread(SimSettings(ttft_ms=5, itl_ms=1, max_tokens_default=8))
+    server, _ = sim_server(SimSettings(ttft_ms=5, itl_ms=1, max_tokens_default=8))
     model = "".join(HOSTILE)[:120]
-    port = free_port()
-    cfg = {"state_dir": str(tmp_path / "s"), "server": {"listen_address": f"127.0.0.1:{port}"},
-           "probes": {"host_memory_bandwidth": {"enabled": False},
+    cfg = {"probes": {"host_memory_bandwidth": {"enabled": False},
                       "gpu_health": {"interval_seconds": 60},
                       "inference": {"interval_seconds": 30, "timeout_seconds": 20, "params": {"targets": [
-                          {"name": "hostile", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+                          {"name": "hostile", "base_url": f"{server.url}/v1",
                            "model": model, "stream_max_tokens": 8, "prefix_words": 16}]}}}}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    log = open(tmp_path / "d.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(tmp_path / "c.yaml")],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "FLEETCANARY_FAKE_NVML": str(fixture)})
-    url = f"http://127.0.0.1:{port}"
-    prom = None
+    prom = d = None
     try:
+        d = Daemon(tmp_path / "d", cfg, env={"FLEETCANARY_FAKE_NVML": str(fixture)})
+        port, url = d.port, d.url
         body = wait_for(lambda: (lambda b: b if b"fleetcanary_gpu_info{" in b and b"fleetcanary_inference_success{" in b
                                  else None)(get(url + "/metrics")[1]), timeout=60, what="hostile series")
         r = subprocess.run([require_binary("promtool"), "check", "metrics"], input=body, capture_output=True)
@@ -210,11 +194,9 @@ def test_hostile_label_values_from_hardware_and_endpoints_keep_the_exposition_va
     finally:
         if prom:
             prom.stop()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
-        server.shutdown()
-        server.server_close()
+        if d:
+            d.stop()
+        server.close()
 
 
 def test_hostile_target_names_in_config_are_refused(tmp_path):
@@ -227,31 +209,23 @@ def test_hostile_target_names_in_config_are_refused(tmp_path):
 
 
 def test_header_secrets_are_redacted_from_results_and_history(tmp_path):
-    from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+    from fleetcanary.offline.simulate_llm import SimSettings
 
-    server, _ = start_in_thread(SimSettings(ttft_ms=5, itl_ms=1, max_tokens_default=8))
-    port = free_port()
+    server, _ = sim_server(SimSettings(ttft_ms=5, itl_ms=1, max_tokens_default=8))
     secret = "Bearer sk-live-0123456789abcdef"
-    cfg = {"state_dir": str(tmp_path / "s"), "server": {"listen_address": f"127.0.0.1:{port}"},
-           "probes": {"host_memory_bandwidth": {"enabled": False}, "inference": {
+    cfg = {"probes": {"host_memory_bandwidth": {"enabled": False}, "inference": {
                "interval_seconds": 30, "timeout_seconds": 20, "params": {"targets": [
-                   {"name": "t", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "m",
+                   {"name": "t", "base_url": f"{server.url}/v1", "model": "m",
                     "headers": {"X-Api-Key": secret}, "stream_max_tokens": 8, "prefix_words": 16}]}}}}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    log = open(tmp_path / "d.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(tmp_path / "c.yaml")],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        url = f"http://127.0.0.1:{port}"
+        d = Daemon(tmp_path / "d", cfg)
+        url = d.url
         results = wait_for(lambda: (lambda b: b if b'"inference"' in b else None)(get(url + "/results")[1]),
                            timeout=60, what="an inference result")
         assert b"<redacted>" in results
-        for blob in (results, get(url + "/metrics")[1], (tmp_path / "s/results.jsonl").read_bytes()):
+        for blob in (results, get(url + "/metrics")[1], (d.state_dir / "results.jsonl").read_bytes()):
             assert secret.encode() not in blob and b"sk-live" not in blob
+        d.stop()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
-        server.shutdown()
-        server.server_close()
-    assert "sk-live" not in (tmp_path / "d.log").read_text()
+        server.close()
+    assert "sk-live" not in d.log()

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.support.reliability import FaultDaemon, leaked, pids_in, scaled
+from tests.support.reliability import fault_daemon, leaked, pids_in, scaled
 from tests.support.helpers import http_get, pid_alive, wait_for
 from tests.support.helpers import metric_value as value
 
@@ -15,7 +15,7 @@ def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
     pid_dir.mkdir()
     probes = {n: {"interval_seconds": 120, "timeout_seconds": 100, "jitter_seconds": 0,
                   "params": {"pid_file": str(pid_dir / n)}} for n in ("hang", "ignore_term", "fork_hang")}
-    d = FaultDaemon(tmp_path, probes, extra={"worker_kill_grace_seconds": 2.0})
+    d = fault_daemon(tmp_path, probes, extra={"worker_kill_grace_seconds": 2.0})
     wait_for(lambda: len(pids_in(pid_dir)) >= 4, timeout=30, what="the long-running workers and a forked child")
     pids = pids_in(pid_dir)
     assert all(pid_alive(p) for p in pids)
@@ -32,7 +32,7 @@ def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
 
 @pytest.mark.slow
 def test_sighup_reload_under_scrape_load_keeps_serving(tmp_path):
-    d = FaultDaemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
+    d = fault_daemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
     failures, count, stop = [], [0], threading.Event()
 
     def scrape():
@@ -68,7 +68,7 @@ def test_sighup_reload_under_scrape_load_keeps_serving(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stop_signals_exit_zero(tmp_path, sig):
-    d = FaultDaemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
+    d = fault_daemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9}})
     d.proc.send_signal(sig)
     assert d.proc.wait(timeout=20) == 0
     d.stop()

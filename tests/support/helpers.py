@@ -4,25 +4,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import time
 import urllib.request
 
 import pytest
 
-
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
-    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - keep polling; report the last error
-            last_exc = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+from harness.poll import StopWaiting, wait_for  # noqa: F401 - the tests' way to wait, shared with benchmarks/
 
 
 def free_port() -> int:
@@ -46,10 +32,13 @@ def unavailable(msg: str) -> None:
     pytest.skip(msg, allow_module_level=True)
 
 
-def http_get(url: str, timeout: float = 10.0, headers: dict | None = None) -> tuple[int, dict, bytes]:
+def http_get(url: str, timeout: float = 10.0, headers: dict | None = None,
+             context=None) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of a GET; an HTTP error status is returned, not raised. ``context``: an
+    ssl.SSLContext for https."""
     req = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()

@@ -3,21 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-import yaml
-
 from fleetcanary.probes import PROBES
+from tests.support.daemon import Daemon
 from tests.support.fault_probes import FAULT_PROBES
-from tests.support.helpers import free_port, http_get, pid_alive, unavailable, wait_for
+from tests.support.helpers import pid_alive, unavailable, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("FLEETCANARY_SOAK") == "full"
-RUNNING: list["FaultDaemon"] = []  # stopped by tests/reliability/conftest.py when a test fails first
 
 
 def scaled(short, full):
@@ -25,61 +19,19 @@ def scaled(short, full):
     return full if FULL else short
 
 
-class FaultDaemon:
-    """`fleetcanary run` with the fault probes (tests/support/fault_daemon.py), on 127.0.0.1."""
-
-    def __init__(self, tmp: Path, probes: dict, extra: dict | None = None, cgroup_procs: str | None = None,
-                 env: dict | None = None) -> None:
-        self.port = free_port()
-        self.tmp = tmp
-        self.config = {"state_dir": str(tmp / "state"), "worker_kill_grace_seconds": 1.0,
-                       "server": {"listen_address": f"127.0.0.1:{self.port}"},
-                       # only the probes the test names run (the fault probes are enabled by default)
-                       "probes": {**{n: {"enabled": False} for n in (*PROBES, *FAULT_PROBES)}, **probes},
-                       **(extra or {})}
-        self.config_path = tmp / "config.yaml"
-        self.config_path.write_text(yaml.safe_dump(self.config))
-        self.log_path = tmp / "daemon.log"
-        self._log = open(self.log_path, "ab")
-        cmd = [sys.executable, "-m", "tests.support.fault_daemon", str(self.config_path)]
-        if cgroup_procs:
-            cmd = ["sh", "-c", f'echo $$ > "{cgroup_procs}" && exec "$0" "$@"', *cmd]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, **(env or {})})
-        self.url = f"http://127.0.0.1:{self.port}"
-        RUNNING.append(self)
-        wait_for(lambda: self.proc.poll() is None and http_get(self.url + "/readyz", timeout=2)[0] == 200,
-                 timeout=60, what="fault daemon ready")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def metrics(self) -> str:
-        code, _, body = http_get(self.url + "/metrics", timeout=10)
-        assert code == 200, code
-        return body.decode()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def rewrite(self, probes: dict) -> None:
-        self.config["probes"].update(probes)
-        self.config_path.write_text(yaml.safe_dump(self.config))
-
-    def stop(self, timeout: float = 30) -> int:
-        if self in RUNNING:
-            RUNNING.remove(self)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if not self._log.closed:
-            self._log.close()
-        return self.proc.returncode
+def fault_daemon(tmp: Path, probes: dict, extra: dict | None = None, cgroup_procs: str | None = None,
+                 env: dict | None = None) -> Daemon:
+    """`fleetcanary run` with the fault probes (tests/support/fault_daemon.py) on 127.0.0.1, its files in
+    ``tmp``; only the probes named in ``probes`` run. ``cgroup_procs``: the daemon joins that cgroup first."""
+    config = {"worker_kill_grace_seconds": 1.0,
+              # only the probes the test names run (the fault probes are enabled by default)
+              "probes": {**{n: {"enabled": False} for n in (*PROBES, *FAULT_PROBES)}, **probes},
+              **(extra or {})}
+    wrap = None
+    if cgroup_procs:
+        def wrap(argv):
+            return ["sh", "-c", f'echo $$ > "{cgroup_procs}" && exec "$0" "$@"', *argv]
+    return Daemon(tmp, config, module="tests.support.fault_daemon", wrap=wrap, env=env)
 
 
 def rss_bytes(pid: int) -> int:
