@@ -143,10 +143,13 @@ def _family(ip: str) -> int:
 
 # ------------------------------------------------------------------------------ host
 def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, partner: str, secret: bytes,
-         until: float, hello_timeout: float) -> Session:
+         until: float, hello_timeout: float, clock=time.monotonic) -> Session:
     """Listen until monotonic ``until`` for the partner's valid hello; the session, or
-    ProbeSkipped("peer_unavailable") when none came (strays counted in the detail)."""
-    t0 = time.monotonic()
+    ProbeSkipped("peer_unavailable") when none came (strays counted in the detail).
+
+    ``clock``: the monotonic clock ``until`` and the hello timeouts are read on (tests end the window
+    when they choose; the clock is read again whenever a connection or data arrives or a wait ends)."""
+    t0 = clock()
     rejected: Counter = Counter()
     lsock = socket.socket(_family(bind_ip), socket.SOCK_STREAM)
     sel = selectors.DefaultSelector()
@@ -162,7 +165,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
         lsock.setblocking(False)
         sel.register(lsock, selectors.EVENT_READ)
         while won is None:
-            now = time.monotonic()
+            now = clock()
             for s in [s for s, p in pending.items() if p[1] <= now]:
                 rejected["silent"] += 1
                 _drop(sel, pending, s)
@@ -171,7 +174,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
             wake = min([until] + [p[1] for p in pending.values()])
             for key, _ in sel.select(max(0.0, wake - now)):
                 if key.fileobj is lsock:
-                    _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout)
+                    _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock)
                     continue
                 s = key.fileobj
                 try:
@@ -199,7 +202,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
                 sel.unregister(s)
                 peer_ip = pending.pop(s)[2]
                 s.setblocking(True)
-                s.settimeout(max(0.1, until - time.monotonic()))
+                s.settimeout(max(0.1, until - clock()))
                 try:
                     s.sendall(json.dumps({"v": 1, "slot": slot, "nonce": nh,
                                           "mac": mac(secret, "welcome", slot, me, partner, ng, nh)}).encode() + b"\n")
@@ -208,7 +211,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
                     s.close()
                     continue
                 won = Session(s, slot, me, partner, _session_key(secret, slot, me, partner, ng, nh), peer_ip,
-                              time.monotonic() - t0, rejected)
+                              clock() - t0, rejected)
                 break
     finally:
         for s in list(pending):
@@ -223,7 +226,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
     return won
 
 
-def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout) -> None:
+def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock) -> None:
     while True:
         try:
             s, addr = lsock.accept()
@@ -243,7 +246,7 @@ def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout) -> None:
             s.close()
             continue
         s.setblocking(False)
-        pending[s] = [b"", time.monotonic() + hello_timeout, ip]
+        pending[s] = [b"", clock() + hello_timeout, ip]
         sel.register(s, selectors.EVENT_READ)
 
 

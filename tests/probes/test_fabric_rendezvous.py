@@ -1,4 +1,8 @@
-"""The authenticated rendezvous in-process: real sockets on loopback, no torch."""
+"""The authenticated rendezvous in-process: real sockets on loopback, no torch.
+
+A host's meeting window is a time; where a test needs it to end, it ends it (``Window``: the host's
+clock) once what the host had to see has happened, instead of waiting for a wall-clock window that a
+slow machine could let pass before the hello arrived."""
 import json
 import socket
 import threading
@@ -13,13 +17,30 @@ from tests.support.helpers import free_port, wait_for
 SECRET = b"s3cret-fleet-key-0123456789abcdef"
 
 
-def start_host(port, until_s=20.0, hello_timeout=10.0, slot=7, expected=("127.0.0.1",), secret=SECRET):
+class Window:
+    """A host's clock: the monotonic clock until ``close()``, then far past any window. The host reads
+    its clock when a connection or data arrives; ``close()`` connects once (a bare connection, which the
+    host does not count) so that it reads it at once."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.closed = port, False
+
+    def __call__(self) -> float:
+        return time.monotonic() + (1e9 if self.closed else 0.0)
+
+    def close(self) -> None:
+        self.closed = True
+        socket.create_connection(("127.0.0.1", self.port), timeout=10).close()
+
+
+def start_host(port, until_s=20.0, hello_timeout=10.0, slot=7, expected=("127.0.0.1",), secret=SECRET,
+               clock=time.monotonic):
     box = {}
 
     def run():
         try:
             box["session"] = rendezvous.host("127.0.0.1", port, set(expected), slot, "a", "b", secret,
-                                             time.monotonic() + until_s, hello_timeout)
+                                             clock() + until_s, hello_timeout, clock=clock)
         except (ProbeSkipped, ProbeError) as exc:
             box["error"] = exc
     t = threading.Thread(target=run, daemon=True)
@@ -61,12 +82,26 @@ def test_both_sides_prove_the_secret_and_share_a_session():
     s.close(), h.close()
 
 
+def hello(port, slot=7, secret=SECRET):
+    """A guest's hello for the pair (a, b), sent by hand; the open connection."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(json.dumps({"v": 1, "slot": slot, "host": "a", "guest": "b", "nonce": "c" * 32,
+                          "mac": rendezvous.mac(secret, "hello", slot, "a", "b", "c" * 32)}).encode() + b"\n")
+    return s
+
+
 def test_a_wrong_secret_is_rejected_and_both_sides_see_no_partner():
     port = free_port()
-    t, box = start_host(port, until_s=3.0)
+    window = Window(port)
+    t, box = start_host(port, until_s=600.0, clock=window)
+    # The guest's window is its own and short: whatever it saw of the host, it met no partner.
     with pytest.raises(ProbeSkipped) as ei:
-        guest(port, secret=b"another-secret-0123456789abcdef!", until_s=2.0)
+        guest(port, secret=b"another-secret-0123456789abcdef!", until_s=0.5)
     assert ei.value.reason == "peer_unavailable"
+    # The host closes a hello under another secret at once (once it counted it); then its window ends.
+    wrong = hello(port, secret=b"another-secret-0123456789abcdef!")
+    assert closed(wrong)
+    window.close()
     t.join(10)
     err = box["error"]
     assert isinstance(err, ProbeSkipped) and err.reason == "peer_unavailable"
@@ -100,10 +135,7 @@ def test_strays_neither_join_nor_stall_the_pair():
     silent = socket.create_connection(("127.0.0.1", port))              # says nothing, stays open
     garbage = socket.create_connection(("127.0.0.1", port))
     garbage.sendall(b"\x00\xffGET / HTTP/1.0\r\n\r\n" * 100)
-    forged = socket.create_connection(("127.0.0.1", port))
-    forged.sendall(json.dumps({"v": 1, "slot": 7, "host": "a", "guest": "b", "nonce": "a" * 32,
-                               "mac": rendezvous.mac(b"guessed-secret-000000", "hello", 7, "a", "b", "a" * 32)}).encode()
-                   + b"\n")
+    forged = hello(port, secret=b"guessed-secret-000000")
     other = socket.socket()
     other.bind(("127.0.0.2", 0))                                          # not the partner's address
     other.connect(("127.0.0.1", port))
@@ -124,11 +156,15 @@ def test_strays_neither_join_nor_stall_the_pair():
 
 def test_a_hello_for_another_slot_is_refused():
     port = free_port()
-    t, box = start_host(port, until_s=3.0, slot=8)
+    window = Window(port)
+    t, box = start_host(port, until_s=600.0, slot=8, clock=window)
     with pytest.raises(ProbeSkipped):
-        guest(port, slot=7, until_s=2.0)
+        guest(port, slot=7, until_s=0.5)
+    old = hello(port, slot=7)               # the right secret, the wrong slot: closed like garbage
+    assert closed(old)
+    window.close()
     t.join(10)
-    assert box["error"].reason == "peer_unavailable"
+    assert box["error"].reason == "peer_unavailable" and "bad_handshake" in box["error"].detail
 
 
 def test_the_secret_comes_from_a_file_or_the_environment(tmp_path):
