@@ -39,7 +39,7 @@ class BackfilledPrometheus:
     """A Prometheus on 127.0.0.1 over an existing TSDB directory (no scraping)."""
 
     def __init__(self, data: Path, log: Path, lookback: str = "5m") -> None:
-        self._log = open(log, "ab")
+        self._log = open(log, "ab")  # noqa: SIM115 - Prometheus's output for its lifetime; closed in stop()
         # A free port can be taken by another process before Prometheus binds it (tests run side by
         # side): a ready answer counts only if it comes from this server over this data, else retry.
         for _ in range(5):
@@ -141,8 +141,8 @@ def rule_stages(wanted, rules_path: Path = RULES) -> list[list[dict]]:
         return level[name]
 
     stages: dict[int, list[dict]] = defaultdict(list)
-    for name in needed:
-        stages[lvl(name)].append(needed[name])
+    for name, rule in needed.items():
+        stages[lvl(name)].append(rule)
     return [stages[i] for i in sorted(stages)]
 
 

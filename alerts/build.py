@@ -48,10 +48,11 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rules_fabric  # beside this script, as runbooks.py: the cross-node fabric rules
+import rules_nic  # RDMA port and Ethernet interface rules
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import rules_fabric  # noqa: E402 - beside this script, as runbooks.py: the cross-node fabric rules
-import rules_nic  # noqa: E402 - RDMA port and Ethernet interface rules
 
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 REL_RAW = 0.10        # raw path: at least this far from the peer median
@@ -147,7 +148,7 @@ class Family:
 
 def dur(seconds: float) -> str:
     """A PromQL duration: 900 -> 15m, 5400 -> 90m, 86400*5 -> 5d, 30 -> 30s."""
-    seconds = max(int(round(seconds)), 1)
+    seconds = max(round(seconds), 1)
     if seconds % 86400 == 0 and seconds >= 2 * 86400:
         return f"{seconds // 86400}d"
     if seconds % 3600 == 0 and seconds >= 6 * 3600:
@@ -460,12 +461,14 @@ def inventory_rules() -> list[dict]:
             'sum by (node, target, model) (rate(fleetcanary_inference_requests_total{outcome!="success"}[15m])) '
             "/ sum by (node, target, model) (rate(fleetcanary_inference_requests_total[15m]))"),
         rec("gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model",
-            "fleetcanary_gpu_sustained_slowdown_ratio * on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info "
+            "fleetcanary_gpu_sustained_slowdown_ratio * on(node, gpu) group_left(model) "
+            "node_gpu:fleetcanary_gpu_model:info "
             "* on(node) group_left(pool) node:fleetcanary_pool:info"),
         rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median",
             "quantile by (model, pool) (0.5, gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
         rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count",
-            "count by (model, pool) (count by (model, pool, node) (gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model))"),
+            "count by (model, pool) "
+            "(count by (model, pool, node) (gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model))"),
         rec("node:fleetcanary_gpu_probe_seconds:duty_cycle_1h",
             "sum by (node, gpu) (rate(fleetcanary_gpu_probe_seconds_total[1h]))"),
     ]
@@ -546,7 +549,8 @@ def peer_alert(f: Family, c: Ctx | None = None) -> dict:
            f"median outright)" if f.history else f"{REL_RAW:.0%} or more from their median")
     return _alert(f, name, cond, held, f.for_m, 2 * f.for_m, c, f"{f.title} {words} its peers",
                   f"{entity_words(f)}: {{{{ $value | humanizePercentage }}}} {words} its peers ({', '.join(f.group)}) "
-                  f"{how}, and more than {f.k_mad if f.history else K_MAD:g} MADs of their spread; {MIN_PEERS}+ peer nodes, {MIN_RUNS}+ runs "
+                  f"{how}, and more than {f.k_mad if f.history else K_MAD:g} MADs of their spread; "
+                  f"{MIN_PEERS}+ peer nodes, {MIN_RUNS}+ runs "
                   f"in {f.window}.")
 
 
@@ -561,7 +565,8 @@ def fast_alert(f: Family, c: Ctx | None = None) -> dict:
     name = f"FleetCanary{f.alert}{'FarBelowPeers' if f.higher_is_better else 'FarSlowerThanPeers'}"
     cond = worse_than(f, n["recent_ratio"], FAST_DROP, n["mad"], n["count"], g)
     words = "far below" if f.higher_is_better else "far slower than"
-    return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c, f"{f.title} {words} its peers in three runs in a row",
+    return _alert(f, name, cond, None, 0, 2 * f.interval_minutes, c,
+                  f"{f.title} {words} its peers in three runs in a row",
                   f"{entity_words(f)}: the best of its last three runs is {{{{ $value | humanizePercentage }}}} "
                   f"{'below' if f.higher_is_better else 'slower than'} the median of its peers ({', '.join(f.group)}); "
                   f"at least {FAST_DROP:.0%}.", severity="critical")
@@ -628,8 +633,8 @@ def hard_alerts() -> list[dict]:
         a("FleetCanaryProbeFailing",
           'sum by (node, probe) (increase(fleetcanary_probe_runs_total{outcome=~"failure|timeout|crash"}[1h])) >= 3',
           "10m", "warning", "A probe keeps failing",
-          "Probe {{ $labels.probe }} on {{ $labels.node }} failed, timed out or crashed {{ $value | humanize }} times in the "
-          "last hour."),
+          "Probe {{ $labels.probe }} on {{ $labels.node }} failed, timed out or crashed {{ $value | humanize }} "
+          "times in the last hour."),
         a("FleetCanaryProbeStale",
           "((time() - fleetcanary_probe_last_success_timestamp_seconds) > 3 * fleetcanary_probe_interval_seconds) "
           "and on(node, probe) (fleetcanary_probe_enabled == 1) "
@@ -802,7 +807,9 @@ def runbooks_markdown() -> str:
 
 def render(scale: float = 1.0) -> dict[str, str]:
     recording, alerts = build(scale)
-    dump = lambda d: HEADER + yaml.safe_dump(d, sort_keys=False, width=120)  # noqa: E731
+    def dump(d: dict) -> str:
+        return HEADER + yaml.safe_dump(d, sort_keys=False, width=120)
+
     return {"fleetcanary.rules.yml": dump(recording), "fleetcanary.alerts.yml": dump(alerts),
             "../docs/runbooks.md": runbooks_markdown()}
 

@@ -22,7 +22,7 @@ descriptions depend on it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 ERRORS_1H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[1h])"
 LINE_ERRORS = ("symbol_error|link_error_recovery|port_rcv_errors|port_rcv_remote_physical_errors|"

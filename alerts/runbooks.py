@@ -6,12 +6,14 @@ driver-change alerts share a text per family; hard failures have their own.
 from __future__ import annotations
 
 FAMILY_CHECKS = {
-    "gpu_memory_bandwidth": ("`fleetcanary once --probe gpu_bandwidth` on the node; `nvidia-smi -q -d CLOCK,PERFORMANCE,"
-                             "POWER` for clocks, power cap and throttle reasons; `dcgmi diag -r 2`.",
+    "gpu_memory_bandwidth": ("`fleetcanary once --probe gpu_bandwidth` on the node; "
+                             "`nvidia-smi -q -d CLOCK,PERFORMANCE,POWER` for clocks, power cap and throttle reasons; "
+                             "`dcgmi diag -r 2`.",
                              "HBM errors or retired pages, a lower power limit or clocks, thermal throttling, a PCIe "
                              "link trained below x16 (h2d/d2h), another tenant on the GPU."),
-    "gpu_p2p_bandwidth": ("`nvidia-smi topo -m` and `nvidia-smi nvlink -s` on the node; the `fleetcanary_gpu_p2p_link_info` "
-                          "series of the pair; nvbandwidth's device_to_device tests.",
+    "gpu_p2p_bandwidth": ("`nvidia-smi topo -m` and `nvidia-smi nvlink -s` on the node; "
+                          "the `fleetcanary_gpu_p2p_link_info` series of the pair; "
+                          "nvbandwidth's device_to_device tests.",
                           "An NVLink down or degraded (the pair falls back to PCIe), NVSwitch or fabric manager "
                           "trouble, ACS or IOMMU settings blocking peer access."),
     "collective_bus_bandwidth": ("The size at which it falls behind (small sizes: latency; large: bandwidth); the "
@@ -209,4 +211,5 @@ def driver_text(family_title: str, key: str, lower: bool = False) -> tuple[str, 
             "in the last day: the guide's before/after upgrade check.",
             "Compare with nodes still on the old driver (`fleetcanary_node_info` by driver_version); `fleetcanary "
             "compare` on the result histories before and after. " + checks,
-            "A driver regression, changed default clocks or power management, a mismatched CUDA or NCCL stack. " + causes)
+            "A driver regression, changed default clocks or power management, a mismatched CUDA or NCCL stack. "
+            + causes)

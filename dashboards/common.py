@@ -6,8 +6,7 @@ Panels are placed left to right, top to bottom, on Grafana's 24-column grid.
 """
 from __future__ import annotations
 
-from grafanalib.core import (BarChart, Dashboard, GridPos, Stat, Table, Target, Template, Templating, Time,
-                             TimeSeries)
+from grafanalib.core import BarChart, Dashboard, GridPos, Stat, Table, Target, Template, Templating, Time, TimeSeries
 
 DS = "${datasource}"
 RATE = "$__rate_interval"

@@ -19,7 +19,8 @@ panels = [
     panel("timeseries", "Failures, timeouts and crashes (per hour)",
           "Probe runs that ended in failure, timeout (deadline reached; the worker's process group was killed) "
           "or crash (killed by a signal, out of memory, or a garbled result). Good: zero.", "none",
-          [(f'sum by (probe, outcome) (increase(fleetcanary_probe_runs_total{{{N}, outcome=~"failure|timeout|crash"}}[1h]))',
+          [(f"sum by (probe, outcome) "
+            f'(increase(fleetcanary_probe_runs_total{{{N}, outcome=~"failure|timeout|crash"}}[1h]))',
             "{{probe}} {{outcome}}")], w=12),
     panel("timeseries", "Config reloads",
           "Reloads (SIGHUP) in the last hour by result, and whether the last one succeeded. Good: no failures; "

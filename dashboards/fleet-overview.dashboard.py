@@ -87,7 +87,8 @@ panels = [
           "Time since each probe last succeeded, in units of its interval, on the worst node. "
           "Good: below 2; FleetCanaryProbeStale fires when a probe has not succeeded for several intervals.",
           "none",
-          [(f'max by (probe) ({in_pool("(time() - fleetcanary_probe_last_success_timestamp_seconds) / fleetcanary_probe_interval_seconds")})',
+          [("max by (probe) (" + in_pool("(time() - fleetcanary_probe_last_success_timestamp_seconds)"
+                                         " / fleetcanary_probe_interval_seconds") + ")",
             "{{probe}}")], w=10, h=6),
     panel("table", "Firing fleetcanary alerts",
           "Alerts firing now, by name and severity, with the number of nodes or GPUs. "

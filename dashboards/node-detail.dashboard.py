@@ -61,7 +61,8 @@ panels = [
           "row remaps. Good: all zero; a pending remap needs a GPU reset, an XID 79 means the GPU fell off the bus.",
           "none",
           [(f"sum by (gpu, xid) (increase(fleetcanary_gpu_xid_errors_total{{{N}}}[1d]))", "GPU {{gpu}} XID {{xid}}"),
-           (f'sum by (gpu) (increase(fleetcanary_gpu_ecc_errors_total{{{N}, type="uncorrected", counter="volatile"}}[1d]))',
+           (f"sum by (gpu) "
+            f'(increase(fleetcanary_gpu_ecc_errors_total{{{N}, type="uncorrected", counter="volatile"}}[1d]))',
             "GPU {{gpu}} uncorrectable ECC"),
            (f"fleetcanary_gpu_remapped_rows_pending{{{N}}}", "GPU {{gpu}} remap pending")], w=12),
     panel("table", "RDMA ports: state, rate against expected, errors in the last hour",
