@@ -125,8 +125,11 @@ def test_a_daemon_runs_inside_a_namespace_and_close_leaves_nothing(tmp_path):
         assert d.proc.pid in [int(x) for x in pids.split()]             # ip netns exec execs: the daemon itself
         assert http_get(d.url + "/healthz")[0] == 200                  # reached from the root namespace
         assert "127.0.0.1" not in d.url
-        wait_for(lambda: d.results().get("host_memory_bandwidth", {}).get("outcome") == "success", timeout=90,
-                 what="a run inside the namespace")
+        # The first run comes within one interval (30 s; the first runs are spread by a per-node phase):
+        # wait for it, whatever its outcome (a hang bound), then judge it.
+        first = wait_for(lambda: d.results().get("host_memory_bandwidth"), timeout=180,
+                         what="the first run inside the namespace")
+        assert first["outcome"] == "success", (first["outcome"], first["reason"], first["detail"])
         assert d.results()["host_memory_bandwidth"]["environment"]["hostname"]
         registry = REGISTRY / f"{net.tag}.json"
         assert registry.exists()
