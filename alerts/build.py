@@ -807,6 +807,7 @@ def runbooks_markdown() -> str:
 
 def render(scale: float = 1.0) -> dict[str, str]:
     recording, alerts = build(scale)
+
     def dump(d: dict) -> str:
         return HEADER + yaml.safe_dump(d, sort_keys=False, width=120)
 

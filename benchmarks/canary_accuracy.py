@@ -27,15 +27,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
-from fleetcanary.probes.lib import llm_client  # noqa: E402
+from fleetcanary.probes.lib import llm_client
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pct(vals, q):
     s = sorted(vals)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def main() -> int:
@@ -96,7 +97,7 @@ def main() -> int:
         matched += 1
         arrivals = [r.send_ns + c * 1e9 for c in r.chunk_times]
         ttft_err.append((arrivals[0] - e["emit_ns"][0]) / 1e6)
-        chunk_err += [(a - em) / 1e6 for a, em in zip(arrivals, e["emit_ns"])]
+        chunk_err += [(a - em) / 1e6 for a, em in zip(arrivals, e["emit_ns"], strict=False)]
         server_itl = (e["emit_ns"][-1] - e["emit_ns"][0]) / 1e9 / (sum(e["tokens"]) - 1)
         itl_err.append(abs(r.itl - server_itl) * 1e3)
     if not matched:

@@ -82,8 +82,9 @@ def main() -> int:
           f"timed collective time {timed:.3f} s; GPU time {gpu_s:.3f} s"
           + (" (gloo: no GPU)" if p["backend"] == "gloo" else ""))
     if rec["extra"].get("nccl_version"):
+        topo = rec["extra"].get("topology_xml")
         print(f"NCCL {rec['extra']['nccl_version']}, torch {rec['extra']['torch']}; topology dump "
-              f"{'kept (' + str(len(rec['extra']['topology_xml'])) + ' bytes)' if rec['extra'].get('topology_xml') else 'not available'}")
+              f"{f'kept ({len(topo)} bytes)' if topo else 'not available'}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"backend": p["backend"], "ranks": p["world"], "rows": rows,
                                           "wall_seconds": run["wall_seconds"], "gpu_seconds": gpu_s,

@@ -41,10 +41,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import write_result
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SECRET = "benchmark-fabric-secret-3c9e81f0"
 

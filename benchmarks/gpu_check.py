@@ -135,7 +135,8 @@ def compute_main(out: Path) -> int:
     print(f"gpu-check --compute {result['date']}: {ref['env']['gpu']}, driver {env.get('driver_version')}, CUDA driver "
           f"{env.get('cuda_driver_version')}, torch {ref['env']['torch']} (CUDA {ref['env']['cuda_runtime']})")
     for p, x in first.items():
-        print(f"  {p:14} {x['outcome']}{' (' + x['reason'] + ')' if x['reason'] else ''}  {x['duration_seconds']:.2f} s")
+        reason = f" ({x['reason']})" if x["reason"] else ""
+        print(f"  {p:14} {x['outcome']}{reason}  {x['duration_seconds']:.2f} s")
     gc = (first["gpu_compute"].get("result") or {})
     figs = {(f["labels"].get("gpu"), f["name"]): f for f in gc.get("figures", [])}
     ok = True
@@ -146,15 +147,16 @@ def compute_main(out: Path) -> int:
         result["bf16"] = {"probe": bf["median"], "reference": ref["median_flops_per_second"], "ratio": ratio,
                           "cv": bf["dispersion"]["cv"]}
         print(f"  bf16 {bf['median'] / 1e12:.1f} TFLOP/s (CV {100 * bf['dispersion']['cv']:.1f}%) vs reference "
-              f"{ref['median_flops_per_second'] / 1e12:.1f}: {ratio:.3f} ({'PASS' if abs(ratio - 1) <= 0.1 else 'FAIL'})")
+              f"{ref['median_flops_per_second'] / 1e12:.1f}: {ratio:.3f} "
+              f"({'PASS' if abs(ratio - 1) <= 0.1 else 'FAIL'})")
     else:
         ok = False
     for (g, name), f in sorted(figs.items()):
         print(f"  gpu_compute GPU {g} {name}: {f['median'] / 1e12:.1f} TFLOP/s")
     sdc1 = (gc.get("extra") or {}).get("sdc", {})
-    sdc2 = ((second.get("result") or {}).get("extra") or {}).get("sdc", {})
     sums1 = {g: v.get("sdc_checksums") for g, v in (gc.get("extra") or {}).get("per_gpu", {}).items()}
-    sums2 = {g: v.get("sdc_checksums") for g, v in ((second.get("result") or {}).get("extra") or {}).get("per_gpu", {}).items()}
+    second_extra = (second.get("result") or {}).get("extra") or {}
+    sums2 = {g: v.get("sdc_checksums") for g, v in second_extra.get("per_gpu", {}).items()}
     result["sdc"] = {"first": sdc1, "checksums_first": sums1, "checksums_second": sums2,
                      "bitwise_equal_after_other_work": bool(sums1) and sums1 == sums2}
     print(f"  SDC: {sdc1.get('status')} golden {sdc1.get('golden_source')}; checksums {sums1}; second run equal: "
@@ -163,11 +165,13 @@ def compute_main(out: Path) -> int:
     su = (first.get("gpu_sustained", {}).get("result") or {})
     for g, rec in (su.get("extra") or {}).get("per_gpu", {}).items():
         acc = rec.get("accounting") or {}
-        ratio = next((f["median"] for f in su["figures"] if f["name"] == "sustained_ratio" and f["labels"]["gpu"] == g), None)
+        ratio = next((f["median"] for f in su["figures"]
+                      if f["name"] == "sustained_ratio" and f["labels"]["gpu"] == g), None)
         result.setdefault("sustained", {})[g] = {"ratio": ratio, "accounting": acc, "trace": rec.get("trace"),
                                                  "chunks": rec.get("chunks")}
-        print(f"  sustained GPU {g}: ratio {ratio}, SM {acc.get('sm_mhz_tail')} MHz, mem {acc.get('mem_mhz_tail')} MHz, "
-              f"power {acc.get('power_w_tail')} W, max {acc.get('temp_c_max')} C, throttle "
+        print(f"  sustained GPU {g}: ratio {ratio}, SM {acc.get('sm_mhz_tail')} MHz, "
+              f"mem {acc.get('mem_mhz_tail')} MHz, power {acc.get('power_w_tail')} W, "
+              f"max {acc.get('temp_c_max')} C, throttle "
               f"{ {k: round(v, 2) for k, v in (acc.get('throttle_seconds') or {}).items() if v} }")
     ts = (first.get("train_step", {}).get("result") or {})
     if ts:
@@ -229,8 +233,9 @@ def main() -> int:
               "once_wall_seconds": once_wall, "total_wall_seconds": time.monotonic() - t0}
 
     print()
-    print(f"gpu-check {env_info['date']}: {env_info['gpu']} x{env_info['gpus']}, driver {result['environment']['driver']}, "
-          f"CUDA driver {result['environment']['cuda_driver']}, torch {env_info['torch']} (CUDA {env_info['cuda_runtime']})")
+    print(f"gpu-check {env_info['date']}: {env_info['gpu']} x{env_info['gpus']}, "
+          f"driver {result['environment']['driver']}, CUDA driver {result['environment']['cuda_driver']}, "
+          f"torch {env_info['torch']} (CUDA {env_info['cuda_runtime']})")
     print(f"{'probe':14} {'outcome':22} {'wall s':>7}")
     for p, run in runs.items():
         print(f"{p:14} {run['outcome'] + (' (' + run['reason'] + ')' if run['reason'] else ''):22} "
@@ -248,7 +253,8 @@ def main() -> int:
             f = figs.get(name)
             if f:
                 unit, div = ("TB/s", 1e12) if name == "d2d" else ("GB/s", 1e9)
-                print(f"{'gpu_bandwidth ' + name:34} {f['median'] / div:>9.3f} {unit} {f['dispersion']['cv'] * 100:>5.1f}%")
+                print(f"{'gpu_bandwidth ' + name:34} {f['median'] / div:>9.3f} {unit} "
+                      f"{f['dispersion']['cv'] * 100:>5.1f}%")
         verdict = "PASS" if abs(ratio - 1) <= 0.10 else "FAIL"
         print(f"D2D probe / reference = {ratio:.3f}  ({verdict}: target within 10%)")
         gpu_s = (bw.get("result") or {}).get("gpu_seconds", {})

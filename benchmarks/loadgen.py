@@ -32,10 +32,11 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
-from benchmarks.common import free_port, get, wait_http, write_result  # noqa: E402
+from benchmarks.common import free_port, get, wait_http, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def children_cpu() -> float:
@@ -77,8 +78,8 @@ def run_locust(port: int, level: int, a) -> dict:
     # the same drain as loadtest's steps below (15 s): requests in flight at the stop are waited for
     env = {**os.environ, "FLEETCANARY_OUTPUT_TOKENS": str(a.tokens), "FLEETCANARY_INPUT_WORDS": "16",
            "FLEETCANARY_DRAIN_SECONDS": "15"}
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "out.json"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
         env["FLEETCANARY_LOCUST_OUT"] = str(out)
         base = [sys.executable, "-m", "locust", "-f", locustfile, "--host", f"http://127.0.0.1:{port}/v1",
                 "--loglevel", "WARNING"]

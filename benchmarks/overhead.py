@@ -38,16 +38,17 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
-from benchmarks.common import free_port, get, proc_stats, write_result  # noqa: E402
-from fleetcanary.core import config as configmod  # noqa: E402
-from fleetcanary.runner import job  # noqa: E402
-from fleetcanary.daemon.scheduler import budget_window  # noqa: E402
-from fleetcanary.runner.isolation import become_subreaper, run_isolated  # noqa: E402
-from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread  # noqa: E402
-from fleetcanary.probes import PROBES  # noqa: E402
+from benchmarks.common import free_port, get, proc_stats, write_result
+from fleetcanary.core import config as configmod
+from fleetcanary.daemon.scheduler import budget_window
+from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+from fleetcanary.probes import PROBES
+from fleetcanary.runner import job
+from fleetcanary.runner.isolation import become_subreaper, run_isolated
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CPU_PROBES = ("host_memory_bandwidth", "storage", "collectives", "inference")
 
@@ -80,8 +81,9 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
         cfg["server"] = {"listen_address": f"127.0.0.1:{port}"}
         path = work / f"daemon-{mode}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(path)], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=open(work / f"daemon-{mode}.log", "wb"))
+        with open(work / f"daemon-{mode}.log", "wb") as log:  # the daemon keeps its own descriptor
+            proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(path)], cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=log)
         try:
             url = f"http://127.0.0.1:{port}/metrics"
             deadline = time.monotonic() + 180
@@ -114,6 +116,11 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
     return out
 
 
+def _med(rows: list[dict], key: str) -> float:
+    """The median (upper, for an even count) of one field over the runs."""
+    return sorted(r[key] for r in rows)[len(rows) // 2]
+
+
 def per_probe(work: Path, llm_url: str, runs: int) -> dict:
     become_subreaper(reap_everything=True)
     path = work / "probes.yaml"
@@ -134,10 +141,9 @@ def per_probe(work: Path, llm_url: str, runs: int) -> dict:
                          "cpu_seconds": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
                          "gpu_seconds": sum(o.gpu_seconds.values()),
                          "max_rss_bytes": r1.ru_maxrss * 1024})
-        med = (lambda k: sorted(r[k] for r in rows)[len(rows) // 2])
         out[name] = {"runs": rows, "outcome": rows[-1]["outcome"], "reason": rows[-1]["reason"],
-                     "wall_seconds": med("wall_seconds"), "cpu_seconds": med("cpu_seconds"),
-                     "gpu_seconds": med("gpu_seconds"), "interval_seconds": entry.interval_seconds}
+                     "wall_seconds": _med(rows, "wall_seconds"), "cpu_seconds": _med(rows, "cpu_seconds"),
+                     "gpu_seconds": _med(rows, "gpu_seconds"), "interval_seconds": entry.interval_seconds}
     return out
 
 
@@ -153,7 +159,8 @@ def gpu_budget() -> dict:
         per_run = float(expected.default)
         window = budget_window(entry.interval_seconds)
         rows[name] = {"enabled": entry.enabled, "interval_seconds": entry.interval_seconds,
-                      "expected_gpu_seconds": per_run, "gpu_seconds_per_hour": per_run * 3600.0 / entry.interval_seconds,
+                      "expected_gpu_seconds": per_run,
+                      "gpu_seconds_per_hour": per_run * 3600.0 / entry.interval_seconds,
                       "budget_window_seconds": window, "window_budget_seconds": settings.gpu.budget_ratio * window,
                       "fits_window": per_run <= settings.gpu.budget_ratio * window}
     total = sum(r["gpu_seconds_per_hour"] for r in rows.values() if r["enabled"])
@@ -168,7 +175,7 @@ def print_gpu_budget(b: dict) -> None:
     print(f"{'GPU probe':16} {'enabled':>8} {'interval':>10} {'GPU s/run':>10} {'GPU s/hour':>11} "
           f"{'window':>8} {'its budget':>11}")
     for name, r in b["probes"].items():
-        print(f"{name:16} {str(r['enabled']):>8} {r['interval_seconds']:>9.0f}s {r['expected_gpu_seconds']:>10.2f} "
+        print(f"{name:16} {r['enabled']!s:>8} {r['interval_seconds']:>9.0f}s {r['expected_gpu_seconds']:>10.2f} "
               f"{r['gpu_seconds_per_hour']:>11.2f} {r['budget_window_seconds']:>7.0f}s "
               f"{r['window_budget_seconds']:>10.1f}s{'' if r['fits_window'] else '  RUN OVER ITS WINDOW'}")
     print(f"{'all enabled':16} {'':>8} {'':>10} {'':>10} {b['gpu_seconds_per_hour']:>11.2f}  per GPU; budget "

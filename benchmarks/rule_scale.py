@@ -41,17 +41,17 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
+from alerts.backfill import binary, create_blocks
+from benchmarks.common import free_port, get, proc_stats, wait_http, write_result
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from alerts.backfill import binary, create_blocks  # noqa: E402
-from benchmarks.common import free_port, get, proc_stats, wait_http, write_result  # noqa: E402
 
 RULE_FILES = [ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml"]
 FAKE_NVML = ROOT / "tests/fixtures/nvml/h100_8gpu_healthy.json"
@@ -72,10 +72,13 @@ def label_values(node: int, model: str) -> dict[str, list[str]]:
 
     gpus = [str(g) for g in range(GPUS)]
     return {
-        "gpu": gpus, "direction": ["d2d", "h2d", "d2h"], "outcome": ["success", "failure", "timeout", "crash", "skipped"],
-        "type": ["corrected", "uncorrected"], "counter": ["volatile", "aggregate"], "cause": ["correctable", "uncorrectable"],
+        "gpu": gpus, "direction": ["d2d", "h2d", "d2h"],
+        "outcome": ["success", "failure", "timeout", "crash", "skipped"],
+        "type": ["corrected", "uncorrected"], "counter": ["volatile", "aggregate"],
+        "cause": ["correctable", "uncorrectable"],
         "link": [str(k) for k in range(18)], "reason": list(nvml.THROTTLE_REASONS.values()),
-        "xid": ["79"], "dtype": ["bf16", "fp16", "tf32", "fp8"], "status": ["match", "mismatch", "no_consensus", "unjudged"],
+        "xid": ["79"], "dtype": ["bf16", "fp16", "tf32", "fp8"],
+        "status": ["match", "mismatch", "no_consensus", "unjudged"],
         "clock": ["sm", "mem"], "collective": ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"],
         "size_bytes": ["8", "1024", "65536", "1048576", "16777216", "67108864"], "ranks": ["8"], "backend": ["nccl"],
         "op": ["copy", "scale", "add", "triad"], "cache": ["cold", "hot"], "phase": ["resolve", "connect", "tls",
@@ -121,7 +124,8 @@ def node_series(node: int, model: str, pool: str) -> list[tuple[str, str, dict]]
 
     lv = label_values(node, model)
     probes = sorted(PROBES)
-    targets = {"storage": ["local-nvme", "shared-nfs"], "object_storage": ["model-bucket"], "inference": ["llama-70b-prod"]}
+    targets = {"storage": ["local-nvme", "shared-nfs"], "object_storage": ["model-bucket"],
+               "inference": ["llama-70b-prod"]}
     out: list[tuple[str, str, dict]] = []
 
     def expand(names, fixed=None):
@@ -155,7 +159,7 @@ def node_series(node: int, model: str, pool: str) -> list[tuple[str, str, dict]]
         out += [(spec.name, spec.name, c) for c in combos]
     for name, cls in sorted(PROBES.items()):
         for spec in cls.metrics:
-            if spec.name.endswith("_failures_total") or spec.name in ("fleetcanary_gpu_lost",):
+            if spec.name.endswith("_failures_total") or spec.name == "fleetcanary_gpu_lost":
                 continue  # only after a failure / a lost GPU
             if spec.name == "fleetcanary_gpu_info":
                 combos = [{"gpu": g, "uuid": f"GPU-{node:04d}-{g}", "model": model, "pci_bus_id": f"0000:{g}1:00.0",
@@ -168,7 +172,7 @@ def node_series(node: int, model: str, pool: str) -> list[tuple[str, str, dict]]
             elif spec.name == "fleetcanary_gpu_sustained_throttle_seconds":
                 combos = [{"gpu": g, "reason": r} for g in lv["gpu"] for r in ("sw_power_cap", "sw_thermal_slowdown",
                                                                                "hw_thermal_slowdown")]
-            elif spec.name in ("fleetcanary_gpu_sustained_flops_per_second",) or spec.name.startswith(
+            elif spec.name == "fleetcanary_gpu_sustained_flops_per_second" or spec.name.startswith(
                     "fleetcanary_train_step_"):
                 combos = [{"gpu": g, "dtype": "bf16"} for g in lv["gpu"]]
             elif spec.name == "fleetcanary_gpu_nvlink_errors_total":
@@ -253,14 +257,14 @@ def value(family: str, labels: dict, model: str, rng: random.Random, t: float) -
         return NIC_VALUES[f]
     if f in ("fleetcanary_rdma_port_state", "fleetcanary_rdma_port_physical_state"):
         return 1.0 if labels.get("state") in ("active", "link_up") else 0.0
-    if f.endswith("_info") or f.endswith(("_pass", "_stable", "_success", "_up", "_enabled", "_access",
-                                          "_successful", "persistence_mode")):
+    if f.endswith(("_info", "_pass", "_stable", "_success", "_up", "_enabled", "_access",
+                   "_successful", "persistence_mode")):
         return 1.0
     if f == "fleetcanary_gpu_sdc_status":
         return 1.0 if labels.get("status") == "match" else 0.0
     if f.endswith(("_lost", "_pending", "_failed", "_throttle_active", "mig_mode", "slowdown_ratio")):
         return 0.0
-    if f.endswith("link_width") or f.endswith("link_width_max"):
+    if f.endswith(("link_width", "link_width_max")):
         return 16.0
     if "link_generation" in f:
         return 5.0
@@ -269,7 +273,7 @@ def value(family: str, labels: dict, model: str, rng: random.Random, t: float) -
     if f in ERROR_COUNTERS or (f == "fleetcanary_probe_runs_total" and labels.get("outcome") not in
                                ("success", "skipped")):
         return 0.0  # a healthy fleet: no errors, so no error alert fires on it
-    if f.endswith("_total") or f.endswith(("_bucket", "_count", "_sum")):
+    if f.endswith(("_total", "_bucket", "_count", "_sum")):
         return float(int(t / 60) % 100000)  # grows a little every minute
     if f.endswith("_timestamp_seconds") or f == "fleetcanary_start_time_seconds":
         return float(int(t))
@@ -311,7 +315,8 @@ def daily_outputs(raw_rows: dict[str, list]) -> dict[str, tuple[str, list]]:
                 continue
             per_driver = parts[2] == "median1d_same_driver" or "median1d_same_driver" in r["expr"]
             extra = f',driver_version="{DRIVER}"' if per_driver else ""
-            out[rec] = (parts[1], [(rec, lab + extra, model, {**labels, **({"driver_version": DRIVER} if per_driver else {})})
+            driver = {"driver_version": DRIVER} if per_driver else {}
+            out[rec] = (parts[1], [(rec, lab + extra, model, {**labels, **driver})
                                    for _, lab, model, labels in raw_rows[parts[1]]])
     return out
 
@@ -336,7 +341,8 @@ def write_history(work: Path, nodes: int, pool_nodes: int, end: int, history_ste
                 lab = fmt_labels({"job": "fleetcanary", "instance": node, "node": node, **labels})
                 by_family[fam].append((sample, lab, model, labels))
     value_of = {}  # a recorded family -> the raw metric whose value it carries
-    for rec, (metric, rows) in daily_outputs({f: [r for r in rows if r[0] == f] for f, rows in by_family.items()}).items():
+    per_family = {f: [r for r in rows if r[0] == f] for f, rows in by_family.items()}
+    for rec, (metric, rows) in daily_outputs(per_family).items():
         by_family[rec] = rows
         value_of[rec] = metric
         need[rec] = DAILY_READ_BACK[rec.split(":")[2]]
@@ -375,7 +381,7 @@ def write_history(work: Path, nodes: int, pool_nodes: int, end: int, history_ste
                         f.write("".join(f"{pre}{shape:.6g} {t}\n" for t in times))
                     else:  # a measured figure: the run's value with its noise
                         noise = nprng.normal(1.0, 0.005, len(times)).tolist()
-                        f.write("".join(f"{pre}{shape * n:.6g} {t}\n" for n, t in zip(noise, times)))
+                        f.write("".join(f"{pre}{shape * n:.6g} {t}\n" for n, t in zip(noise, times, strict=True)))
                 samples += len(rows) * len(times)
             f.write("# EOF\n")
         files.append(path)
@@ -398,12 +404,12 @@ def level(name: str, lab: str) -> random.Random:
     """The random source of one measured series' level, seeded by its identity (the labels as backfilled,
     without the driver a per-driver median adds): its history, its live figure and the baselines backfilled
     for it share one level, as on a steady fleet."""
-    return random.Random(f"{name}|{lab.split(',driver_version=')[0]}")
+    return random.Random(f"{name}|{lab.split(',driver_version=', maxsplit=1)[0]}")
 
 
 def render_node(i: int, node: str, model: str, pool: str, t: float) -> bytes:
     """The node's current exposition (text format 0.0.4)."""
-    interval, kind = metric_probe()
+    _, kind = metric_probe()
     lines, typed = [], set()
     for fam, sample, labels in node_series(i, model, pool):
         if fam not in typed:
@@ -422,7 +428,7 @@ class FleetServer:
 
     def __init__(self, bodies: dict[str, bytes]) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 body = bodies.get(self.path.rsplit("/", 1)[-1])
                 self.send_response(200 if body else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -449,9 +455,9 @@ class FleetServer:
 
 # --------------------------------------------------------------------------- live evaluation
 def prom_metrics(url: str) -> dict[tuple[str, tuple], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     out = {}
     # A long timeout: a Prometheus starved of CPU by its own rule groups answers /metrics late.
@@ -485,14 +491,14 @@ def live(work: Path, data: Path, args, bodies_server: FleetServer, node_names: l
     (work / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = open(work / "prometheus.log", "wb")
-    proc = subprocess.Popen([binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
-                             "--storage.tsdb.retention.time=30d", "--log.level=warn",
-                             # No leveled compaction of the ~50 backfilled 2-hour blocks while measuring: it
-                             # would take the CPU the rules are timed on (queries then read 2-hour blocks).
-                             "--storage.tsdb.max-block-duration=2h"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(work / "prometheus.log", "wb") as log:  # Prometheus keeps its own descriptor
+        proc = subprocess.Popen([binary("prometheus"), f"--config.file={work / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+                                 "--storage.tsdb.retention.time=30d", "--log.level=warn",
+                                 # No leveled compaction of the ~50 backfilled 2-hour blocks while measuring: it
+                                 # would take the CPU the rules are timed on (queries then read 2-hour blocks).
+                                 "--storage.tsdb.max-block-duration=2h"],
+                                stdout=log, stderr=subprocess.STDOUT)
     try:
         t0 = time.monotonic()
         wait_http(url + "/-/ready", timeout=600)
@@ -580,7 +586,6 @@ def live(work: Path, data: Path, args, bodies_server: FleetServer, node_names: l
                 "prometheus_rss_bytes": rss, "measured_seconds": wall}
     finally:
         _terminate(proc, 120)
-        log.close()
 
 
 def _terminate(proc: subprocess.Popen, grace: float) -> None:
@@ -626,12 +631,15 @@ def real_exposition(work: Path, timeout: float) -> dict:
                    {"name": "sim", "base_url": f"http://127.0.0.1:{llm_port}/v1", "model": "sim"}]}},
            }}
     (work / "node.yaml").write_text(yaml.safe_dump(cfg))
-    logs = open(work / "node.log", "wb")
-    procs = [subprocess.Popen([sys.executable, "-m", "fleetcanary", "simulate-llm", "--listen",
-                               f"127.0.0.1:{llm_port}", "--ttft-ms", "5", "--itl-ms", "1"], stdout=logs, stderr=subprocess.STDOUT, env=env)]
+    procs = []
     try:
-        procs.append(subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(work / "node.yaml")],
-                                      stdout=logs, stderr=subprocess.STDOUT, env=env))
+        with open(work / "node.log", "wb") as logs:  # the processes keep their own descriptors
+            procs.append(subprocess.Popen([sys.executable, "-m", "fleetcanary", "simulate-llm", "--listen",
+                                           f"127.0.0.1:{llm_port}", "--ttft-ms", "5", "--itl-ms", "1"],
+                                          stdout=logs, stderr=subprocess.STDOUT, env=env))
+            procs.append(subprocess.Popen([sys.executable, "-m", "fleetcanary", "run",
+                                           "--config", str(work / "node.yaml")],
+                                          stdout=logs, stderr=subprocess.STDOUT, env=env))
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/readyz", timeout=120)
         from prometheus_client.parser import text_string_to_metric_families
@@ -658,7 +666,6 @@ def real_exposition(work: Path, timeout: float) -> dict:
     finally:
         for p in reversed(procs):
             _terminate(p, 60)
-        logs.close()
 
 
 def main() -> int:
@@ -746,7 +753,8 @@ def main() -> int:
     print(f"series per node: {lv['node0_raw_series']} scraped (model: {result['model_series_per_node']}"
           + (f", real exporter here: {result['real_exposition']['series']}" if "real_exposition" in result else "")
           + f"), {lv['node0_recorded_series']} recorded with its node label")
-    print(f"recorded series: {lv['recorded_series_total']:,} ({lv['recorded_series_total'] * per_k:,.0f} per 1,000 nodes); "
+    print(f"recorded series: {lv['recorded_series_total']:,} "
+          f"({lv['recorded_series_total'] * per_k:,.0f} per 1,000 nodes); "
           f"head series {lv['head_series']:,}; Prometheus RSS {lv['prometheus_rss_bytes'] / 2**30:.1f} GiB, "
           f"{lv['prometheus_cpu_seconds_per_second']:.2f} CPU s/s while measured")
     print(f"alerts at the end (a healthy fleet): {lv['alerts'] or 'none'}")

@@ -24,11 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
-from benchmarks.common import free_port, get, proc_stats, wait_http, write_result  # noqa: E402
+from benchmarks.common import free_port, get, proc_stats, wait_http, write_result
 from harness.wrk import wrk
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def series_count(text: str) -> int:
@@ -64,8 +65,9 @@ def main() -> int:
                       f"        - {{name: scratch, path: {work / 'scratch'}, file_bytes: 33554432, "
                       "checkpoint_bytes: 0, small_files: 20, min_free_bytes: 0}\n")
         cfg.write_text(f"state_dir: {work / 'state'}\nserver:\n  listen_address: 127.0.0.1:{fc_port}\n" + probes)
-        fc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(cfg)], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=open(work / "fc.log", "wb"))
+        with open(work / "fc.log", "wb") as log:  # the daemon keeps its own descriptor
+            fc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(cfg)], cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=log)
         procs.append(fc)
         fc_url = f"http://127.0.0.1:{fc_port}/metrics"
         wait_http(fc_url)
@@ -84,7 +86,7 @@ def main() -> int:
                                        "cpu_ratio": (cpu1 - cpu0) / (time.monotonic() - t0)}
 
         text = get(fc_url).decode()
-        from fleetcanary.daemon.collector import render  # noqa: PLC0415 - measured in-process below
+        from fleetcanary.daemon.collector import render
         from fleetcanary.daemon.state import ResultStore
         from fleetcanary.probes import PROBES
 
@@ -105,7 +107,7 @@ def main() -> int:
 
         def runs(text):
             return sum(float(m.group(1)) for m in re.finditer(
-                r'^fleetcanary_probe_runs_total\{[^}]*outcome="success"[^}]*\} (\S+)$', text, re.M))
+                r'^fleetcanary_probe_runs_total\{[^}]*outcome="success"[^}]*\} (\S+)$', text, re.MULTILINE))
         fc_load["probe_runs_during_load"] = runs(runs1) - runs(runs0)
         _, rss_busy = proc_stats(fc.pid)
         fc_load["rss_after_bytes"] = rss_busy
@@ -151,10 +153,12 @@ def main() -> int:
           f"{fc['requests_per_second']:>10.0f} {fc['errors']:>7} {results['fleetcanary_series']['series']:>7} "
           f"{results['fleetcanary_series']['bytes']:>8}")
     if ne:
-        print(f"{'node_exporter':16} {ms(ne['p50_seconds']):>10} {ms(ne['p90_seconds']):>10} {ms(ne['p99_seconds']):>10} "
+        print(f"{'node_exporter':16} {ms(ne['p50_seconds']):>10} {ms(ne['p90_seconds']):>10} "
+              f"{ms(ne['p99_seconds']):>10} "
               f"{ne['requests_per_second']:>10.0f} {ne['errors']:>7} {ne['series']:>7} {ne['bytes']:>8}")
     s = results["fleetcanary_series"]
-    print(f"fleetcanary per series: {s['bytes_per_series']:.0f} bytes, render {s['render_seconds_per_series'] * 1e6:.1f} us "
+    print(f"fleetcanary per series: {s['bytes_per_series']:.0f} bytes, "
+          f"render {s['render_seconds_per_series'] * 1e6:.1f} us "
           f"(rendered once per result update, not per scrape)")
     idle = results["fleetcanary_idle"]
     print(f"fleetcanary idle: RSS {idle['rss_bytes'] / 2**20:.1f} MiB, CPU {idle['cpu_ratio'] * 100:.2f}% of a core "

@@ -6,7 +6,8 @@ both alike, --rounds times each:
 - cold sequential read, 1 MiB blocks, O_DIRECT:     probe (_read_file, direct)  vs  fio rw=read direct=1 psync
 - cold sequential read, 1 MiB blocks, page cache evicted first:
                                                     probe (fadvise DONTNEED)    vs  fio rw=read direct=0 invalidate=1
-- 4 KiB random read latency, O_DIRECT, N reads:     probe (_random_reads)       vs  fio rw=randread bs=4k direct=1 psync (clat p50)
+- 4 KiB random read latency, O_DIRECT, N reads:     probe (_random_reads)       vs  fio rw=randread bs=4k direct=1 psync
+                                                                                    (clat p50)
 The probe side calls the same functions the storage probe runs. Prints medians and
 the ratio probe/fio (target: within 10%), writes benchmarks/results/storage.json.
 
@@ -24,11 +25,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
-from benchmarks.common import write_result  # noqa: E402
-from fleetcanary.probes import storage  # noqa: E402
+from benchmarks.common import write_result
+from fleetcanary.probes import storage
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def fio(args: list[str]) -> dict:

@@ -67,8 +67,10 @@ class Profile:
     offset: float = 0.02          # persistent per-GPU (and per-node collective) offset: uniform +-this
     diurnal_max: float = 0.015    # each node's diurnal amplitude: uniform 0..this, its own phase
     junk: float = 0.005           # share of figures that are junk (30-70% of the value)
-    confirm_change: float = 0.10  # the exporter's confirmation runs (daemon/confirm.py): a run whose figure moved
-    confirm_delay_s: int = 300    # this much from the median of its last 3 gets one more run this long after it; 0: none
+    # the exporter's confirmation runs (daemon/confirm.py): a run whose figure moved confirm_change from the
+    # median of its last 3 gets one more run confirm_delay_s after it; 0: none
+    confirm_change: float = 0.10
+    confirm_delay_s: int = 300
     fail: float = 0.003           # share of runs that fail
     busy_per_day: float = 1.0     # busy periods per node and day (invasive probes skip)
     busy_hours: tuple = (2.0, 10.0)
@@ -95,7 +97,7 @@ class Profile:
     eval_from_day: float = 2.5
 
     @classmethod
-    def h200(cls, **kw) -> "Profile":
+    def h200(cls, **kw) -> Profile:
         """The same fleet with H200-like run noise: normal, 0.6%, no heavy tails."""
         return cls(name="h200", noise="normal", bw_noise=0.006, coll_noise=0.006, **kw)
 
@@ -155,7 +157,7 @@ class Fleet:
         rng = np.random.default_rng(p.seed)
         self.rng = rng
         self.nodes: list[Node] = []
-        for (pool, _, model), size in zip(POOLS, _pool_sizes(p.nodes)):
+        for (pool, _, model), size in zip(POOLS, _pool_sizes(p.nodes), strict=True):
             for _ in range(size):
                 i = len(self.nodes)
                 self.nodes.append(Node(f"node-{i:03d}", pool, model, i, float(rng.uniform(0, p.scrape_s)),
@@ -178,8 +180,13 @@ class Fleet:
         p, t0 = self.p, self.start
         gpus = [(n.name, str(g)) for n in self.nodes for g in range(8)]
         order = list(rng.permutation(len(gpus)))
-        take = lambda k: [gpus[order.pop()] for _ in range(k)]  # noqa: E731  distinct GPUs, no two faults on one
-        d = lambda a, b: t0 + float(rng.uniform(a, b)) * DAY  # noqa: E731
+
+        def take(k: int) -> list[tuple[str, str]]:  # distinct GPUs, no two faults on one
+            return [gpus[order.pop()] for _ in range(k)]
+
+        def d(a: float, b: float) -> float:
+            return t0 + float(rng.uniform(a, b)) * DAY
+
         for size in p.steps:
             for node, gpu in take(p.per_step):
                 self.events.append(Event("step", "gpu_memory_bandwidth", node, gpu, d(*p.step_days), size))
@@ -381,14 +388,15 @@ class Fleet:
         r = n.runs[probe]
         fin, out = r["fin"], r["out"]
         restart = np.full(len(t), self.start - 1.0)
-        for a, b in n.outages:
+        for _, b in n.outages:
             restart = np.where(t >= b, b, restart)
         k_all = np.searchsorted(fin, t, side="right") - 1   # the last run finished by the scrape
         ns = np.flatnonzero(out != 2)
         k_ns = np.searchsorted(fin[ns], t, side="right") - 1  # the last run that was not a skip
         k = np.where(k_ns >= 0, ns[np.clip(k_ns, 0, None)], -1)
         kk = np.clip(k, 0, None)
-        fresh = (k >= 0) & (out[kk] == 0) & (fin[kk] >= restart) & (t - fin[kk] <= self.p.fresh_intervals * r["interval"] + r["timeout"])
+        max_age = self.p.fresh_intervals * r["interval"] + r["timeout"]
+        fresh = (k >= 0) & (out[kk] == 0) & (fin[kk] >= restart) & (t - fin[kk] <= max_age)
         vals = np.where(fresh[:, None], r["vals"][kk], np.nan)
         vals[~up] = np.nan
         res = {"vals": vals}
@@ -531,8 +539,9 @@ class Fleet:
         for e in self.events:
             kinds[f"{e.family} {e.label}"] = kinds.get(f"{e.family} {e.label}", 0) + 1
         return {"nodes": len(self.nodes), "gpus": len(self.nodes) * 8, "days": p.days, "gpu_days": self.gpu_days(),
-                "pools": {k: v for k, v in self.pool_size.items()},
+                "pools": dict(self.pool_size),
                 "busy_share": round(busy, 3), "runs": runs, "skipped_runs": skipped,
                 "junk_runs": sum(len(v) for n in self.nodes for v in n.junk.values()),
-                "confirmation_runs": {pr: int(sum(n.runs[pr]["confirmation"].sum() for n in self.nodes)) for pr in runs},
+                "confirmation_runs": {pr: int(sum(n.runs[pr]["confirmation"].sum() for n in self.nodes))
+                                      for pr in runs},
                 "events": kinds}

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root, for the imports below
+from alerts.backfill import BackfilledPrometheus, binary
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from alerts.backfill import BackfilledPrometheus, binary  # noqa: E402
 
 RULES = ROOT / "alerts/fleetcanary.rules.yml"
 ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
@@ -83,7 +84,7 @@ def load_build():
     sys.modules[name] = mod  # dataclasses look their module up while the class is built
     try:
         spec.loader.exec_module(mod)
-    except Exception as exc:  # noqa: BLE001  the benchmark still runs on the shipped files alone
+    except Exception as exc:  # noqa: BLE001 - the benchmark still runs on the shipped files alone
         print(f"detection: alerts/build.py did not load ({exc}); replaying the alert expressions whole")
         return None
     return mod
@@ -130,7 +131,7 @@ def closure(exprs, recs) -> tuple[set, set]:
                 pending.extend(x[2]["expr"] for x in recs[r])
         stripped = RECORD_NAME.sub(" ", e)
         stripped = re.sub(r'"[^"]*"', '""', stripped)
-        raw |= {m for m in METRIC_NAME.findall(stripped)}
+        raw |= set(METRIC_NAME.findall(stripped))
     return records, raw
 
 
@@ -160,7 +161,8 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
             else:
                 a.cond = a.expr
             if "ALERTS" in a.cond and not a.parts:
-                skipped.append({"alert": a.name, "why": "its expression reads ALERTS and build.py gives no alert_parts"})
+                skipped.append({"alert": a.name,
+                                "why": "its expression reads ALERTS and build.py gives no alert_parts"})
                 continue
             a.records, a.needs = closure([a.cond, a.runs_ok], recs)
             a.needs.discard("ALERTS")
@@ -210,7 +212,7 @@ def backfill_raw(fleet, data: Path, work: Path, progress, jobs: int = 2) -> int:
     """Generate the scrapes block by block and backfill each (`jobs` blocks at a time)."""
     import multiprocessing
 
-    global _FLEET
+    global _FLEET  # noqa: PLW0603 - the forked pool's workers inherit the fleet through it, unpickled
     data.mkdir(parents=True, exist_ok=True)
     fleet.prepare_scrapes()
     _FLEET = fleet

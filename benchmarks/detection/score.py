@@ -139,9 +139,9 @@ def union(fleet: Fleet, name: str, family: str, rows_eps: list[tuple], kinds=("s
         for ep in eps:
             for e in events:
                 end = e.end if e.end is not None else fleet.end
-                if relevant(alert, e) and matches(ep["labels"], e) and e.start <= ep["start"] <= end + DAY:
-                    if id(e) not in first or ep["start"] < first[id(e)]:
-                        first[id(e)] = ep["start"]
+                if (relevant(alert, e) and matches(ep["labels"], e) and e.start <= ep["start"] <= end + DAY
+                        and (id(e) not in first or ep["start"] < first[id(e)])):
+                    first[id(e)] = ep["start"]
     recall = {}
     groups = defaultdict(list)
     for e in events:
