@@ -78,7 +78,8 @@ class ServerConfig(Strict):
 
 class HistoryConfig(Strict):
     enabled: bool = Field(True, description="Append every run to results.jsonl in state_dir.")
-    max_bytes: int = Field(16 << 20, ge=64 << 10, description="Rotate results.jsonl when it would exceed this many bytes.")
+    max_bytes: int = Field(16 << 20, ge=64 << 10,
+                           description="Rotate results.jsonl when it would exceed this many bytes.")
     backups: int = Field(3, ge=0, le=100, description="Rotated files kept (results.jsonl.1 ... .N).")
 
 
@@ -122,7 +123,8 @@ class KubernetesConfig(Strict):
                                    "(GPU feature discovery); node_info label gpu_product.")
     instance_type_label: str = Field("node.kubernetes.io/instance-type",
                                      description="Node label with the instance type; node_info label instance_type.")
-    zone_label: str = Field("topology.kubernetes.io/zone", description="Node label with the zone; node_info label zone.")
+    zone_label: str = Field("topology.kubernetes.io/zone",
+                            description="Node label with the zone; node_info label zone.")
     pool_label: str = Field("", description="Node label naming the pool (e.g. a node-pool label); used when "
                             "`pool` is not set.")
     gpu_allocation_policy: str = Field(
@@ -144,18 +146,20 @@ class ProbeEntryBase(Strict):
         "Probes without such figures ignore it.")
     confirm_delay_seconds: float = Field(
         300.0, gt=0, description="Seconds from such a run to its confirmation run; at most half the interval (the "
-        "alerts count three runs within 1.2 intervals; the default is held to that). Longer than the scrape interval, so Prometheus sees the "
+        "alerts count three runs within 1.2 intervals; the default is held to that). Longer than the scrape "
+        "interval, so Prometheus sees the "
         "first run's figures before the confirmation replaces them.")
 
     @model_validator(mode="after")
-    def _check_schedule(self) -> "ProbeEntryBase":
-        interval = getattr(self, "interval_seconds")
-        timeout = getattr(self, "timeout_seconds")
+    def _check_schedule(self) -> ProbeEntryBase:
+        interval = self.interval_seconds
+        timeout = self.timeout_seconds
         problems = []
         if timeout >= interval:
             problems.append(f"timeout_seconds ({timeout:g}) must be shorter than interval_seconds ({interval:g})")
         if self.jitter_seconds >= interval:
-            problems.append(f"jitter_seconds ({self.jitter_seconds:g}) must be shorter than interval_seconds ({interval:g})")
+            problems.append(f"jitter_seconds ({self.jitter_seconds:g}) must be shorter than "
+                            f"interval_seconds ({interval:g})")
         if "confirm_delay_seconds" in self.model_fields_set and self.confirm_delay_seconds > interval / 2:
             problems.append(f"confirm_delay_seconds ({self.confirm_delay_seconds:g}) must be at most half of "
                             f"interval_seconds ({interval:g})")
@@ -168,11 +172,11 @@ class ProbeEntryBase(Strict):
     @property
     def effective_confirm_delay_seconds(self) -> float:
         """The default 300 s, held to half the interval for probes that run more often than every 10 minutes."""
-        return min(self.confirm_delay_seconds, getattr(self, "interval_seconds") / 2)
+        return min(self.confirm_delay_seconds, self.interval_seconds / 2)
 
     @property
     def effective_jitter_seconds(self) -> float:
-        return 0.1 * getattr(self, "interval_seconds") if self.jitter_seconds == -1 else self.jitter_seconds
+        return 0.1 * self.interval_seconds if self.jitter_seconds == -1 else self.jitter_seconds
 
 
 def entry_model(cls: type[Probe]) -> type[ProbeEntryBase]:

@@ -39,24 +39,25 @@ def _read(path: str) -> str | None:
 
 def os_name() -> str:
     text = _read("/etc/os-release") or ""
-    m = re.search(r'^PRETTY_NAME="?([^"\n]+)"?', text, re.M)
+    m = re.search(r'^PRETTY_NAME="?([^"\n]+)"?', text, re.MULTILINE)
     return m.group(1) if m else platform.system() or UNKNOWN
 
 
 def cpu_model() -> str:
     text = _read("/proc/cpuinfo") or ""
-    m = re.search(r"^(model name|Model|cpu model)\s*:\s*(.+)$", text, re.M)
+    m = re.search(r"^(model name|Model|cpu model)\s*:\s*(.+)$", text, re.MULTILINE)
     return m.group(2).strip() if m else (platform.processor() or UNKNOWN)
 
 
 def numa_nodes() -> int | str:
-    nodes = [p for p in Path("/sys/devices/system/node").glob("node[0-9]*")] if Path("/sys/devices/system/node").exists() else []
+    root = Path("/sys/devices/system/node")
+    nodes = list(root.glob("node[0-9]*")) if root.exists() else []
     return len(nodes) if nodes else UNKNOWN
 
 
 def memory_bytes() -> int | str:
     text = _read("/proc/meminfo") or ""
-    m = re.search(r"^MemTotal:\s+(\d+) kB", text, re.M)
+    m = re.search(r"^MemTotal:\s+(\d+) kB", text, re.MULTILINE)
     return int(m.group(1)) * 1024 if m else UNKNOWN
 
 
@@ -156,7 +157,7 @@ GPU_UNKNOWN = {
 
 def gpu_facts() -> dict[str, Any]:
     """GPU facts from NVML. Worker-only: it loads the NVML library."""
-    from fleetcanary.probes.lib import nvml  # noqa: PLC0415 - worker-side import by design
+    from fleetcanary.probes.lib import nvml
 
     try:
         session = nvml.open_session()

@@ -23,7 +23,7 @@ CRASH_REASONS = ("exception", "killed_by_signal", "oom_killed", "exit_nonzero", 
                  "spawn_failed")
 BROKEN = ("failure", "timeout", "crash")
 
-__all__ = ["BROKEN", "CRASH_REASONS", "OUTCOMES", "RecordError", "RunRecord", "SCHEMA", "SKIP_REASONS"]
+__all__ = ["BROKEN", "CRASH_REASONS", "OUTCOMES", "SCHEMA", "SKIP_REASONS", "RecordError", "RunRecord"]
 
 
 class RecordError(ValueError):
@@ -51,7 +51,8 @@ class RunRecord:
     started_at: float = 0.0             # unix time the worker was started
     wall_seconds: float = 0.0           # worker start to end, as the runner saw it (the deadline applies to this)
     probe_seconds: float | None = None  # time inside probe.run, as the worker measured it
-    result: dict[str, Any] = field(default_factory=dict)       # figures, parameters, touched, gpu_seconds, config, extra
+    # figures, parameters, touched, gpu_seconds, config, extra
+    result: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)  # the environment record the run ran in
     samples: list[dict[str, Any]] = field(default_factory=list)  # metric samples (worker to daemon only)
     exit_status: int | None = None      # the worker's exit status
@@ -97,7 +98,7 @@ class RunRecord:
         return _finite(d)
 
     @classmethod
-    def from_json(cls, obj: Any, source: str = "") -> "RunRecord":
+    def from_json(cls, obj: Any, source: str = "") -> RunRecord:
         """A record from its JSON object. Schema 1 (history files of fleetcanary 0.1) is read
         too: its ``record`` is ``result`` and its ``duration_seconds`` is ``wall_seconds``."""
         if not isinstance(obj, dict):

@@ -69,7 +69,8 @@ PROBE_INTERVAL = _m("fleetcanary_probe_interval_seconds", "gauge",
                     "The probe's configured interval; staleness alerts use it.", ("probe",))
 PROBE_CONFIRMATIONS = _m("fleetcanary_probe_confirmation_runs_total", "counter",
                          "Extra runs started a few minutes after a run in which a figure the alerts' fast path judges "
-                         "jumped (confirm_change); counted in runs_total too. Probes with such figures only.", ("probe",))
+                         "jumped (confirm_change); counted in runs_total too. Probes with such figures only.",
+                         ("probe",))
 PROBE_INVALID = _m("fleetcanary_probe_invalid_samples_total", "counter",
                    "Samples a probe returned that its metric specs do not declare; dropped.", ("probe",))
 GPU_PROBE_SECONDS = _m("fleetcanary_gpu_probe_seconds_total", "counter",
@@ -161,7 +162,8 @@ class _StateCollector:
                 else:
                     fam = HistogramMetricFamily(spec.name, help_text, labels=list(spec.labels))
                     for key, h in s.histograms.get(spec.name, {}).items():
-                        buckets = [(repr(float(b)), c) for b, c in zip(h.buckets, h.counts)] + [("+Inf", h.count)]
+                        buckets = [(repr(float(b)), c) for b, c in zip(h.buckets, h.counts, strict=True)]
+                        buckets.append(("+Inf", h.count))
                         fam.add_metric([v2 for _, v2 in key], buckets, h.total)
                 yield fam
 
@@ -179,7 +181,8 @@ class _StateCollector:
         yield CLOCK_JUMPS.family(s.clock_jumps)
         yield START_TIME.family(s.start_time)
         build = BUILD_INFO.family()
-        build.add_metric([], {"version": version(), "commit": git_commit(), "python_version": platform.python_version()})
+        build.add_metric([], {"version": version(), "commit": git_commit(),
+                              "python_version": platform.python_version()})
         yield build
         node = NODE_INFO.family()
         node.add_metric([], s.node_labels())

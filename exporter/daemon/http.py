@@ -49,7 +49,7 @@ class _Server(ThreadingHTTPServer):
             tls = ctx.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError) as exc:
             log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
-            return
+            return None
         try:
             self.RequestHandlerClass(tls, client_address, self)
         finally:
@@ -96,7 +96,8 @@ class MetricsServer:
             def do_GET(self):
                 path = self.path.split("?", 1)[0]
                 try:
-                    if path not in OPEN_PATHS and not self.server.web.check_authorization(self.headers.get("Authorization")):
+                    auth = self.headers.get("Authorization")
+                    if path not in OPEN_PATHS and not self.server.web.check_authorization(auth):
                         self._send(401, b"unauthorized\n", "text/plain",
                                    {"WWW-Authenticate": 'Basic realm="fleetcanary", charset="UTF-8"'})
                         return

@@ -45,8 +45,13 @@ def wanted(cfg, environ=os.environ) -> bool:
 def classify(exc: BaseException) -> str:
     """An API failure as one of ERROR_REASONS."""
     from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import (ConnectTimeoutError, MaxRetryError, NewConnectionError, ProtocolError,
-                                    ReadTimeoutError)
+    from urllib3.exceptions import (
+        ConnectTimeoutError,
+        MaxRetryError,
+        NewConnectionError,
+        ProtocolError,
+        ReadTimeoutError,
+    )
 
     if isinstance(exc, MaxRetryError) and exc.reason is not None:
         exc = exc.reason
@@ -112,7 +117,7 @@ class Kube:
 
     @classmethod
     def in_cluster(cls, cfg, node_name: str, on_change=None, token_file: str | None = None,
-                   ca_file: str | None = None, environ=os.environ) -> "Kube":
+                   ca_file: str | None = None, environ=os.environ) -> Kube:
         """The API server from the pod's service account (paths overridable for tests and odd setups)."""
         from kubernetes import client
         from kubernetes.config.incluster_config import InClusterConfigLoader
@@ -184,8 +189,8 @@ class Kube:
                 self.sync()
                 next_sync = now + self.cfg.refresh_seconds
             self.patch_condition()
-            self._wake.wait(timeout=max(0.1, min(next_sync, self._patched_at + self.cfg.node_condition.heartbeat_seconds)
-                                        - time.monotonic()))
+            next_heartbeat = self._patched_at + self.cfg.node_condition.heartbeat_seconds
+            self._wake.wait(timeout=max(0.1, min(next_sync, next_heartbeat) - time.monotonic()))
             self._wake.clear()
 
     def _timeout(self):
@@ -225,7 +230,7 @@ class Kube:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
                 _request_timeout=self._timeout())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any API failure is counted and survived
             self._error("list_pods", exc)
             ok = False
         else:
@@ -259,7 +264,7 @@ class Kube:
         try:
             self.api.patch_node_status(self.node_name, body, _request_timeout=self._timeout(),
                                        _content_type="application/strategic-merge-patch+json")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - counted; the heartbeat is retried within 30 s
             self._error("patch_node_status", exc)
             with self._lock:
                 self._patched_at = time.monotonic() - nc.heartbeat_seconds + min(30.0, nc.heartbeat_seconds)

@@ -39,7 +39,7 @@ LabelKey = tuple[tuple[str, str], ...]
 @dataclass
 class ProbeState:
     last: RunRecord | None = None
-    runs: dict[str, int] = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
+    runs: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     skips: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     crashes: dict[str, int] = field(default_factory=dict)
@@ -234,7 +234,7 @@ class ResultStore:
     # --- reads ------------------------------------------------------------------
     def node_labels(self) -> dict[str, str]:
         labels = envmod.stable_labels(self.node_environment) if self.node_environment else \
-            {k: envmod.UNKNOWN for k in envmod.STABLE_FIELDS}
+            dict.fromkeys(envmod.STABLE_FIELDS, envmod.UNKNOWN)
         labels.update(self.node_extra_labels)
         return labels
 

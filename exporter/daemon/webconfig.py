@@ -59,7 +59,7 @@ class WebConfig:
         """True if basic auth is off, or the Authorization header names a user with the right password."""
         if not self.users:
             return True
-        if not header or not header[:6].lower() == "basic ":
+        if not header or header[:6].lower() != "basic ":
             return False
         try:
             user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
@@ -111,7 +111,8 @@ def _context(cfg: dict, source: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     lo = cfg.get("min_version", "TLS12")
     if lo in ("TLS10", "TLS11"):
-        raise WebConfigError(f"{source}: tls_server_config.min_version: {lo} is below TLS 1.2, which fleetcanary refuses")
+        raise WebConfigError(f"{source}: tls_server_config.min_version: {lo} is below TLS 1.2, "
+                             "which fleetcanary refuses")
     if lo not in TLS_VERSIONS:
         raise WebConfigError(f"{source}: tls_server_config.min_version: {lo!r}; use TLS12 or TLS13")
     ctx.minimum_version = TLS_VERSIONS[lo]

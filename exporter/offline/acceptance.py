@@ -24,10 +24,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fleetcanary.probes import PROBES
-
 from fleetcanary.core.textfile import TextFileError, read_text
 from fleetcanary.core.units import human, text_table
+from fleetcanary.probes import PROBES
 
 
 class Check(BaseModel):
@@ -45,7 +44,7 @@ class Check(BaseModel):
     name: str | None = Field(None, description="Shown instead of the generated check name.")
 
     @model_validator(mode="after")
-    def _shape(self) -> "Check":
+    def _shape(self) -> Check:
         if (self.figure is None) == (self.metric is None):
             raise ValueError("give exactly one of figure or metric")
         if self.figure is not None and self.probe not in PROBES:
@@ -111,7 +110,8 @@ def load(path: str) -> Expectations:
     try:
         return Expectations.model_validate(data)
     except ValidationError as exc:
-        raise ExpectationsError([f"{path}: {'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+        raise ExpectationsError([f"{path}: {'.'.join(str(p) for p in e['loc'])}: "
+                                 f"{e['msg'].removeprefix('Value error, ')}"
                                  for e in exc.errors()]) from None
 
 
@@ -154,7 +154,8 @@ def evaluate(check: Check, outcomes) -> list[dict[str, Any]]:
             med = statistics.median(vals)
             ok = (check.min is None or med >= check.min) and (check.max is None or med <= check.max) and \
                 (check.equals is None or med == check.equals)
-            spread = f" (runs {human(min(vals), unit)}..{human(max(vals), unit)}, n={len(vals)})" if len(vals) > 1 else ""
+            spread = (f" (runs {human(min(vals), unit)}..{human(max(vals), unit)}, n={len(vals)})"
+                      if len(vals) > 1 else "")
             rows.append({"check": check.title(), "series": ",".join(f"{k}={v}" for k, v in key),
                          "observed": f"median {human(med, unit)}{spread}", "expected": check.expected(unit),
                          "pass": ok, "value": med})

@@ -22,6 +22,7 @@ differ in hardware, power caps, CPU limits or probe parameters unless --allow-in
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -32,9 +33,9 @@ import yaml
 
 from fleetcanary.core.record import RunRecord
 from fleetcanary.core.stats import dispersion
-from fleetcanary.offline import results
 from fleetcanary.core.textfile import TextFileError, read_text
 from fleetcanary.core.units import human, text_table
+from fleetcanary.offline import results
 
 EXIT = {"Pass": 0, "Blocked": 1, "Conditional pass": 3}
 EXIT_ERROR = 2
@@ -107,9 +108,8 @@ def bootstrap_ratio(base: list[list[float]], cand: list[list[float]], seed: int 
 
 def _u_distribution(n: int, m: int) -> list[int]:
     """Counts of each Mann-Whitney U value (0..n*m) over all arrangements of n and m untied values."""
-    from functools import lru_cache
 
-    @lru_cache(maxsize=None)
+    @functools.cache
     def f(a: int, b: int) -> tuple[int, ...]:
         if a == 0 or b == 0:
             return (1,)
@@ -142,7 +142,7 @@ class Thresholds:
         self.rules = DEFAULT_THRESHOLDS["figures"] + (data.get("figures") or [])  # later rules win
 
     @classmethod
-    def load(cls, path: str | None) -> "Thresholds":
+    def load(cls, path: str | None) -> Thresholds:
         if not path:
             return cls()
         try:
@@ -158,7 +158,8 @@ class Thresholds:
         for i, rule in enumerate(data.get("figures") or []):
             if not isinstance(rule, dict) or set(rule) - {"probe", "figure", "labels", "warn", "block", "ignore"}:
                 raise results.ResultsError(f"{path}: figures[{i}]: keys are probe, figure, labels, warn, block, ignore")
-        for where in [data.get("default") or {}] + list((data.get("units") or {}).values()) + (data.get("figures") or []):
+        units = list((data.get("units") or {}).values())
+        for where in [data.get("default") or {}] + units + (data.get("figures") or []):
             for k in ("warn", "block"):
                 if k in where and not (isinstance(where[k], (int, float)) and 0 <= where[k] < 1):
                     raise results.ResultsError(f"{path}: {k} must be a fraction from 0 to 1, got {where[k]!r}")
@@ -227,8 +228,8 @@ def compare(base_runs: list[RunRecord], cand_runs: list[RunRecord], thresholds: 
     blocks = [r for r in rows if r.severity == "block"]
     warns = [r for r in rows if r.severity == "warn"]
     verdict = "Blocked" if blocks or failures else "Conditional pass" if warns else "Pass"
-    few = sorted({r.figure for r in rows if r.replicates != "runs" or r.baseline and r.baseline["n"] < MIN_RANK_RUNS
-                  or r.candidate and r.candidate["n"] < MIN_RANK_RUNS})
+    few = sorted({r.figure for r in rows if r.replicates != "runs" or (r.baseline and r.baseline["n"] < MIN_RANK_RUNS)
+                  or (r.candidate and r.candidate["n"] < MIN_RANK_RUNS)})
     return {
         "verdict": verdict,
         "few_runs": few,

@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def demo_config(workdir: Path, listen: str, llm_base_url: str, fast: bool) -> dict:
     """The exporter config the demo runs: every CPU-capable probe, short schedules."""
-    every = (lambda normal, quick: quick if fast else normal)
+    def every(normal: float, quick: float) -> float:
+        return quick if fast else normal
+
     scratch = workdir / "storage"
     scratch.mkdir(parents=True, exist_ok=True)
     return {
@@ -141,9 +143,9 @@ def _run(args, rule_files: list[Path], dashboards: Path) -> int:
         listen = _free(args.listen)
         cfg = workdir / "fleetcanary.yaml"
         cfg.write_text(yaml.safe_dump(demo_config(workdir, listen, llm_url, args.fast), sort_keys=False))
-        exporter_log = open(workdir / "exporter.log", "ab")
-        exporter = subprocess.Popen([*module_command("fleetcanary"), "run", "--config", str(cfg)],
-                                    stdout=exporter_log, stderr=subprocess.STDOUT)
+        with open(workdir / "exporter.log", "ab") as exporter_log:  # the child keeps its own descriptor
+            exporter = subprocess.Popen([*module_command("fleetcanary"), "run", "--config", str(cfg)],
+                                        stdout=exporter_log, stderr=subprocess.STDOUT)
         if not _ready(f"http://{listen}/healthz", time.monotonic() + 60, exporter):
             print(f"fleetcanary demo: the exporter did not start; see {workdir / 'exporter.log'}", file=sys.stderr)
             return 1
@@ -155,9 +157,11 @@ def _run(args, rule_files: list[Path], dashboards: Path) -> int:
             pcfg = workdir / "prometheus.yml"
             pcfg.write_text(yaml.safe_dump(prometheus_config(listen, socket.gethostname() or "demo", args.fast,
                                                              rule_files)))
-            prom = subprocess.Popen([binary, f"--config.file={pcfg}", f"--storage.tsdb.path={workdir / 'prometheus'}",
-                                     f"--web.listen-address={plisten}", "--log.level=warn"],
-                                    stdout=open(workdir / "prometheus.log", "ab"), stderr=subprocess.STDOUT)
+            with open(workdir / "prometheus.log", "ab") as prom_log:
+                prom = subprocess.Popen([binary, f"--config.file={pcfg}",
+                                         f"--storage.tsdb.path={workdir / 'prometheus'}",
+                                         f"--web.listen-address={plisten}", "--log.level=warn"],
+                                        stdout=prom_log, stderr=subprocess.STDOUT)
             if not _ready(f"http://{plisten}/-/ready", time.monotonic() + 60, prom):
                 print(f"fleetcanary demo: Prometheus did not start; see {workdir / 'prometheus.log'}", file=sys.stderr)
                 return 1

@@ -14,7 +14,7 @@ locust workers' image or a C extension in the way.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 LOW = 1e-6
 GROWTH = 1.001
@@ -22,7 +22,7 @@ _LOG_G = math.log(GROWTH)
 
 
 class LatencyHistogram:
-    __slots__ = ("counts", "n", "below")
+    __slots__ = ("below", "counts", "n")
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
@@ -37,12 +37,12 @@ class LatencyHistogram:
         i = int(math.log(v / LOW) / _LOG_G)
         self.counts[i] = self.counts.get(i, 0) + 1
 
-    def extend(self, values: Iterable[float]) -> "LatencyHistogram":
+    def extend(self, values: Iterable[float]) -> LatencyHistogram:
         for v in values:
             self.add(v)
         return self
 
-    def merge(self, other: "LatencyHistogram") -> "LatencyHistogram":
+    def merge(self, other: LatencyHistogram) -> LatencyHistogram:
         for i, c in other.counts.items():
             self.counts[i] = self.counts.get(i, 0) + c
         self.n += other.n
@@ -67,7 +67,7 @@ class LatencyHistogram:
         return {"n": self.n, "below": self.below, "counts": [[i, c] for i, c in sorted(self.counts.items())]}
 
     @classmethod
-    def from_json(cls, d: dict) -> "LatencyHistogram":
+    def from_json(cls, d: dict) -> LatencyHistogram:
         h = cls()
         h.n, h.below = int(d["n"]), int(d["below"])
         h.counts = {int(i): int(c) for i, c in d["counts"]}

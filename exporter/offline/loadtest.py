@@ -16,8 +16,9 @@ Scaling: ``--workers N`` runs each step's load in N local processes started toge
 (concurrency split into whole users, a Poisson rate into N rates), each timing its own
 requests; their latency histograms (offline/latency_hist.py: fixed log buckets) merge
 exactly, so the percentiles are those of every request. Beyond one machine, Locust's
-master/worker mode runs the same client (offline/locustfile.py, docs/loadtest.md). Goodput is the highest throughput of a step
-whose P99 TTFT and P99 ITL are within the SLO and whose error rate is within bound.
+master/worker mode runs the same client (offline/locustfile.py, docs/loadtest.md).
+Goodput is the highest throughput of a step whose P99 TTFT and P99 ITL are within the
+SLO and whose error rate is within bound.
 Quality is not checked here (the inference probe does that); every request is
 timed with probes/lib/llm_client.py, the canary's own definitions.
 """
@@ -49,7 +50,7 @@ class Dist:
     b: float = 0.0
 
     @classmethod
-    def parse(cls, text: str) -> "Dist":
+    def parse(cls, text: str) -> Dist:
         parts = text.split(":")
         try:
             if parts[0] == "fixed" and len(parts) == 2:
@@ -69,7 +70,7 @@ class Dist:
             v = rng.uniform(self.a, self.b)
         else:
             v = rng.lognormvariate(math.log(max(self.a, 1.0)), self.b)
-        return max(1, int(round(v)))
+        return max(1, round(v))
 
 
 class Workload:
@@ -265,9 +266,7 @@ def within_slo(row: dict[str, Any], args: argparse.Namespace) -> bool:
         return False
     if args.slo_ttft_p99 is not None and (row["ttft_p99"] is None or row["ttft_p99"] > args.slo_ttft_p99):
         return False
-    if args.slo_itl_p99 is not None and (row["itl_p99"] is None or row["itl_p99"] > args.slo_itl_p99):
-        return False
-    return True
+    return not (args.slo_itl_p99 is not None and (row["itl_p99"] is None or row["itl_p99"] > args.slo_itl_p99))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -286,8 +285,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-seconds", type=float, default=20.0)
     p.add_argument("--drain-seconds", type=float, default=30.0, help="wait for a step's requests at most this long")
     p.add_argument("--max-requests", type=int, default=100_000, help="hard bound on requests per step")
-    p.add_argument("--input-len", default="fixed:128", help="fixed:N | uniform:MIN:MAX | lognormal:MEDIAN:SIGMA (words)")
-    p.add_argument("--output-len", default="fixed:64", help="output tokens: fixed:N | uniform:MIN:MAX | lognormal:MEDIAN:SIGMA")
+    p.add_argument("--input-len", default="fixed:128",
+                   help="fixed:N | uniform:MIN:MAX | lognormal:MEDIAN:SIGMA (words)")
+    p.add_argument("--output-len", default="fixed:64",
+                   help="output tokens: fixed:N | uniform:MIN:MAX | lognormal:MEDIAN:SIGMA")
     p.add_argument("--shared-prefix-ratio", type=float, default=0.0)
     p.add_argument("--prefix-words", type=int, default=512)
     p.add_argument("--stream-ratio", type=float, default=1.0)

@@ -27,7 +27,7 @@ def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=
     history = History(settings.state_dir, settings.history.max_bytes, settings.history.backups) \
         if write_history else None
     i = 0
-    for r in range(repeat):
+    for _ in range(repeat):
         for name in names:
             i += 1
             entry = settings.probe_entries()[name]
@@ -95,10 +95,7 @@ def target_lines(outcomes: list[RunRecord]) -> list[str]:
 def table(rs: list[dict[str, Any]]) -> str:
     lines = []
     for r in rs:
-        if r["median"] is None:
-            disp = "-"
-        else:
-            disp = f"±{human(r['mad'], r['unit'])}, {100 * (r['cv'] or 0):.1f}%"
+        disp = "-" if r["median"] is None else f"±{human(r['mad'], r['unit'])}, {100 * (r['cv'] or 0):.1f}%"
         lines.append((r["probe"], r["figure"], human(r["median"], r["unit"]), disp, str(r["n"] or "-"), r["status"]))
     return text_table(("probe", "figure", "median", "dispersion (MAD, CV)", "n", "status"), lines)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 from fleetcanary.core.record import RunRecord
-from fleetcanary.offline import results  # noqa: E402
+from fleetcanary.offline import results
 
 
 def _save(fig, path: Path) -> str:
@@ -33,7 +33,7 @@ def _series(sides):
 def collectives(per_side, out: Path) -> str | None:
     fig, ax = plt.subplots(figsize=(8, 5))
     drawn = False
-    for (side, sr), style in zip(per_side.items(), ("-o", "--s", ":^")):
+    for (side, sr), style in zip(per_side.items(), ("-o", "--s", ":^"), strict=False):
         lines = defaultdict(list)
         for s in sr.values():
             if s.probe == "collectives" and s.name.endswith("_busbw") and "size_bytes" in s.labels:
@@ -67,7 +67,7 @@ def gpu_bandwidth(per_side, out: Path) -> str | None:
         return None
     directions = sorted({d for d, _ in bars})
     fig, axes = plt.subplots(1, len(directions), figsize=(5 * len(directions), 4), squeeze=False)
-    for ax, d in zip(axes[0], directions):
+    for ax, d in zip(axes[0], directions, strict=True):
         sides = [sd for dd, sd in bars if dd == d]
         width = 0.8 / len(sides)
         for i, sd in enumerate(sides):
@@ -94,7 +94,7 @@ def p2p_matrix(per_side, out: Path) -> str | None:
     if not mats:
         return None
     fig, axes = plt.subplots(1, len(mats), figsize=(5 * len(mats), 4.5), squeeze=False)
-    for ax, (side, m) in zip(axes[0], mats.items()):
+    for ax, (side, m) in zip(axes[0], mats.items(), strict=True):
         im = ax.imshow(m, cmap="viridis")
         ax.set_title(f"P2P bandwidth (GB/s), {side}")
         ax.set_xlabel("destination GPU")

@@ -20,9 +20,9 @@ from typing import Any
 
 from fleetcanary.core.record import RunRecord
 from fleetcanary.core.stats import dispersion
+from fleetcanary.core.units import human
 from fleetcanary.offline import compare as comparemod
 from fleetcanary.offline import results
-from fleetcanary.core.units import human
 
 EXIT_ERROR = 2
 
@@ -60,7 +60,8 @@ def environment_section(runs: list[RunRecord]) -> dict[str, Any]:
                                                          "git_commit")},
         "platform": {"image": env.get("image", full.get("image")), "in_kubernetes": env.get("in_kubernetes"),
                      "cgroup_cpu_limit_cores": env.get("cgroup_cpu_limit_cores"),
-                     "hostnames": sorted({r.environment.get("hostname") for r in runs if r.environment.get("hostname")})},
+                     "hostnames": sorted({r.environment.get("hostname") for r in runs
+                                          if r.environment.get("hostname")})},
     }
 
 
@@ -185,45 +186,48 @@ def _figs_md(figs: list[dict]) -> list[str]:
 
 
 def markdown(rep: dict[str, Any], plots: list[str]) -> str:
-    L = ["# fleetcanary result report", "", f"Generated {rep['generated_at']}.", "",
-         "## Objective", "", rep["objective"], "", "## Environment", ""]
+    out = ["# fleetcanary result report", "", f"Generated {rep['generated_at']}.", "",
+           "## Objective", "", rep["objective"], "", "## Environment", ""]
     for side, env in rep["environment"].items():
         if side in ("changes", "incomparable_fields"):
             continue
-        L += [f"**{side}**", ""]
+        out += [f"**{side}**", ""]
         rows = [[f"{part}.{k}", v if not isinstance(v, list) else ", ".join(map(str, v)) or "-"]
                 for part, d in env.items() for k, v in d.items()]
-        L += _md_table(["field", "value"], rows) + [""]
+        out += _md_table(["field", "value"], rows) + [""]
     if rep["environment"].get("changes"):
-        L += ["Changed between baseline and candidate: " + "; ".join(rep["environment"]["changes"]) + ".", ""]
+        out += ["Changed between baseline and candidate: " + "; ".join(rep["environment"]["changes"]) + ".", ""]
     if rep["environment"].get("incomparable_fields"):
-        L += ["Compared despite differing setups (forced): " + "; ".join(rep["environment"]["incomparable_fields"]), ""]
-    L += ["## Workload", ""]
+        out += ["Compared despite differing setups (forced): "
+                + "; ".join(rep["environment"]["incomparable_fields"]), ""]
+    out += ["## Workload", ""]
     for side, wl in rep["workload"].items():
-        L += [f"**{side}**", ""]
-        L += _md_table(["probe", "runs by outcome", "parameters"],
-                       [[p, ", ".join(f"{k} {v}" for k, v in w["runs"].items()),
-                         "; ".join(json.dumps(x, sort_keys=True) for x in w["parameters"]) or "-"]
-                        for p, w in wl.items()]) + [""]
+        out += [f"**{side}**", ""]
+        out += _md_table(["probe", "runs by outcome", "parameters"],
+                         [[p, ", ".join(f"{k} {v}" for k, v in w["runs"].items()),
+                           "; ".join(json.dumps(x, sort_keys=True) for x in w["parameters"]) or "-"]
+                          for p, w in wl.items()]) + [""]
     for side in ("baseline", "candidate"):
-        L += [f"## {side.capitalize()}", ""]
-        L += (_figs_md(rep[side]) if rep[side] is not None else ["Not a comparison: one result set (see Performance)."])
-        L += [""]
-    L += ["## Quality", ""]
+        out += [f"## {side.capitalize()}", ""]
+        out += (_figs_md(rep[side]) if rep[side] is not None
+                else ["Not a comparison: one result set (see Performance)."])
+        out += [""]
+    out += ["## Quality", ""]
     for side, q in rep["quality"].items():
-        L += [f"**{side}**: {'pass' if q['passed'] else 'FAIL'}", ""]
+        out += [f"**{side}**: {'pass' if q['passed'] else 'FAIL'}", ""]
         if q["checks"]:
-            L += _md_table(["target", "check", "result", "runs"],
-                           [[c["target"], c["check"], "pass" if c["pass"] else "FAIL", c["runs"]] for c in q["checks"]])
-            L += [""]
+            out += _md_table(["target", "check", "result", "runs"],
+                             [[c["target"], c["check"], "pass" if c["pass"] else "FAIL", c["runs"]]
+                              for c in q["checks"]])
+            out += [""]
         for v in q["verification_failures"]:
-            L += [f"- verification failed: {v}"]
+            out += [f"- verification failed: {v}"]
         for e in q["excluded_runs"]:
-            L += [f"- excluded from the tables: {e['probe']} ({'; '.join(e['why'])})"]
+            out += [f"- excluded from the tables: {e['probe']} ({'; '.join(e['why'])})"]
         if not q["checks"] and not q["verification_failures"] and not q["excluded_runs"]:
-            L += ["No quality checks in these results; every figure was verified by its probe."]
-        L += [""]
-    L += ["## Performance", ""]
+            out += ["No quality checks in these results; every figure was verified by its probe."]
+        out += [""]
+    out += ["## Performance", ""]
     perf = rep["performance"]
     if "rows" in perf:
         rows = []
@@ -235,33 +239,34 @@ def markdown(rep: dict[str, Any], plots: list[str]) -> str:
                          f"{r['ratio']:.3f}" if r["ratio"] is not None else "-",
                          f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]" if r["ci95"] else "-",
                          r["status"] + (f" ({r['severity']})" if r["severity"] else "")])
-        L += _md_table(["figure", "baseline", "CV", "candidate", "CV", "ratio", "95% CI", "class"], rows)
+        out += _md_table(["figure", "baseline", "CV", "candidate", "CV", "ratio", "95% CI", "class"], rows)
         for name in ("figures_only_in_baseline", "figures_only_in_candidate"):
             if perf.get(name):
-                L += ["", f"{name.replace('_', ' ').capitalize()}: {', '.join(perf[name])}."]
+                out += ["", f"{name.replace('_', ' ').capitalize()}: {', '.join(perf[name])}."]
     else:
-        L += _figs_md(perf["figures"])
-    L += [""]
+        out += _figs_md(perf["figures"])
+    out += [""]
     for p in plots:
-        L += [f"![{Path(p).stem}]({Path(p).name})", ""]
-    L += ["## Reliability", ""]
+        out += [f"![{Path(p).stem}]({Path(p).name})", ""]
+    out += ["## Reliability", ""]
     for side, rel in rep["reliability"].items():
-        L += [f"**{side}**: {rel['runs']} runs, {len(rel['failed_runs'])} failed", ""]
+        out += [f"**{side}**: {rel['runs']} runs, {len(rel['failed_runs'])} failed", ""]
         for f in rel["failed_runs"]:
-            L += [f"- {f['probe']}: {f['outcome']} {f['reason']}: {f['detail']}"]
+            out += [f"- {f['probe']}: {f['outcome']} {f['reason']}: {f['detail']}"]
         if rel["skipped"]:
-            L += ["- skipped: " + ", ".join(f"{k} x{v}" for k, v in rel["skipped"].items())]
+            out += ["- skipped: " + ", ".join(f"{k} x{v}" for k, v in rel["skipped"].items())]
         if rel["inference_request_outcomes"]:
-            L += ["- inference requests: " + ", ".join(f"{k} {v}" for k, v in rel["inference_request_outcomes"].items())]
-        L += [""]
+            out += ["- inference requests: "
+                    + ", ".join(f"{k} {v}" for k, v in rel["inference_request_outcomes"].items())]
+        out += [""]
     c = rep["conclusion"]
-    L += ["## Conclusion", "", f"**{c['verdict']}**" + (f": {', '.join(c['blocking'])}" if c["blocking"] else "")
-          + (f" (warnings: {', '.join(c['warnings'])})" if c["warnings"] else ""), "",
-          "## Raw evidence", ""]
-    L += [f"- `{f['path']}` sha256 {f['sha256']}" for f in rep["raw_evidence"]["files"]]
-    L += [f"- {link}" for link in rep["raw_evidence"]["links"]]
-    L += [f"- {rep['raw_evidence']['runs']} probe runs; every figure's raw repeats are in the files above.", ""]
-    return "\n".join(L)
+    out += ["## Conclusion", "", f"**{c['verdict']}**" + (f": {', '.join(c['blocking'])}" if c["blocking"] else "")
+            + (f" (warnings: {', '.join(c['warnings'])})" if c["warnings"] else ""), "",
+            "## Raw evidence", ""]
+    out += [f"- `{f['path']}` sha256 {f['sha256']}" for f in rep["raw_evidence"]["files"]]
+    out += [f"- {link}" for link in rep["raw_evidence"]["links"]]
+    out += [f"- {rep['raw_evidence']['runs']} probe runs; every figure's raw repeats are in the files above.", ""]
+    return "\n".join(out)
 
 
 def main(args) -> int:

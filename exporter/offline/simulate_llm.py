@@ -36,8 +36,8 @@ import json
 import multiprocessing
 import os
 import random
-import signal
 import re
+import signal
 import socket
 import struct
 import sys
@@ -92,7 +92,7 @@ def answer(prompt: str, wrong: bool) -> str | None:
         v = a + b if op == "+" else a - b if op == "-" else a * b
         return str(v + 1 if wrong else v)
     for pat, ans in FACTS.items():
-        if re.search(pat, prompt, re.I):
+        if re.search(pat, prompt, re.IGNORECASE):
             return "Lyon" if wrong else ans
     return None
 
@@ -473,7 +473,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         if f.type in ("bool", bool) or isinstance(f.default, bool):
             # --usage / --no-usage: a flag whose default is true must be able to turn it off
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name in ("retry_after",):
+        elif f.name == "retry_after":
             p.add_argument(flag, type=float, default=None)
         elif f.name in ("stall_after_tokens", "error_event_after", "data_error_after", "non_json_after"):
             p.add_argument(flag, type=int, default=None)

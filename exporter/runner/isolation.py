@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from fleetcanary.core.record import CRASH_REASONS, OUTCOMES, RunRecord
@@ -89,7 +90,7 @@ def become_subreaper(reap_everything: bool = False) -> bool:
     daemon and `once`, which start no other processes). Otherwise only children outside
     our own session are: workers and what they fork run in sessions of their own, while an
     embedding program's ordinary children (a test's fixtures) share ours and are left alone."""
-    global _subreaper, _reap_everything
+    global _subreaper, _reap_everything  # noqa: PLW0603 - a process-wide kernel setting, set once at start-up
     _reap_everything = reap_everything
     try:
         import ctypes
@@ -105,14 +106,14 @@ def _children_of_self() -> list[int]:
     me = os.getpid()
     out = []
     try:
-        text = open(f"/proc/{me}/task/{me}/children").read()
+        text = Path(f"/proc/{me}/task/{me}/children").read_text()
         return [int(p) for p in text.split()]
     except OSError:
         pass
     for entry in os.listdir("/proc"):  # kernels without the children file
         if entry.isdigit():
             try:
-                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
                 if int(fields[1]) == me:
                     out.append(int(entry))
             except (OSError, IndexError, ValueError):
