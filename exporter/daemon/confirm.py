@@ -64,6 +64,7 @@ class Confirmer:
                     ref = statistics.median(past)
                     if ref > 0 and abs(value / ref - 1.0) >= change:
                         labels = ",".join(f"{k}={v}" for k, v in key[1])
-                        found = f"{name}{{{labels}}} {value / ref - 1.0:+.0%} against the median of its last {HISTORY} runs"
+                        found = (f"{name}{{{labels}}} {value / ref - 1.0:+.0%} "
+                                 f"against the median of its last {HISTORY} runs")
                 past.append(value)
         return found

@@ -14,8 +14,8 @@ import random
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Callable
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -221,8 +221,8 @@ class Scheduler:
             for job in self._sched.get_jobs():
                 job.remove()
             now = datetime.now(timezone.utc)
-            for name, (interval, jitter, _) in jobs.items():
-                delay = (delays or {}).get(name)
+            for name, (interval, configured_jitter, _) in jobs.items():
+                delay, jitter = (delays or {}).get(name), configured_jitter
                 if name in self.aligned:  # the next multiple of the interval since the epoch, no jitter
                     delay, jitter = (-now.timestamp()) % interval, 0.0
                 if delay is None:

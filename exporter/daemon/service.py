@@ -11,7 +11,6 @@ import os
 import signal
 import threading
 import time
-from typing import Any
 
 from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
