@@ -32,10 +32,6 @@ class Confirmer:
         self._lock = threading.Lock()
         self._seen: dict[str, dict[tuple, deque[float]]] = defaultdict(dict)
 
-    def forget(self, probe: str) -> None:
-        with self._lock:
-            self._seen.pop(probe, None)
-
     def jumped(self, out: RunRecord, metrics: tuple[str, ...], change: float) -> str:
         """Record the figures of a successful run and say which series jumped ("" if none).
         ``out.trigger == "confirmation"`` records without asking for another run."""

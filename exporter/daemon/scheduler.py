@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -34,9 +35,30 @@ CLOCK_JUMP_SECONDS = 5.0
 MIN_GAP_SHARE = 0.5
 
 
-def wall() -> float:
-    """The wall clock as APScheduler sees it (tests shift it to simulate a step)."""
-    return datetime.now(timezone.utc).timestamp()
+class Clock:
+    """Where the scheduler's time comes from: the monotonic clock (cadence, budgets), the wall clock
+    APScheduler plans on, the APScheduler that fires the jobs, and the timer of the clock watch.
+
+    The daemon runs on this real one. Tests pass a fake (tests/support/clock.py) whose time moves only
+    when the test advances it, and whose APScheduler fires due jobs at each step instead of in a thread
+    of its own: a day of schedule, a clock step or a confirmation delay then takes milliseconds, and no
+    verdict depends on how fast the machine wakes a thread."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+    def scheduler(self, **options) -> BaseScheduler:
+        return BackgroundScheduler(**options)
+
+    def every(self, seconds: float, fn: Callable[[], object], stop: threading.Event, name: str) -> None:
+        """Call ``fn`` every ``seconds`` until ``stop`` is set."""
+        def loop() -> None:
+            while not stop.wait(seconds):
+                fn()
+        threading.Thread(target=loop, name=name, daemon=True).start()
 
 
 def budget_window(interval_seconds: float) -> float:
@@ -66,8 +88,9 @@ class GpuBudget:
     GPU probes together fit ``ratio`` x 3600 s.
     """
 
-    def __init__(self, ratio: float) -> None:
+    def __init__(self, ratio: float, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.ratio = ratio
+        self._monotonic = monotonic
         # gpu -> (monotonic time, seconds, window of the probe that spent them, probe)
         self._spent: dict[str, deque[tuple[float, float, float, str]]] = defaultdict(deque)
         self._lock = threading.Lock()
@@ -84,13 +107,13 @@ class GpuBudget:
             window: float = BUDGET_WINDOW_SECONDS, probe: str = "") -> None:
         """Charge ``seconds`` to ``gpu``, spent by ``probe`` whose budget window is ``window``."""
         with self._lock:
-            self._spent[gpu].append((time.monotonic() if now is None else now, seconds, window, probe))
+            self._spent[gpu].append((self._monotonic() if now is None else now, seconds, window, probe))
 
     def left(self, now: float | None = None, window: float = BUDGET_WINDOW_SECONDS, probe: str | None = None,
              interval: float | None = None) -> dict[str, float]:
         """Seconds left per GPU (negative when overspent) for ``probe`` (run every ``interval``
         seconds) whose budget window is ``window``. Without a probe, every charge counts by its time."""
-        now = time.monotonic() if now is None else now
+        now = self._monotonic() if now is None else now
         with self._lock:
             out = {}
             for gpu, dq in self._spent.items():
@@ -111,9 +134,10 @@ class GpuBudget:
 
 
 class Scheduler:
-    def __init__(self, run_probe: Callable[..., object], workers: int = 16) -> None:
+    def __init__(self, run_probe: Callable[..., object], workers: int = 16, clock: Clock | None = None) -> None:
         self._run_probe = run_probe
-        self._sched = BackgroundScheduler(
+        self.clock = clock or Clock()
+        self._sched = self.clock.scheduler(
             executors={"default": ThreadPoolExecutor(max_workers=workers)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone=timezone.utc,
@@ -128,7 +152,7 @@ class Scheduler:
         self.clock_jumps = 0
         self.on_clock_jump: Callable[[float], None] | None = None
         self._stop = threading.Event()
-        self._watch = threading.Thread(target=self._watch_clock, name="clock-watch", daemon=True)
+        self._clocks = (self.clock.now().timestamp(), self.clock.monotonic())  # the watch's last look
 
     @property
     def running(self) -> bool:
@@ -136,42 +160,45 @@ class Scheduler:
 
     def start(self) -> None:
         self._sched.start()
-        self._watch.start()
+        self._clocks = (self.clock.now().timestamp(), self.clock.monotonic())
+        self.clock.every(CLOCK_CHECK_SECONDS, self.check_clock, self._stop, name="clock-watch")
 
     def shutdown(self) -> None:
         self._stop.set()
         if self._sched.running:
             self._sched.shutdown(wait=False)
 
-    def _watch_clock(self) -> None:
-        """APScheduler plans on the wall clock: after a step back (NTP, a VM restore) its next run
+    def check_clock(self) -> float:
+        """One look of the clock watch (every CLOCK_CHECK_SECONDS); the step seen, 0 if none.
+
+        APScheduler plans on the wall clock: after a step back (NTP, a VM restore) its next run
         times lie in the future and every probe would stall for as long as the step; after a step
         forward everything fires at once. Steps are seen against the monotonic clock, and the jobs
         are then planned again from the new wall time."""
-        last_wall, last_mono = wall(), time.monotonic()
-        while not self._stop.wait(CLOCK_CHECK_SECONDS):
-            w, m = wall(), time.monotonic()
-            step = (w - last_wall) - (m - last_mono)
-            last_wall, last_mono = w, m
-            if abs(step) < CLOCK_JUMP_SECONDS:
-                continue
-            self.clock_jumps += 1
-            log.warning("wall clock stepped %+.0f s; planning every probe again from the new time", step)
-            with self._jobs_lock:
-                jobs = dict(self._jobs)
-            # Keep each probe's cadence: its next run comes one interval after its last start, as
-            # measured on the monotonic clock, whatever APScheduler made of the step meanwhile.
-            with self._start_lock:
-                last = dict(self._last_start)
-            delays = {n: max(0.0, last[n] + iv - m) if n in last else None for n, (iv, _, _) in jobs.items()}
-            if self._sched.running:
-                self.set_jobs(jobs, delays=delays)
-            if self.on_clock_jump:
-                self.on_clock_jump(step)
+        w, m = self.clock.now().timestamp(), self.clock.monotonic()
+        last_wall, last_mono = self._clocks
+        self._clocks = (w, m)
+        step = (w - last_wall) - (m - last_mono)
+        if abs(step) < CLOCK_JUMP_SECONDS:
+            return 0.0
+        self.clock_jumps += 1
+        log.warning("wall clock stepped %+.0f s; planning every probe again from the new time", step)
+        with self._jobs_lock:
+            jobs = dict(self._jobs)
+        # Keep each probe's cadence: its next run comes one interval after its last start, as
+        # measured on the monotonic clock, whatever APScheduler made of the step meanwhile.
+        with self._start_lock:
+            last = dict(self._last_start)
+        delays = {n: max(0.0, last[n] + iv - m) if n in last else None for n, (iv, _, _) in jobs.items()}
+        if self._sched.running:
+            self.set_jobs(jobs, delays=delays)
+        if self.on_clock_jump:
+            self.on_clock_jump(step)
+        return step
 
     def _job(self, name: str) -> None:
         interval, _, cls = self._jobs.get(name, (60.0, 0.0, None))
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._start_lock:
             last = self._last_start.get(name)
             if last is not None and now - last < MIN_GAP_SHARE * interval:
@@ -207,7 +234,7 @@ class Scheduler:
                 return False
             interval, _, cls = self._jobs[name]
             self._sched.add_job(
-                self._locked, DateTrigger(run_date=datetime.now(timezone.utc) + timedelta(seconds=delay),
+                self._locked, DateTrigger(run_date=self.clock.now() + timedelta(seconds=delay),
                                           timezone=timezone.utc),
                 args=[name, interval, cls, trigger], id=f"{name}:{trigger}", name=f"{name} ({trigger})",
                 replace_existing=True)
@@ -220,7 +247,7 @@ class Scheduler:
             self._jobs = dict(jobs)
             for job in self._sched.get_jobs():
                 job.remove()
-            now = datetime.now(timezone.utc)
+            now = self.clock.now()
             for name, (interval, configured_jitter, _) in jobs.items():
                 delay, jitter = (delays or {}).get(name), configured_jitter
                 if name in self.aligned:  # the next multiple of the interval since the epoch, no jitter

@@ -19,7 +19,7 @@ from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import webconfig
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
-from fleetcanary.daemon.scheduler import GpuBudget, Scheduler, budget_window
+from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
@@ -32,14 +32,17 @@ log = logging.getLogger("fleetcanary.daemon")
 
 class Daemon:
     def __init__(self, settings, config_path: str | None = None,
-                 probe_map: dict[str, type[Probe]] | None = None, reap_everything: bool = False) -> None:
-        """reap_everything: this process starts no children but workers (true for `run`)."""
+                 probe_map: dict[str, type[Probe]] | None = None, reap_everything: bool = False,
+                 clock: Clock | None = None) -> None:
+        """reap_everything: this process starts no children but workers (true for `run`).
+        clock: where the schedule's and the GPU budget's time comes from (tests pass a fake one)."""
         self.reap_everything = reap_everything
         self._settings_lock = threading.Lock()
         self.settings = settings
         self.config_path = config_path
         self.probe_map = dict(probe_map or PROBES)
-        self.budget = GpuBudget(settings.gpu.budget_ratio)
+        self.clock = clock or Clock()
+        self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
         self.store = ResultStore(self.probe_map, self._enabled(settings))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
         self.store.set_environment(environment.collect(with_gpu=False))
@@ -50,7 +53,7 @@ class Daemon:
             self.store.set_node_extra_labels(self._extra_node_labels(settings))
         self.history = self._history(settings)
         self.confirmer = Confirmer()
-        self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2))
+        self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2), clock=self.clock)
         self.scheduler.on_clock_jump = lambda step: self.store.count_clock_jump()
         host, port = configmod.parse_listen_address(settings.server.listen_address)
         web = webconfig.load(settings.server.web_config_file)  # WebConfigError: the caller reports it

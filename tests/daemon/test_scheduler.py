@@ -1,8 +1,26 @@
+"""The scheduler on a fake clock (tests/support/clock.py): the real APScheduler job store, triggers and
+thread pool, and our duplicate check, locks and clock watch, with time that moves only when the test moves
+it. Hours of schedule take milliseconds and every time in an assertion is exact."""
+import itertools
 import threading
 
-from fleetcanary.daemon.scheduler import (BUDGET_WINDOW_SECONDS, MAX_BUDGET_WINDOW_SECONDS, GpuBudget,
-                                          Scheduler, budget_window)
-from tests.support.helpers import wait_for
+import pytest
+
+from fleetcanary.daemon.scheduler import (
+    BUDGET_WINDOW_SECONDS,
+    CLOCK_CHECK_SECONDS,
+    MAX_BUDGET_WINDOW_SECONDS,
+    GpuBudget,
+    Scheduler,
+    budget_window,
+)
+from tests.support.clock import FakeClock
+
+
+@pytest.fixture
+def clock():
+    with FakeClock() as c:
+        yield c
 
 
 def test_budget_is_a_sliding_hour_per_gpu():
@@ -13,6 +31,15 @@ def test_budget_is_a_sliding_hour_per_gpu():
     b.add("1", 1.0, now=2000.0)
     assert b.left(now=2000.0) == {"0": 3.0, "1": 17.0}
     assert b.left(now=1000.0 + BUDGET_WINDOW_SECONDS + 1) == {"0": 13.0, "1": 17.0}
+
+
+def test_budget_reads_the_clock_it_is_given(clock):
+    b = GpuBudget(0.005, monotonic=clock.monotonic)
+    b.add("0", 10.0)
+    clock.advance(1800)
+    assert b.left() == {"0": 8.0}
+    clock.advance(1801)
+    assert b.left() == {"0": 18.0}
 
 
 def test_budget_window_is_the_interval_between_an_hour_and_a_day():
@@ -66,7 +93,10 @@ def test_a_probes_own_previous_run_counts_at_its_scheduled_rate_not_twice():
     assert abs(c.left(now=3500.0, probe="gpu_compute", interval=1800.0)["0"] - 17.7) < 1e-9
 
 
-def test_exclusive_probes_never_overlap_and_each_runs():
+def test_exclusive_probes_never_overlap_and_each_runs(clock):
+    """Three probes of one exclusive class fall due together, four times: the thread pool starts them at
+    once and the class lock lets one run at a time (each holds the class for 0.1 s of real time, long
+    enough for an overlap to show)."""
     active, overlaps, runs = set(), [], []
     lock = threading.Lock()
     gate = threading.Event()
@@ -76,51 +106,96 @@ def test_exclusive_probes_never_overlap_and_each_runs():
             if active:
                 overlaps.append((name, set(active)))
             active.add(name)
-        gate.wait(0.3)
+        gate.wait(0.1)  # holds the class; not waiting for a state
         with lock:
             active.discard(name)
-            runs.append(name)
+            runs.append((clock.monotonic(), name))
 
-    s = Scheduler(run_probe, workers=4)
-    s.set_jobs({"a": (1.0, 0.0, "gpu"), "b": (1.0, 0.0, "gpu"), "c": (1.0, 0.0, "gpu")}, first_delay=False)
+    s = Scheduler(run_probe, workers=4, clock=clock)
     s.start()
-    try:
-        wait_for(lambda: {"a", "b", "c"} <= set(runs) and len(runs) >= 6, timeout=20, what="each probe to run")
-    finally:
-        s.shutdown()
+    s.set_jobs({"a": (60.0, 0.0, "gpu"), "b": (60.0, 0.0, "gpu"), "c": (60.0, 0.0, "gpu")}, first_delay=False)
+    t0 = clock.monotonic()
+    clock.advance(200)
+    s.shutdown()
     assert overlaps == []
+    assert sorted(runs) == sorted((t0 + k * 60.0, n) for k in range(4) for n in "abc")
 
 
-def test_jitter_delays_runs_but_stays_within_the_interval():
-    from datetime import datetime, timezone
-
-    s = Scheduler(lambda n: None)
-    s._sched.start(paused=True)  # jobs get their defaults once added to a started scheduler
+def test_jitter_delays_runs_but_stays_within_the_interval(clock):
+    starts: list[float] = []
+    s = Scheduler(lambda n: starts.append(clock.monotonic()), clock=clock)
+    s.start()
+    t0 = clock.monotonic()
     s.set_jobs({"x": (100.0, 10.0, None)})
     job = s._sched.get_job("x")
-    s.shutdown()
-    first = (job.next_run_time - datetime.now(timezone.utc)).total_seconds()
-    assert 0 <= first <= 10.0
     assert job.trigger.jitter == 10.0 and job.trigger.interval.total_seconds() == 100.0
     assert job.max_instances == 1 and job.coalesce is True
+    clock.advance(20 * 110.0)
+    s.shutdown()
+    assert 0 <= starts[0] - t0 <= 10.0  # the first run: within the jitter of the start
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(gaps) >= 18 and all(100.0 <= g <= 110.0 for g in gaps), gaps
+    assert len(set(gaps)) > 1  # jittered, not a fixed cadence
 
 
-def test_a_replan_right_after_a_run_does_not_run_the_probe_twice():
+def test_a_replan_right_after_a_run_does_not_run_the_probe_twice(clock):
     """A re-plan (reload, clock step) that asks for an immediate run just after one started must not
     make a burst: the duplicate is dropped and the cadence stays one interval."""
-    import time
-
     starts: list[float] = []
-    s = Scheduler(lambda name: starts.append(time.monotonic()), workers=2)
+    s = Scheduler(lambda name: starts.append(clock.monotonic()), workers=2, clock=clock)
     s.start()
-    try:
-        s.set_jobs({"x": (2.0, 0.0, None)}, first_delay=False)
-        wait_for(lambda: len(starts) >= 1, timeout=10, what="the first run")
-        s.set_jobs({"x": (2.0, 0.0, None)}, first_delay=False)  # asks for a run now
-        wait_for(lambda: len(starts) >= 2, timeout=10, what="the next run")
-    finally:
-        s.shutdown()
-    assert starts[1] - starts[0] >= 1.0, starts
+    t0 = clock.monotonic()
+    s.set_jobs({"x": (2.0, 0.0, None)}, first_delay=False)
+    clock.advance(0.1)
+    assert starts == [t0]
+    s.set_jobs({"x": (2.0, 0.0, None)}, first_delay=False)  # asks for a run now, 0.1 s after the first
+    clock.advance(0.5)
+    assert starts == [t0], "the re-plan's run 0.1 s after the first was not dropped"
+    clock.advance(5.0)
+    s.shutdown()
+    # the re-plan's own cadence resumes one interval after it (t0 + 0.1 + 2 k)
+    assert starts == pytest.approx([t0, t0 + 2.1, t0 + 4.1])
+
+
+@pytest.mark.parametrize("step", [-3600.0, 3600.0])
+def test_a_wall_clock_step_replans_the_probes(clock, step):
+    """APScheduler plans on the wall clock: after a step back every probe would stall for the step; after a
+    step forward its catch-up run would come right after the last run. The clock watch sees the step
+    against the monotonic clock and plans each probe one interval after its last start."""
+    runs: list[float] = []
+    jumps: list[float] = []
+    s = Scheduler(lambda name: runs.append(clock.monotonic()), workers=2, clock=clock)
+    s.on_clock_jump = jumps.append
+    s.start()
+    t0 = clock.monotonic()
+    s.set_jobs({"quick": (1.0, 0.0, None)}, first_delay=False)
+    clock.advance(1.25)
+    assert runs == [t0, t0 + 1.0]
+    clock.step_wall(step)
+    t_step = clock.monotonic()
+    clock.advance(5.0)
+    s.shutdown()
+    assert jumps == [pytest.approx(step)] and s.clock_jumps == 1
+    after = [r for r in runs if r > t_step]
+    # seen at the watch's next look (CLOCK_CHECK_SECONDS), and the 1 s cadence kept across the step:
+    # no stall, no burst, no run lost
+    assert CLOCK_CHECK_SECONDS <= 1.0
+    assert runs == pytest.approx([t0 + k for k in range(7)]), runs
+    assert len(after) == 5
+
+
+def test_a_confirmation_run_comes_after_its_delay_and_moves_no_scheduled_run(clock):
+    runs: list[tuple[float, str]] = []
+    s = Scheduler(lambda name, trigger="schedule": runs.append((clock.monotonic(), trigger)), clock=clock)
+    s.start()
+    t0 = clock.monotonic()
+    s.set_jobs({"x": (600.0, 0.0, None)}, first_delay=False)
+    clock.advance(10)
+    assert s.run_once("x", 30.0) is True and s.run_once("nope", 30.0) is False
+    clock.advance(1200)
+    s.shutdown()
+    assert runs == [(t0, "schedule"), (t0 + 40.0, "confirmation"), (t0 + 600.0, "schedule"),
+                    (t0 + 1200.0, "schedule")]
 
 
 def test_the_default_schedule_never_refuses_the_daily_burn():
@@ -172,7 +247,7 @@ def test_a_slot_aligned_probe_runs_on_the_wall_clock_grid_without_jitter():
     """Probe.slot_aligned (the fabric probe): every node's run starts at the same multiples of
     the interval since the epoch, whatever the configured jitter, also after a re-plan."""
     s = Scheduler(lambda n: None)
-    s._sched.start(paused=True)
+    s._sched.start(paused=True)  # plans only; nothing runs
     s.aligned = {"fabric"}
     for delays in (None, {"fabric": 1.234}):          # a first plan, then a clock-step re-plan
         s.set_jobs({"fabric": (300.0, 30.0, "gpu"), "other": (300.0, 30.0, None)}, delays=delays)

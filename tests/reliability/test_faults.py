@@ -2,7 +2,6 @@
 import subprocess
 import threading
 
-import pytest
 
 from tests.support.reliability import fault_daemon, leaked, memory_cgroup, pids_in, runs_of
 from tests.support.helpers import metric_value as value
@@ -125,43 +124,3 @@ def test_state_dir_full_or_read_only_is_counted_and_survived(tmp_path):
     log = d.log()
     assert "Traceback" not in log and "results history" in log
     assert "No space left" in log and "Read-only file system" in log
-
-
-@pytest.mark.parametrize("step", [-3600.0, 3600.0])
-def test_a_wall_clock_step_replans_the_probes(monkeypatch, step):
-    """APScheduler plans on the wall clock; after a step back every probe would stall for the step."""
-    import datetime as real_dt
-    import time
-
-    import apscheduler.schedulers.base as aps_base
-
-    from fleetcanary.daemon import scheduler as sched_mod
-
-    offset = {"s": 0.0}
-
-    class Shifted(real_dt.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return real_dt.datetime.now(tz) + real_dt.timedelta(seconds=offset["s"])
-
-    monkeypatch.setattr(aps_base, "datetime", Shifted)
-    monkeypatch.setattr(sched_mod, "datetime", Shifted)
-    runs: list[float] = []
-    jumps: list[float] = []
-    s = sched_mod.Scheduler(lambda name: runs.append(time.monotonic()), workers=2)
-    s.on_clock_jump = jumps.append
-    s.start()
-    try:
-        s.set_jobs({"quick": (1.0, 0.0, None)}, first_delay=False)
-        wait_for(lambda: len(runs) >= 2, timeout=10, what="two runs before the step")
-        offset["s"] = step
-        t_step = time.monotonic()
-        wait_for(lambda: len([r for r in runs if r > t_step]) >= 3, timeout=15, what="runs after the step")
-        after = [r for r in runs if r > t_step]
-    finally:
-        s.shutdown()
-    assert jumps and abs(jumps[0] - step) < 5
-    assert s.clock_jumps == 1
-    # no burst after a step forward: the runs after it keep the 1 s cadence
-    gaps = [b - a for a, b in zip(after, after[1:])]
-    assert all(g > 0.5 for g in gaps), gaps
