@@ -9,8 +9,9 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon.confirm import HISTORY, Confirmer
 from fleetcanary.daemon.service import Daemon
+from tests.support.clock import FakeClock
 from tests.support.fault_probes import FAULT_PROBES
-from tests.support.helpers import free_port, http_get, wait_for
+from tests.support.helpers import free_port, http_get
 from tests.support.helpers import metric_value as value
 
 M = "fleetcanary_test_level"
@@ -31,7 +32,7 @@ def test_a_jump_against_the_median_of_the_last_runs_asks_once_either_way():
     c = Confirmer()
     said = feed(c, [1.0, 1.02, 0.98, 0.95, 0.80])
     assert said[:4] == ["", "", "", ""]  # no history yet, then a 5% move
-    assert 'fleetcanary_test_level{series=a} -18% against the median of its last 3 runs' == said[4]
+    assert said[4] == 'fleetcanary_test_level{series=a} -18% against the median of its last 3 runs'
     # its confirmation run agrees; then the level holds against the median of (0.95, 0.80, 0.79): no new jump
     assert feed(c, [0.79], trigger="confirmation") == [""]
     assert feed(c, [0.81, 0.80, 0.79]) == ["", "", ""]
@@ -68,18 +69,21 @@ def test_too_long_a_confirm_delay_is_one_clear_config_error(tmp_path):
 
 
 def test_the_daemon_runs_one_confirmation_after_a_drop_and_one_after_the_recovery(tmp_path):
-    """A real daemon and real workers: the level probe every 4 s, its figure set through a file."""
+    """A real daemon and real workers on a fake clock (tests/support/clock.py): the level probe every
+    600 s of schedule, its figure set through a file between steps. Each run takes real time (a worker
+    starts, reads the file, reports); the schedule moves only when the test advances it, so every run
+    comes exactly when planned however slow the machine, and the worker's deadline (60 s) only bounds
+    a hang."""
     level = tmp_path / "level"
     level.write_text("1.0")
     port = free_port()
+    interval, delay = 600.0, 30.0
     cfg = {**ONLY_LEVEL, "state_dir": str(tmp_path / "s"), "server": {"listen_address": f"127.0.0.1:{port}"},
-           "probes": {"level": {"interval_seconds": 4, "timeout_seconds": 3, "jitter_seconds": 0,
-                                "confirm_delay_seconds": 1, "params": {"value_file": str(level)}}}}
+           "probes": {"level": {"interval_seconds": interval, "timeout_seconds": 60, "jitter_seconds": 0,
+                                "confirm_delay_seconds": delay, "params": {"value_file": str(level)}}}}
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
     probe_map = {"level": FAULT_PROBES["level"]}
-    d = Daemon(configmod.load(p, probe_map=probe_map, env={}), config_path=str(p), probe_map=probe_map)
-    d.start()
 
     def metrics() -> str:
         return http_get(f"http://127.0.0.1:{port}/metrics")[2].decode()
@@ -90,22 +94,30 @@ def test_the_daemon_runs_one_confirmation_after_a_drop_and_one_after_the_recover
     def confirmations() -> float:
         return value(metrics(), "fleetcanary_probe_confirmation_runs_total", probe="level")
 
-    try:
-        wait_for(lambda: runs() >= HISTORY + 1, timeout=90, what="the level probe's first runs")
-        assert confirmations() == 0.0
-        level.write_text("0.7")
-        wait_for(lambda: confirmations() == 1.0, timeout=60, what="a confirmation run after the drop")
-        held = runs()
-        wait_for(lambda: runs() >= held + 3, timeout=90, what="three more runs at the new level")
-        assert confirmations() == 1.0  # a level that holds asks for nothing more
-        level.write_text("1.0")
-        wait_for(lambda: confirmations() == 2.0, timeout=60, what="a confirmation run after the recovery")
-    finally:
-        d.stop()
+    with FakeClock() as clock:
+        d = Daemon(configmod.load(p, probe_map=probe_map, env={}), config_path=str(p), probe_map=probe_map,
+                   clock=clock)
+        d.start()
+        try:
+            clock.advance(HISTORY * interval)          # runs at 0, 600, ... : HISTORY + 1 at 1.0
+            assert (runs(), confirmations()) == (HISTORY + 1, 0.0)
+            level.write_text("0.7")
+            clock.advance(interval)                    # the drop, seen by a scheduled run
+            assert (runs(), confirmations()) == (HISTORY + 2, 0.0)
+            clock.advance(delay - 1)
+            assert confirmations() == 0.0              # not before its delay ...
+            clock.advance(1)
+            assert (runs(), confirmations()) == (HISTORY + 3, 1.0)  # ... and at it
+            clock.advance(3 * interval - delay)        # three more scheduled runs at the new level
+            assert (runs(), confirmations()) == (HISTORY + 6, 1.0)  # a level that holds asks for nothing more
+            level.write_text("1.0")
+            clock.advance(interval + delay)            # the recovery and its confirmation
+            assert (runs(), confirmations()) == (HISTORY + 8, 2.0)
+        finally:
+            d.stop()
     history = [json.loads(x) for x in (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
     kinds = [h["trigger"] for h in history]
-    assert kinds.count("confirmation") == 2 and set(kinds) == {"schedule", "confirmation"}, kinds
     seen = [float(line.split()[1]) for line in (tmp_path / "level.runs").read_text().splitlines()]
-    first_drop = seen.index(0.7)
-    assert kinds[first_drop + 1] == "confirmation" and seen[first_drop + 1] == 0.7
-    assert kinds[first_drop] == "schedule"
+    assert list(zip(kinds, seen, strict=True)) == (
+        [("schedule", 1.0)] * (HISTORY + 1) + [("schedule", 0.7), ("confirmation", 0.7)]
+        + [("schedule", 0.7)] * 3 + [("schedule", 1.0), ("confirmation", 1.0)])
