@@ -4,6 +4,7 @@
 10,000 probe cycles. The measured tables are in benchmarks/ (scrape.py, overhead.py).
 """
 import re
+import signal
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from harness.wrk import wrk as bench_wrk
 from tests.conftest import SMALL_HOST_BW
 from tests.support.reliability import children, fault_daemon, fd_count, leaked, pids_in, rss_bytes, runs_of, scaled
+from tests.support.timeline import self_ending_deadline
 from tests.support.helpers import metric_value as value
 from tests.support.helpers import require_binary, wait_for
 
@@ -48,11 +50,14 @@ def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
     cycles = scaled(150, 10_000)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
+    # abort must reach os.abort() for the soak to hold real crashes: its deadline only bounds a hang
+    abort_deadline = self_ending_deadline(tmp_path)
     probes = {
-        "quick": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0},
-        "raises": {"interval_seconds": 2, "timeout_seconds": 1.5, "jitter_seconds": 0},
-        "garbage": {"interval_seconds": 2, "timeout_seconds": 1.5, "jitter_seconds": 0},
-        "abort": {"interval_seconds": 3, "timeout_seconds": 2.5, "jitter_seconds": 0},
+        # short intervals: cycles come fast (any outcome counts; a run cut at its deadline is a cycle too)
+        "quick": {"interval_seconds": 0.5, "timeout_seconds": 0.45, "jitter_seconds": 0},
+        "raises": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0},
+        "garbage": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0},
+        "abort": {"interval_seconds": abort_deadline + 1, "timeout_seconds": abort_deadline, "jitter_seconds": 0},
         "hang": {"interval_seconds": 3, "timeout_seconds": 1, "jitter_seconds": 0,
                  "params": {"pid_file": str(pid_dir / "hang")}},
         "host_memory_bandwidth": {**SMALL_HOST_BW, "interval_seconds": 5, "timeout_seconds": 4},
@@ -63,28 +68,38 @@ def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
         text = d.metrics()
         return sum(float(m.group(1)) for m in re.finditer(r'^fleetcanary_probe_runs_total\{[^}]*\} (\S+)$', text, re.M))
 
-    def settled_fds() -> int:
-        """The fewest descriptors over 3 s: runs in flight hold a few pipes each; a leak raises the floor."""
-        samples = []
-        for _ in range(15):
-            samples.append(fd_count(d.pid))
-            time.sleep(0.2)  # noqa: sampling, not waiting for a state
-        return min(samples)
+    def reload(probes: dict) -> None:
+        before = value(d.metrics(), "fleetcanary_config_reloads_total", result="success") or 0
+        d.rewrite(probes)
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: (value(d.metrics(), "fleetcanary_config_reloads_total", result="success") or 0) > before,
+                 timeout=60, what="the reload")
 
-    def quiet_zombies():
-        """Zombie children that stay zombies for over a second (a reaped child is gone within ms)."""
-        first = {p for p, st in children(d.pid).items() if st == "Z"}
-        time.sleep(1.0)  # noqa: the check itself needs two samples a second apart
-        return first & {p for p, st in children(d.pid).items() if st == "Z"}
+    def quiesced() -> tuple[int, int, set[int]]:
+        """(RSS, descriptors, zombie children) with no run in flight: every probe disabled by a reload, then
+        polled until no worker is alive and the descriptor count and the runs total held still over five
+        polls. Runs in flight hold pipes and buffers; without them both figures are floors, not samples,
+        and a zombie left then is a leak (nothing is about to reap it)."""
+        reload({n: {"enabled": False} for n in probes})
+        seen: list[tuple[int, float]] = []
+
+        def still() -> bool:
+            if any(st != "Z" for st in children(d.pid).values()):
+                seen.clear()
+                return False
+            seen.append((fd_count(d.pid), total_runs()))
+            return len(seen) >= 5 and len(set(seen[-5:])) == 1
+        wait_for(still, timeout=120, interval=0.25, what="no probe run in flight")
+        return rss_bytes(d.pid), seen[-1][0], {p for p, st in children(d.pid).items() if st == "Z"}
 
     try:
         warm = max(cycles // 10, 20)
         wait_for(lambda: total_runs() >= warm, timeout=warm * 2 + 60, interval=1, what=f"{warm} warm-up cycles")
-        rss0, fds0 = rss_bytes(d.pid), settled_fds()
+        rss0, fds0, zombies0 = quiesced()
+        reload(probes)
         t0 = time.monotonic()
         wait_for(lambda: total_runs() >= cycles, timeout=cycles * 2 + 120, interval=2, what=f"{cycles} cycles")
-        rss1, fds1 = rss_bytes(d.pid), settled_fds()
-        zombies = quiet_zombies()
+        rss1, fds1, zombies = quiesced()
         text = d.metrics()
     finally:
         rc = d.stop()
@@ -95,7 +110,7 @@ def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
     assert rc == 0
     assert grown < 5.0, f"RSS grew {grown:.2f} MiB over {cycles} cycles"
     assert fds1 <= fds0, (fds0, fds1)
-    assert zombies == set()
+    assert zombies0 == zombies == set()
     assert value(text, "fleetcanary_probe_crashes_total", probe="abort", reason="killed_by_signal") >= 1
     assert value(text, "fleetcanary_probe_runs_total", probe="hang", outcome="timeout") >= 1
     assert leaked(pids_in(pid_dir)) == []

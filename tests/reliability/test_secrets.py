@@ -4,6 +4,7 @@ import json
 from fleetcanary.offline.simulate_llm import SimSettings
 from tests.support.helpers import http_get, wait_for
 from tests.support.llm import sim_server
+from tests.support.timeline import self_ending_deadline
 
 KEY = "sk-live-FLEETCANARYSECRET-7f3a9c"
 
@@ -13,12 +14,16 @@ def test_api_key_never_leaks(tmp_path, start_daemon):
     base = f"{server.url}/v1"
     token_file = tmp_path / "token"
     token_file.write_text(KEY + "\n")
+    # the run ends on its own (three quick targets): its deadline only bounds a hang, sized from a worker
+    # start-up measured now, so a loaded machine's run is a failure as the test expects, never a timeout
+    deadline = self_ending_deadline(tmp_path)
+    timing = {"interval_seconds": deadline + 2, "timeout_seconds": deadline, "jitter_seconds": 0}
     try:
         d = start_daemon({
             "log_level": "debug",
             "probes": {
                 "host_memory_bandwidth": {"enabled": False},
-                "inference": {"interval_seconds": 10, "timeout_seconds": 8, "jitter_seconds": 0, "params": {
+                "inference": {**timing, "params": {
                     "targets": [
                         {"name": "with-env", "base_url": base, "model": "m", "token_env": "LLM_KEY",
                          "prefix_words": 32, "stream_max_tokens": 8},
@@ -34,7 +39,7 @@ def test_api_key_never_leaks(tmp_path, start_daemon):
             text = d.metrics()
             return text.count('fleetcanary_inference_success{target="with-env"} 1.0') and \
                 'fleetcanary_probe_runs_total{outcome="failure",probe="inference"} 2.0' in text
-        wait_for(two_runs, timeout=120, what="two inference runs")
+        wait_for(two_runs, timeout=300, what="two inference runs")
         metrics = d.metrics()
         assert 'fleetcanary_inference_success{target="with-file"} 1.0' in metrics
         assert 'fleetcanary_inference_requests_total{model="m",outcome="http_4xx",target="no-key"}' in metrics

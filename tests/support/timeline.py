@@ -105,3 +105,10 @@ def hang_deadline(tmp_path: Path) -> float:
     2 s. Sized from this machine now, so a quiet machine runs the hang tests in seconds and a loaded one
     gets the room it needs."""
     return max(2.0, 5.0 * start_delay(tmp_path))
+
+
+def self_ending_deadline(tmp_path: Path, floor: float = 8.0) -> float:
+    """A deadline for a probe that ends on its own (it crashes, returns, floods, is OOM-killed): it only bounds
+    a hang, and the run must reach its fault before it to be classified as that fault. 20x a worker's
+    start-up measured now, at least ``floor``: a loaded machine gets the room it needs."""
+    return max(floor, 20.0 * start_delay(tmp_path))
