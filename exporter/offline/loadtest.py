@@ -111,6 +111,17 @@ def _split(level: float, n: int, mode: str) -> list[float]:
     return [base + (1 if i < extra else 0) for i in range(n)]
 
 
+def arrival_offsets(rate: float, seconds: float, seed: int = 0) -> list[float]:
+    """An open-loop Poisson step's arrivals, in seconds from its start: fixed by the rate, the step's length
+    and the seed. A request is started at its arrival or, on a machine too busy to keep up, as soon as it
+    can be; none is dropped, so a step starts the same requests however fast the machine."""
+    rng = random.Random(hash((rate, seconds, seed)))
+    out, t = [], 0.0
+    while (t := t + rng.expovariate(rate)) < seconds:
+        out.append(t)
+    return out
+
+
 def run_local(ep: llm_client.Endpoint, wl: Workload, mode: str, level: float, t_start: float, seconds: float,
               drain_seconds: float, max_requests: int, progress=None, seed: int = 0) -> dict[str, Any]:
     """Run one step's share of load in this process, from t_start (time.perf_counter, i.e.
@@ -153,14 +164,12 @@ def run_local(ep: llm_client.Endpoint, wl: Workload, mode: str, level: float, t_
             th.join(timeout=max(drain_end - time.perf_counter(), 0.01))
     elif mode == "poisson" and level > 0:
         pool = ThreadPoolExecutor(max_workers=512)
-        rng = random.Random(hash((level, seconds, seed)))
-        nxt = time.perf_counter()
         last_progress = 0.0
         futures = []
-        while True:
-            nxt += rng.expovariate(level)
-            if nxt >= end or started[0] >= max_requests:
+        for offset in arrival_offsets(level, seconds, seed):
+            if started[0] >= max_requests:
                 break
+            nxt = t0 + offset
             while True:
                 now = time.perf_counter()
                 if now >= nxt:

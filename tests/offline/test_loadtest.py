@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
-from fleetcanary.offline.loadtest import Dist, percentile
+from fleetcanary.offline.loadtest import Dist, arrival_offsets, percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_concurrency_ramp_refuses_the_level_past_the_knee_and_never_exceeds_capa
     try:
         r = subprocess.run(
             [sys.executable, "-m", "fleetcanary", "loadtest", f"http://127.0.0.1:{server.server_address[1]}/v1",
-             "--mode", "concurrency", "--concurrency", "4,8,16", "--step-seconds", "4",
+             "--mode", "concurrency", "--concurrency", "4,8,16", "--step-seconds", "2",
              "--input-len", "fixed:16", "--output-len", f"fixed:{out_tokens}",
              "--slo-itl-p99", str(slo_itl), "--slo-ttft-p99", "1.0", "--json"],
             capture_output=True, text=True, cwd=ROOT, timeout=240)
@@ -61,7 +61,10 @@ def test_poisson_workload_with_prefix_streaming_and_cancellation():
         server.server_close()
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)["steps"][0]
-    assert 30 <= st["started"] <= 100  # ~60 expected at 20/s for 3 s
+    # The step's arrivals are fixed by rate, length and seed, and a busy machine starts late ones late, never
+    # fewer: exactly the seeded process's count, whatever the machine's speed (~60 at 20/s for 3 s).
+    arrivals = arrival_offsets(20.0, 3.0, 0)
+    assert st["started"] == len(arrivals) and 30 <= len(arrivals) <= 100
     assert st["error_rate"] == 0 and st["cancelled"] > 0
     assert st["ttft_p99"] is not None and st["e2e_p50"] is not None
 
