@@ -15,7 +15,7 @@ def parse(store):
 def test_undeclared_metrics_and_wrong_labels_are_dropped_and_counted(tmp_path):
     probes = {**PROBES, "bad_samples": FAULT_PROBES["bad_samples"]}
     store = ResultStore(probes, list(probes))
-    out = run_job(FAULT_PROBES["bad_samples"], {}, tmp_path, 10, name="bad_samples")
+    out = run_job(FAULT_PROBES["bad_samples"], {}, tmp_path, 60, name="bad_samples")  # 60 s: bounds a hang
     store.apply(out)
     text = store.exposition.decode()
     assert 'fleetcanary_test_fault_value{mode="good"} 1.0' in text
