@@ -61,7 +61,7 @@ class ProbeError(Exception):
     quality checks). It is published with the failure, so the evidence of what broke
     reaches the metrics; the run still counts as a failure."""
 
-    def __init__(self, reason: str, detail: str = "", result: "ProbeResult | None" = None) -> None:
+    def __init__(self, reason: str, detail: str = "", result: ProbeResult | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail

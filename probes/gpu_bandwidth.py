@@ -12,6 +12,7 @@ The same code runs on device "cpu" for tests, where all three are memcpy.
 """
 from __future__ import annotations
 
+import functools
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -25,7 +26,8 @@ DEFAULT_L2_BYTES = 64 << 20  # when torch cannot tell
 
 
 class Config(GpuDeviceConfig):
-    d2d_bytes: int = Field(1 << 30, ge=1 << 20, description="Device-to-device buffer, bytes (raised to 4x L2 if below).")
+    d2d_bytes: int = Field(1 << 30, ge=1 << 20,
+                           description="Device-to-device buffer, bytes (raised to 4x L2 if below).")
     host_bytes: int = Field(256 << 20, ge=1 << 20, description="Host<->device buffer, bytes (pinned host memory).")
     warmup: int = Field(2, ge=0, le=20, description="Untimed copies per direction.")
     repeats: int = Field(10, ge=1, le=200, description="Timed copies per direction; the median is published.")
@@ -96,7 +98,7 @@ class GpuBandwidth(Probe):
                     dst = torch.empty(config.host_bytes, dtype=torch.uint8, pin_memory=pinned)
                     counted = config.host_bytes
                 tu.fill_random(torch, src)
-                copy = lambda: dst.copy_(src, non_blocking=True)  # noqa: E731
+                copy = functools.partial(dst.copy_, src, non_blocking=True)
                 times = []
                 for i in range(config.warmup + config.repeats):
                     t = tu.time_op(torch, device, copy)
@@ -108,7 +110,7 @@ class GpuBandwidth(Probe):
                 if not torch.equal(src[::step].cpu(), dst[::step].cpu()):
                     raise ProbeError("verification_failed", f"{direction} copy on {device} differs from its source")
                 figs.append(Figure(direction, "bytes_per_second", [counted / t for t in times]))
-                del src, dst
+                del src, dst, copy
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
         return figs, gpu_seconds, sizes

@@ -26,8 +26,16 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, Sample,
-                                     figure_sample)
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    Sample,
+    figure_sample,
+)
 from fleetcanary.probes.lib.gpu_probe import GpuDeviceConfig, GpuSeconds
 
 METRIC = "fleetcanary_gpu_matmul_flops_per_second"
@@ -51,7 +59,8 @@ class Config(GpuDeviceConfig):
     per_repeat: int = Field(2, ge=1, le=64, description="Back-to-back products in one timed repeat.")
     sdc: bool = Field(True, description="Run the silent-data-corruption canary after the throughput runs.")
     sdc_size: int = Field(2048, ge=8, le=16384, description="n of the canary's deterministic products.")
-    sdc_products: int = Field(4, ge=1, le=64, description="Deterministic products per canary dtype (each its own seed).")
+    sdc_products: int = Field(4, ge=1, le=64,
+                              description="Deterministic products per canary dtype (each its own seed).")
     sdc_dtypes: tuple[Literal["bf16", "fp32"], ...] = Field(
         ("bf16", "fp32"), description="bf16 exercises the tensor cores, fp32 (TF32 off) the FMA units.")
     sdc_seed: int = Field(20240919, description="Seed of the first canary product.")

@@ -17,8 +17,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from fleetcanary.probes.lib import nvml
 from fleetcanary.probes.base import MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeResult, Sample
+from fleetcanary.probes.lib import nvml
 from fleetcanary.probes.lib.gpu_gate import open_session
 
 P = "fleetcanary_gpu_"
@@ -43,7 +43,8 @@ class GpuHealth(Probe):
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec(P + "info", "gauge", "GPU identity from NVML; value 1.", "info",
                    ("gpu", "uuid", "model", "pci_bus_id", "serial", "vbios")),
-        MetricSpec("fleetcanary_gpus_visible", "gauge", "GPUs NVML enumerates on this node, lost ones included.", "count"),
+        MetricSpec("fleetcanary_gpus_visible", "gauge", "GPUs NVML enumerates on this node, lost ones included.",
+                   "count"),
         MetricSpec("fleetcanary_gpus_healthy", "gauge", "GPUs NVML can query (not lost).", "count"),
         MetricSpec("fleetcanary_gpus_expected", "gauge",
                    "GPUs this node should have, from config or the node label; absent when unknown.", "count"),
@@ -63,7 +64,8 @@ class GpuHealth(Probe):
                    "total", ("gpu", "type", "counter"), cumulative=True),
         MetricSpec(P + "remapped_rows_total", "counter", "Rows remapped by the device, by cause.", "total",
                    ("gpu", "cause"), cumulative=True),
-        MetricSpec(P + "remapped_rows_pending", "gauge", "1 if a row remapping awaits a GPU reset.", "boolean", ("gpu",)),
+        MetricSpec(P + "remapped_rows_pending", "gauge", "1 if a row remapping awaits a GPU reset.", "boolean",
+                   ("gpu",)),
         MetricSpec(P + "remapped_rows_failed", "gauge", "1 if a row remapping failed; the GPU needs service.",
                    "boolean", ("gpu",)),
         MetricSpec(P + "nvlink_up", "gauge", "1 if the NVLink link is active.", "boolean", ("gpu", "link")),
@@ -83,7 +85,10 @@ class GpuHealth(Probe):
         import time
 
         samples: list[Sample] = []
-        add = lambda m, labels, v: samples.append(Sample(m, labels, float(v)))  # noqa: E731
+
+        def add(m: str, labels: dict, v: float) -> None:
+            samples.append(Sample(m, labels, float(v)))
+
         session = open_session()
         with session:
             try:

@@ -9,13 +9,23 @@ device_to_device_memcpy_read/write show, in the fleet's metrics.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import ClassVar
 
 from pydantic import Field
 
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    Sample,
+)
 from fleetcanary.probes.lib import nvml
-from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
 from fleetcanary.probes.lib.gpu_probe import Device, GpuDeviceConfig, GpuSeconds
 
 BW = "fleetcanary_gpu_p2p_bandwidth_bytes_per_second"
@@ -44,7 +54,8 @@ class GpuP2P(Probe):
     default_interval_seconds = 3600.0
     default_timeout_seconds = 300.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
-        MetricSpec(BW, "gauge", "Peer copy bandwidth from src_gpu to dst_gpu, median of the repeats; bytes counted once.",
+        MetricSpec(BW, "gauge",
+                   "Peer copy bandwidth from src_gpu to dst_gpu, median of the repeats; bytes counted once.",
                    "bytes_per_second", ("src_gpu", "dst_gpu")),
         MetricSpec(BIDI, "gauge", "Bandwidth of simultaneous copies both ways between the pair; bytes of both counted.",
                    "bytes_per_second", ("src_gpu", "dst_gpu")),
@@ -93,7 +104,8 @@ class GpuP2P(Probe):
                 if a == b:
                     continue
                 access = torch.cuda.can_device_access_peer(a, b) if kind == "cuda" else nvml_access.get((a, b), True)
-                times = _timed(lambda: recv[b].copy_(bufs[a], non_blocking=True), a, b, config, sync, gpu_seconds)
+                copy = functools.partial(recv[b].copy_, bufs[a], non_blocking=True)
+                times = _timed(copy, a, b, config, sync, gpu_seconds)
                 step = max(config.bytes // 4096, 1)
                 if not torch.equal(recv[b][::step].cpu(), bufs[a][::step].cpu()):
                     raise ProbeError("verification_failed", f"copy {a}->{b} differs from its source")

@@ -40,8 +40,17 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, ProbeSkipped,
-                                     Sample, figure_sample)
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    Sample,
+    figure_sample,
+)
 from fleetcanary.probes.lib.gpu_probe import BusyPolicy, Device, GpuDeviceConfig, GpuSeconds
 
 P = "fleetcanary_gpu_sustained_"
@@ -73,7 +82,7 @@ class Config(GpuDeviceConfig):
                                  "sustained rate, clocks and power.")
 
     @model_validator(mode="after")
-    def _windows(self) -> "Config":
+    def _windows(self) -> Config:
         if self.initial_seconds >= self.burn_seconds * (1 - self.tail_fraction):
             raise ValueError("initial_seconds must end before the tail window starts "
                              "(initial_seconds < burn_seconds x (1 - tail_fraction))")

@@ -18,11 +18,21 @@ import glob
 import os
 import threading
 import time
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field
 
-from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, figure_sample
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeConfig,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    figure_sample,
+)
 
 METRIC = "fleetcanary_host_memory_bandwidth_bytes_per_second"
 ELEMENT_BYTES = 8
@@ -34,12 +44,12 @@ def last_level_cache_bytes() -> int:
     best_level, per_id = 0, {}
     for idx in glob.glob("/sys/devices/system/cpu/cpu*/cache/index*"):
         try:
-            level = int(open(os.path.join(idx, "level")).read())
-            ctype = open(os.path.join(idx, "type")).read().strip()
+            level = int(Path(idx, "level").read_text())
+            ctype = Path(idx, "type").read_text().strip()
             if ctype == "Instruction":
                 continue
-            size_txt = open(os.path.join(idx, "size")).read().strip()
-            shared = open(os.path.join(idx, "shared_cpu_list")).read().strip()
+            size_txt = Path(idx, "size").read_text().strip()
+            shared = Path(idx, "shared_cpu_list").read_text().strip()
         except OSError:
             continue
         mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size_txt[-1:], 1)
@@ -174,7 +184,7 @@ class _ThreadTeam:
                 return
             try:
                 self._fn(*self._bounds[i])
-            except BaseException as exc:  # reported to the caller after the barrier
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller after the barrier
                 self._errors.append(exc)
             self._done.wait()
 

@@ -37,8 +37,18 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeConfig,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    Sample,
+)
 from fleetcanary.probes.lib import llm_client
-from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
 
 P = "fleetcanary_inference_"
 LABELS = ("target", "model")
@@ -101,7 +111,7 @@ class Target(BaseModel):
                                 "accepted; a longer one is a stream_error, not an unbounded buffer.")
 
     @model_validator(mode="after")
-    def _token_source(self) -> "Target":
+    def _token_source(self) -> Target:
         if self.token_env and self.token_file:
             raise ValueError("give at most one of token_env, token_file")
         if not self.base_url.startswith(("http://", "https://")):
@@ -187,7 +197,7 @@ class Inference(Probe):
                 failures[t.name] = (outcome, detail)
         res.extra["failures"] = {k: {"outcome": o, "detail": d} for k, (o, d) in failures.items()}
         if failures:
-            name, (outcome, _) = next(iter(failures.items()))
+            outcome, _ = next(iter(failures.values()))
             summary = "; ".join(f"{k}: {o} ({d})" for k, (o, d) in failures.items())
             raise ProbeError(outcome, f"{len(failures)} of {n} targets failed: {summary}"[:1000], result=res)
         return res

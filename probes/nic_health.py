@@ -22,8 +22,16 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from fleetcanary.probes.base import (MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult,
-                                     ProbeSkipped, Sample)
+from fleetcanary.probes.base import (
+    MetricSpec,
+    Probe,
+    ProbeConfig,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    Sample,
+)
 from fleetcanary.probes.lib import nic_sysfs as sysfs
 
 R = "fleetcanary_rdma_port_"
@@ -88,7 +96,8 @@ class NicHealth(Probe):
     name = "nic_health"
     Config = Config
     failure_reasons = ("sysfs_unreadable",)
-    reason_docs = {"sysfs_unreadable": "sysfs_root has no class/ directory (wrong sysfs_root, or sysfs not mounted)."}
+    reason_docs: ClassVar[dict[str, str]] = {
+        "sysfs_unreadable": "sysfs_root has no class/ directory (wrong sysfs_root, or sysfs not mounted)."}
     default_interval_seconds = 60.0
     default_timeout_seconds = 30.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
@@ -153,7 +162,10 @@ class NicHealth(Probe):
             raise ProbeSkipped("not_configured", f"no RDMA port under {root}/class/infiniband and no interfaces "
                                "configured")
         samples: list[Sample] = []
-        add = lambda m, labels, v: samples.append(Sample(m, labels, float(v)))  # noqa: E731
+
+        def add(m: str, labels: dict, v: float) -> None:
+            samples.append(Sample(m, labels, float(v)))
+
         for dev in sorted({p.device for p in ports}):
             add("fleetcanary_rdma_device_info", {"device": dev, **sysfs.device_info(root, dev)}, 1)
         present = {f"{p.device}/{p.port}" for p in ports}

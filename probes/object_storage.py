@@ -25,7 +25,17 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeConfig,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    Sample,
+)
 
 PHASES = ("resolve", "connect", "tls", "first_byte", "transfer")
 FAILURE_REASONS = ("dns_failure", "connect_refused", "connect_timeout", "tls_error", "http_4xx", "http_5xx",
@@ -48,7 +58,7 @@ class Target(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers (values never logged).")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "Target":
+    def _one_source(self) -> Target:
         if sum(x is not None for x in (self.url, self.url_env, self.url_file)) != 1:
             raise ValueError("give exactly one of url, url_env, url_file")
         return self
@@ -100,7 +110,7 @@ def fetch(url: str, t: Target) -> tuple[dict[str, float], int, int]:
     t1 = time.perf_counter()
     try:
         sock.connect(addr)
-    except socket.timeout:
+    except TimeoutError:
         sock.close()
         raise FetchError("connect_timeout", f"no connection within {t.connect_timeout_seconds:g}s", phases) from None
     except ConnectionRefusedError:
@@ -120,7 +130,7 @@ def fetch(url: str, t: Target) -> tuple[dict[str, float], int, int]:
             t2 = time.perf_counter()
             try:
                 sock = ctx.wrap_socket(sock, server_hostname=host)
-            except socket.timeout:
+            except TimeoutError:
                 raise FetchError("connect_timeout", "TLS handshake timed out", phases) from None
             except (ssl.SSLError, ssl.CertificateError) as exc:
                 raise FetchError("tls_error", f"TLS: {getattr(exc, 'reason', None) or exc}", phases) from None
@@ -140,7 +150,7 @@ def fetch(url: str, t: Target) -> tuple[dict[str, float], int, int]:
         try:
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
-        except socket.timeout:
+        except TimeoutError:
             raise FetchError("read_timeout", f"no response within {t.read_timeout_seconds:g}s", phases) from None
         except (http.client.HTTPException, OSError) as exc:
             raise FetchError("io_error", f"request: {type(exc).__name__}", phases) from None
@@ -152,7 +162,7 @@ def fetch(url: str, t: Target) -> tuple[dict[str, float], int, int]:
         # First byte: the first body byte (headers alone do not prove the object streams).
         try:
             first = resp.read(1)
-        except socket.timeout:
+        except TimeoutError:
             raise FetchError("stalled", f"headers, then no body byte within {t.read_timeout_seconds:g}s",
                              phases) from None
         phases["first_byte"] = time.perf_counter() - t3
@@ -164,7 +174,7 @@ def fetch(url: str, t: Target) -> tuple[dict[str, float], int, int]:
                 if not chunk:
                     break
                 got += len(chunk)
-        except socket.timeout:
+        except TimeoutError:
             raise FetchError("stalled", f"body stalled after {got} bytes", phases) from None
         except (http.client.HTTPException, OSError) as exc:
             raise FetchError("io_error", f"body: {type(exc).__name__}", phases) from None
@@ -209,7 +219,8 @@ class ObjectStorage(Probe):
                 self._target(t, url, config.repeats, res)
             except FetchError as exc:
                 failures[t.name] = (exc.reason, exc.detail)
-                res.samples.append(Sample("fleetcanary_object_failures_total", {"target": t.name, "reason": exc.reason}, 1))
+                res.samples.append(Sample("fleetcanary_object_failures_total",
+                                          {"target": t.name, "reason": exc.reason}, 1))
             res.samples.append(Sample("fleetcanary_object_success", {"target": t.name},
                                       0.0 if t.name in failures else 1.0))
         res.extra["failures"] = {k: {"reason": r, "detail": d} for k, (r, d) in failures.items()}

@@ -28,7 +28,17 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fleetcanary.probes.base import Figure, MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeError, ProbeResult, ProbeSkipped, Sample
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeConfig,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    Sample,
+)
 
 P = "fleetcanary_storage_"
 WORKDIR = ".fleetcanary"

@@ -21,14 +21,23 @@ the first batch's latency), through torch's DataLoader with ``dataloader_workers
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, Sample,
-                                     figure_sample)
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    Sample,
+    figure_sample,
+)
 from fleetcanary.probes.lib.gpu_probe import BusyPolicy, Device, GpuDeviceConfig, GpuSeconds
 
 STEP = "fleetcanary_train_step_seconds"
@@ -75,7 +84,7 @@ class Config(GpuDeviceConfig):
     dataloader_workers: int = Field(2, ge=0, le=64, description="DataLoader worker processes.")
 
     @model_validator(mode="after")
-    def _check(self) -> "Config":
+    def _check(self) -> Config:
         if self.d_model % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model})")
         if self.warmup_steps >= self.steps:
@@ -181,7 +190,7 @@ class TrainStep(Probe):
         from fleetcanary.probes.lib import torch_util as tu
 
         for x, y in data[:config.steps]:
-            times.append(tu.time_op(torch, device, lambda: step(x, y)))
+            times.append(tu.time_op(torch, device, functools.partial(step, x, y)))
         with torch.no_grad(), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             loss = float(model(*data[config.steps]).item())
         return times, loss, tiny_lm.params(model)

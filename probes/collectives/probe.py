@@ -29,15 +29,24 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from typing import ClassVar
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, ProbeSkipped,
-                                     ProbeTimeout, Sample)
-from fleetcanary.probes.collectives.spec import ALGBW, BUSBW, LAT, LABELS, MAX_TOPO_BYTES, Config, bus_factor
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    ProbeTimeout,
+    Sample,
+)
+from fleetcanary.probes.collectives.spec import ALGBW, BUSBW, LABELS, LAT, MAX_TOPO_BYTES, Config, bus_factor
 from fleetcanary.probes.lib.spawn import module_command
+
 
 class Collectives(Probe):
     name = "collectives"
@@ -170,7 +179,7 @@ def _launch_ranks(spec: dict, want_topo: bool, ctx: ProbeContext) -> tuple[list[
             pipes.append(r)
         results: list[dict | None] = [None] * world
         errors: list[str] = []
-        for rank, (p, r) in enumerate(zip(procs, pipes)):
+        for rank, (p, r) in enumerate(zip(procs, pipes, strict=True)):
             with os.fdopen(r, "rb") as f:
                 data = f.read(64 << 20)
             pipes[rank] = -1

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetcanary.probes.collectives.spec import ELEMENT, FAULT_ENV
 
+
 def _pattern(torch, rank: int, start: int, count: int, device):
     idx = torch.arange(start, start + count, device=device, dtype=torch.int64)
     return ((rank + 1) * 3 + idx % 11).to(torch.float32)

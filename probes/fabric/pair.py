@@ -17,6 +17,7 @@ element is compared with its exact expected value.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -26,8 +27,8 @@ from typing import Any
 from fleetcanary.probes.base import ProbeError, ProbeTimeout
 from fleetcanary.probes.fabric.spec import ELEMENT, FAULT_ENV
 
-_TIMEOUT = re.compile(r"timed? ?out|timeout|deadline", re.I)
-_LOST = re.compile(r"closed by peer|reset by peer|connection (closed|reset|refused)|broken pipe|EOF", re.I)
+_TIMEOUT = re.compile(r"timed? ?out|timeout|deadline", re.IGNORECASE)
+_LOST = re.compile(r"closed by peer|reset by peer|connection (closed|reset|refused)|broken pipe|EOF", re.IGNORECASE)
 
 
 def bus_factor(collective: str, n: int = 2) -> float:
@@ -144,11 +145,11 @@ def sweep(torch, ops: Ops, rank: int, collectives, sizes, sendrecv_bytes: int, w
             for i in range(warmup + iterations):
                 if coll == "all_reduce":
                     buf = _pattern(torch, rank, 0, total, device)
-                    op = lambda: ops.all_reduce(buf)  # noqa: E731
+                    op = functools.partial(ops.all_reduce, buf)
                 else:
                     inp = _pattern(torch, rank, 0, total // 2, device)
                     res = torch.empty(total, device=device)
-                    op = lambda: ops.all_gather(res, inp)  # noqa: E731
+                    op = functools.partial(ops.all_gather, res, inp)
                 ops.sync()
                 t0 = time.perf_counter()
                 op()

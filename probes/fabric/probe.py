@@ -32,11 +32,19 @@ import os
 import time
 from typing import ClassVar
 
-from fleetcanary.probes.base import (Figure, MetricSpec, Probe, ProbeContext, ProbeError, ProbeResult, ProbeSkipped,
-                                     Sample)
+from fleetcanary.probes.base import (
+    Figure,
+    MetricSpec,
+    Probe,
+    ProbeContext,
+    ProbeError,
+    ProbeResult,
+    ProbeSkipped,
+    Sample,
+)
 from fleetcanary.probes.fabric import members as membersmod
 from fleetcanary.probes.fabric import rendezvous, schedule
-from fleetcanary.probes.fabric.spec import (BUSBW, LAT, MEMBERS, PAIR_SLOT, PARTNER, REJECTED, SENDRECV, SLOT, Config)
+from fleetcanary.probes.fabric.spec import BUSBW, LAT, MEMBERS, PAIR_SLOT, PARTNER, REJECTED, SENDRECV, SLOT, Config
 
 SETUP_MARGIN_SECONDS = 3.0   # left for the result after the last operation's timeout
 
@@ -51,7 +59,7 @@ class Fabric(Probe):
     default_timeout_seconds = 120.0
     failure_reasons = ("wrong_result", "rank_failed", "peer_lost", "rendezvous_failed", "members_unavailable",
                        "secret_invalid", "nvml_error", "cuda_error")
-    reason_docs = {
+    reason_docs: ClassVar[dict[str, str]] = {
         "peer_unavailable": "skip: the slot's partner did not complete the authenticated rendezvous within the "
                             "meeting window (absent, busy, late, a bye in an odd fleet, or another secret)",
         "peer_lost": "the partner's connection closed during the sweep",
@@ -76,7 +84,8 @@ class Fabric(Probe):
         MetricSpec(SLOT, "gauge", "Configured length of one schedule slot.", "seconds"),
         MetricSpec(MEMBERS, "gauge", "Fabric members in the list of the latest pair's run.", "count"),
         MetricSpec(REJECTED, "counter", "Connections the rendezvous refused while hosting: unexpected_address "
-                   "(not the partner), bad_handshake (garbage or a wrong MAC), silent (no hello in time), after_pairing (from the partner's address, once the pair had met).", "total",
+                   "(not the partner), bad_handshake (garbage or a wrong MAC), silent (no hello in time), "
+                   "after_pairing (from the partner's address, once the pair had met).", "total",
                    ("reason",)),
     )
 
@@ -101,7 +110,7 @@ class Fabric(Probe):
         my_ips = membersmod.resolve(mine.host)
         if not my_ips:
             raise ProbeError("members_unavailable", f"this member's address {mine.host} does not resolve")
-        my_ip = sorted(my_ips)[0]
+        my_ip = min(my_ips)
         until = min(meet_at + config.rendezvous_wait_seconds, ctx.deadline_monotonic - SETUP_MARGIN_SECONDS)
         if m.i_host:
             peer_ips = membersmod.resolve(peer.host)
@@ -209,7 +218,8 @@ class Fabric(Probe):
             labels = {"collective": r["collective"], "size_bytes": str(r["size_bytes"]), "backend": backend}
             factor = _bus_factor(r["collective"])
             lat = Figure(f"{r['collective']}_latency", "seconds", iters, labels, higher_is_better=False)
-            bus = Figure(f"{r['collective']}_busbw", "bytes_per_second", [r["bytes"] / t * factor for t in iters], labels)
+            bus = Figure(f"{r['collective']}_busbw", "bytes_per_second", [r["bytes"] / t * factor for t in iters],
+                         labels)
             bus.median = bus.dispersion["median"] = r["bytes"] / lat.median * factor
             res.figures += [bus, lat]
             res.samples += [Sample(BUSBW, labels, bus.median), Sample(LAT, labels, lat.median)]

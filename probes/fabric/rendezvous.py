@@ -101,7 +101,8 @@ class Session:
             fields = {k: v for k, v in body.items() if k != "kind"}
         except (ValueError, KeyError, AttributeError, TypeError):
             raise ProbeError("rendezvous_failed", f"the partner's {kind} message is malformed") from None
-        if not isinstance(got, str) or not hmac.compare_digest(got, mac(self.key, kind, json.dumps(fields, sort_keys=True))):
+        if not isinstance(got, str) or not hmac.compare_digest(
+                got, mac(self.key, kind, json.dumps(fields, sort_keys=True))):
             raise ProbeError("rendezvous_failed", f"the partner's {kind} message failed authentication")
         return fields
 
@@ -125,7 +126,7 @@ def _read_line(sock: socket.socket, until: float) -> bytes | None:
         sock.settimeout(left)
         try:
             chunk = sock.recv(MAX_LINE)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             return None
         except OSError:
             return None
@@ -235,8 +236,7 @@ def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock) -
         except OSError:
             return
         ip = addr[0]
-        if ip.startswith("::ffff:"):
-            ip = ip[7:]
+        ip = ip.removeprefix("::ffff:")
         if ip not in expected_ips:
             rejected["unexpected_address"] += 1
             s.close()
@@ -258,7 +258,7 @@ def _refuse_backlog(lsock, expected_ips, rejected) -> None:
             s, addr = lsock.accept()
         except OSError:
             return
-        ip = addr[0][7:] if addr[0].startswith("::ffff:") else addr[0]
+        ip = addr[0].removeprefix("::ffff:")
         rejected["unexpected_address" if ip not in expected_ips else "after_pairing"] += 1
         s.close()
 

@@ -28,7 +28,8 @@ REJECTED = "fleetcanary_fabric_rendezvous_rejected_total"
 REJECT_REASONS = ("unexpected_address", "bad_handshake", "silent")
 
 NCCL_ENV_ALLOWLIST = ("NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TC",
-                      "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_DISABLE", "NCCL_IB_PCI_RELAXED_ORDERING",
+                      "NCCL_IB_SL", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_DISABLE",
+                      "NCCL_IB_PCI_RELAXED_ORDERING",
                       "NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ", "NCCL_CROSS_NIC",
                       "NCCL_ALGO", "NCCL_PROTO", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS")
 
@@ -107,10 +108,11 @@ class Config(GpuProbeConfig):
         return v
 
     @model_validator(mode="after")
-    def _window(self) -> "Config":
+    def _window(self) -> Config:
         if self.meet_offset_seconds + self.rendezvous_wait_seconds >= self.slot_seconds:
             raise ValueError(f"meet_offset_seconds + rendezvous_wait_seconds ({self.meet_offset_seconds:g} + "
-                             f"{self.rendezvous_wait_seconds:g}) must be shorter than slot_seconds ({self.slot_seconds:g})")
+                             f"{self.rendezvous_wait_seconds:g}) must be shorter than "
+                             f"slot_seconds ({self.slot_seconds:g})")
         return self
 
     @field_validator("nccl_env")

@@ -3,10 +3,10 @@
 A GPU is not touched when it has compute processes, when its utilization is over
 the configured threshold, when Kubernetes has allocated it to a pod, or when its
 GPU-time budget would be exceeded (what is left over the probe's budget window, its
-interval clamped to one hour..one day, as the daemon computed it: daemon/scheduler.py). With the default ``node`` policy, one busy
-GPU skips the whole probe: host-to-device copies on an idle GPU still share PCIe
-switches and host memory with a job on its neighbour. The ``gpu`` policy measures
-the idle GPUs only.
+interval clamped to one hour..one day, as the daemon computed it: daemon/scheduler.py).
+With the default ``node`` policy, one busy GPU skips the whole probe: host-to-device
+copies on an idle GPU still share PCIe switches and host memory with a job on its
+neighbour. The ``gpu`` policy measures the idle GPUs only.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetcanary.probes.lib import nvml
 from fleetcanary.probes.base import ProbeError, ProbeSkipped
+from fleetcanary.probes.lib import nvml
 
 
 def open_session() -> nvml.Session:

@@ -31,8 +31,8 @@ never into a result, an error detail or a log line.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
-import socket
 import ssl
 import time
 import zlib
@@ -190,7 +190,7 @@ def request(ep: Endpoint, body: dict[str, Any], cancel_after_chunks: int | None 
         else:
             conn = http.client.HTTPConnection(host, port, timeout=connect_timeout)
         conn.connect()
-    except socket.timeout:
+    except TimeoutError:
         res.outcome, res.detail = "timeout", "connect: no connection within the connect timeout"
         return res
     except (OSError, ssl.SSLError) as exc:
@@ -272,7 +272,7 @@ def _exchange(conn, ep: Endpoint, path: str, payload: bytes, headers: dict, res:
         res.send_ns = t0 = time.perf_counter_ns()
         conn.endheaders(payload)
         resp = conn.getresponse()
-    except socket.timeout:
+    except TimeoutError:
         res.outcome, res.detail = "timeout", "no response headers within the read timeout"
         return res
     except http.client.BadStatusLine as exc:
@@ -391,7 +391,7 @@ def _exchange(conn, ep: Endpoint, path: str, payload: bytes, headers: dict, res:
             if not chunk:
                 res.close_seconds = (now - t0) / 1e9
                 break
-    except socket.timeout:
+    except TimeoutError:
         res.outcome = "timeout"
         res.detail = "the stream stalled (no byte within the read timeout)" if _left(deadline) > 0.001 else \
             "request exceeded its total timeout"
@@ -436,7 +436,7 @@ def _finish(res: RequestResult, t0: int, text_parts: list[str], usage_tokens: in
     if res.chunk_times:
         res.ttft = res.chunk_times[0]
         res.e2e = res.chunk_times[-1]
-        res.gaps = [b - a for a, b in zip(res.chunk_times, res.chunk_times[1:])]
+        res.gaps = [b - a for a, b in itertools.pairwise(res.chunk_times)]
     if usage_tokens is not None:
         res.output_tokens, res.token_count_source = usage_tokens, "usage"
     elif res.chunk_times:
@@ -467,7 +467,7 @@ def _whole(sock, resp, res: RequestResult, t0: int, api: str, decoder: _Decoder,
                 return res
             if not chunk:
                 break
-    except socket.timeout:
+    except TimeoutError:
         res.outcome, res.detail = "timeout", "the response stalled"
         return res
     except http.client.IncompleteRead:

@@ -45,7 +45,7 @@ def account(samples: list[Sample], end: float, tail_from: float) -> dict[str, An
     """Seconds in each throttle reason (every reason of the fixed set, zeros included), the seconds
     with any slowdown reason (SLOWDOWN_REASONS), and clocks/power (median over the tail: t >= tail_from) and the
     hottest temperature. ``end``: the burn's length in seconds."""
-    per = {name: 0.0 for name in nvml.THROTTLE_REASONS.values()}
+    per = dict.fromkeys(nvml.THROTTLE_REASONS.values(), 0.0)
     slowdown = 0.0
     covered = 0.0
     for i, s in enumerate(samples):

@@ -151,7 +151,7 @@ def read_port(base: str, device: str, port: str, problems: Problems) -> Port:
     p.state = read_field(os.path.join(d, "state"), parse_state, problems)
     p.phys_state = read_field(os.path.join(d, "phys_state"), parse_state, problems)
     p.rate = read_field(os.path.join(d, "rate"), parse_rate, problems)
-    p.link_layer = read_field(os.path.join(d, "link_layer"), lambda t: t if t else None, problems)
+    p.link_layer = read_field(os.path.join(d, "link_layer"), lambda t: t or None, problems)
     # counters/ is absent on some RoCE and virtual devices; hw_counters/ only where the driver has them.
     for sub, names, out in (("counters", ERROR_COUNTERS, p.counters), ("hw_counters", HW_COUNTERS, p.hw_counters)):
         if os.path.isdir(os.path.join(d, sub)):
@@ -229,7 +229,7 @@ def read_interface(root: str, name: str, problems: Problems) -> Interface:
     if not os.path.isdir(d):
         return Interface(name, False)
     i = Interface(name, True)
-    i.operstate = read_field(os.path.join(d, "operstate"), lambda t: t if t else None, problems)
+    i.operstate = read_field(os.path.join(d, "operstate"), lambda t: t or None, problems)
     # carrier and speed answer EINVAL while the interface is down, and speed is -1 where unknown:
     # not a problem, just no value.
     text, _ = read_text(os.path.join(d, "carrier"))

@@ -86,7 +86,7 @@ class Session:
     def __init__(self, lib) -> None:
         self.lib = lib
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -182,7 +182,8 @@ class Session:
 
     def throttle_reasons(self, g: GpuHandle) -> list[str] | str:
         lib = self.lib
-        fn = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        fn = (getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+              or lib.nvmlDeviceGetCurrentClocksThrottleReasons)
         mask = self._try(fn, g.handle, default=None)
         if mask is None:
             return UNKNOWN
@@ -192,7 +193,8 @@ class Session:
         """One reading for a load trace: SM and memory clock (MHz), power (W), temperature (C) and
         the throttle ("clocks event") reason mask; None for what the GPU does not report."""
         lib, h = self.lib, g.handle
-        fn = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        fn = (getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+              or lib.nvmlDeviceGetCurrentClocksThrottleReasons)
         power = self._try(lib.nvmlDeviceGetPowerUsage, h, default=None)
         return {
             "sm_mhz": self._try(lib.nvmlDeviceGetClockInfo, h, 1, default=None),

@@ -74,18 +74,18 @@ def judge(checksums: dict[str, str], golden: str | None, golden_source: str, min
         agree = groups.get(golden, [])
         others = [g for c, gs in groups.items() if c != golden for g in gs]
         if not agree and len(checksums) >= max(min_consensus, 2) and len(groups) == 1:
-            return Verdict({g: "no_consensus" for g in checksums}, golden, golden_source, groups=groups,
+            return Verdict(dict.fromkeys(checksums, "no_consensus"), golden, golden_source, groups=groups,
                            detail=f"all {len(checksums)} GPUs agree on a checksum that is not the {golden_source} "
                                   "golden: a changed software stack the key misses, or a node-wide fault")
-        status = {g: "match" for g in agree} | {g: "mismatch" for g in others}
+        status = dict.fromkeys(agree, "match") | dict.fromkeys(others, "mismatch")
         return Verdict(status, golden, golden_source, groups=groups)
     n = len(checksums)
     if n < max(min_consensus, 2):
-        return Verdict({g: "unjudged" for g in checksums}, None, "none", groups=groups,
+        return Verdict(dict.fromkeys(checksums, "unjudged"), None, "none", groups=groups,
                        detail=f"no golden and {n} GPU(s) measured; {max(min_consensus, 2)} needed to vote")
     top, votes = Counter(checksums.values()).most_common(1)[0]
     if votes * 2 <= n:
-        return Verdict({g: "no_consensus" for g in checksums}, None, "none", groups=groups,
+        return Verdict(dict.fromkeys(checksums, "no_consensus"), None, "none", groups=groups,
                        detail=f"no strict majority among {n} GPUs: {sorted(len(v) for v in groups.values())}")
     status = {g: ("match" if c == top else "mismatch") for g, c in checksums.items()}
     return Verdict(status, top, "consensus", established=True, groups=groups,

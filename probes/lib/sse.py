@@ -133,8 +133,8 @@ class SSEParser:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            self.error = f"invalid UTF-8 in a {raw.partition(b':')[0][:16].decode('ascii', 'replace')!r} line " \
-                         f"at byte {exc.start}"
+            self.error = (f"invalid UTF-8 in a {raw.partition(b':')[0][:16].decode('ascii', 'replace')!r} line "
+                          f"at byte {exc.start}")
             return
         field, sep, value = line.partition(":")
         if sep and value.startswith(" "):

@@ -14,7 +14,8 @@ Facts format (every device field optional; absent means "not supported")::
                   "persistence": 1, "mig": [0, 0],
                   "pcie": {"gen_current": 5, "gen_max": 5, "gen_gpu_max": 5, "width_current": 16, "width_max": 16},
                   "throttle_mask": 0, "utilization": 0, "processes": [],
-                  "ecc": {"corrected_volatile": 0, "uncorrected_volatile": 0, "corrected_aggregate": 0, "uncorrected_aggregate": 0},
+                  "ecc": {"corrected_volatile": 0, "uncorrected_volatile": 0,
+                          "corrected_aggregate": 0, "uncorrected_aggregate": 0},
                   "remapped_rows": [0, 0, false, false],
                   "nvlinks": [{"state": 1, "remote_bus_id": "...", "remote_type": 2,
                                "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}}],
@@ -112,7 +113,7 @@ class FakeNvml:
         self.initialised = False
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "FakeNvml":
+    def from_file(cls, path: str | Path) -> FakeNvml:
         return cls(json.loads(Path(path).read_text()))
 
     # --- lifecycle --------------------------------------------------------------
