@@ -103,7 +103,7 @@ class Exporter(ServerThread):
         fleet_ = fleet
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 ident = fleet_.ident
                 body = "".join(f"{s.replace(', ' + ident, '')} {v!r}\n" for s, v in fleet_.samples(time.time()))
                 data = body.encode()
@@ -222,12 +222,12 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
         "rule_files": [str(p) for p in rules],
         "scrape_configs": [{"job_name": "fleetcanary", "honor_labels": True,
                             "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]}))
-    log = open(tmp_path / "prometheus.log", "wb")
     prom_port = free_port()
-    proc = subprocess.Popen([prometheus, f"--config.file={cfg}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}", "--query.lookback-delta=5s",
-                             "--storage.tsdb.retention.time=30d", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "prometheus.log", "wb") as log:  # Prometheus keeps its own descriptor
+        proc = subprocess.Popen([prometheus, f"--config.file={cfg}", f"--storage.tsdb.path={data}",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}", "--query.lookback-delta=5s",
+                                 "--storage.tsdb.retention.time=30d", "--log.level=warn"],
+                                stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{prom_port}"
     want = expected_alerts()
     # 10 peer, 8 fast-path, 8 own-history fast-path, 8 regression, 8 driver-change alerts
@@ -264,7 +264,6 @@ def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometh
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
         exporter.stop()
     # the two cases stay apart: no regression on the node whose driver changed, no driver-change
     # alert on the node that kept its driver, and the healthy nodes are silent

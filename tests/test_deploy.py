@@ -88,7 +88,8 @@ def test_the_daemonset_is_locked_down(variant):
     # hostPath only where a configured storage target needs it
     targets = {t.path for t in cfg.probes.storage.params.targets} if cfg.probes.storage.enabled else set()
     host_mounts = {m for m, v in mounts.items() if "hostPath" in volumes[v]}
-    if cfg.probes.fabric.enabled:  # RDMA's device files, nothing else (test_the_fabric_overlay_adds_only_what_rdma_needs)
+    # RDMA's device files, nothing else (test_the_fabric_overlay_adds_only_what_rdma_needs)
+    if cfg.probes.fabric.enabled:
         targets |= {"/dev/infiniband"}
     assert host_mounts == targets, (host_mounts, targets)
     if path.endswith("cpu-only"):
@@ -197,10 +198,10 @@ def test_plain_prometheus_scrape_example_is_valid(tmp_path):
 
 def test_dockerfile_is_multi_stage_and_non_root():
     text = (ROOT / "Dockerfile").read_text()
-    stages = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    stages = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
     assert len(stages) >= 2
     final = text[text.rindex("\nFROM "):]
-    user = re.findall(r"^USER\s+(\S+)", final, re.M)
+    user = re.findall(r"^USER\s+(\S+)", final, re.MULTILINE)
     assert user and not user[-1].startswith(("0", "root")), user
     assert ":latest" not in text
     assert "COPY --from=build" in final
@@ -228,7 +229,8 @@ def test_locust_loadtest_example_builds_validates_and_wires_workers_to_the_maste
     settings = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("loadtest-settings")]
     assert len(settings) == 1 and settings[0]["data"]["LOCUST_HOST"].startswith("http")
     # the result goes to the master's log (a finished Job's volume cannot be read) after a drain
-    assert settings[0]["data"]["FLEETCANARY_LOCUST_OUT"] == "-" and float(settings[0]["data"]["FLEETCANARY_DRAIN_SECONDS"]) > 0
+    assert settings[0]["data"]["FLEETCANARY_LOCUST_OUT"] == "-"
+    assert float(settings[0]["data"]["FLEETCANARY_DRAIN_SECONDS"]) > 0
     # the default image has no Locust: the example names one built with the loadtest extra
     assert master["spec"]["template"]["spec"]["containers"][0]["image"].endswith("-loadtest")
     assert "EXTRAS=kube,loadtest" in (ROOT / "deploy/loadtest/kustomization.yaml").read_text()

@@ -7,8 +7,8 @@ import pytest
 from fleetcanary.core import config as configmod
 from fleetcanary.daemon.kube import Kube
 from tests.conftest import ROOT
-from tests.support.kube_api import TOKEN, KubeAPI, node, pod
 from tests.support.helpers import wait_for
+from tests.support.kube_api import TOKEN, KubeAPI, node, pod
 
 LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "node.kubernetes.io/instance-type": "p5.48xlarge",
           "topology.kubernetes.io/zone": "us-east-1a", "example.com/pool": "train-a"}
@@ -160,8 +160,12 @@ def test_daemon_gates_gpu_probes_and_labels_node_info_from_the_api(api, tmp_path
                                  "host_memory_bandwidth": {"enabled": False}}},
                      env=env)
     skip = 'fleetcanary_probe_skips_total{probe="gpu_bandwidth",reason="gpu_allocated"} 1.0'
-    m = wait_for(lambda: (lambda t: t if skip in t else None)(d.metrics()),
-                 timeout=60, what="gpu_bandwidth skipped for gpu_allocated")
+
+    def skipped() -> str | None:
+        text = d.metrics()
+        return text if skip in text else None
+
+    m = wait_for(skipped, timeout=60, what="gpu_bandwidth skipped for gpu_allocated")
     assert "fleetcanary_kubernetes_gpus_requested 5.0" in m
     info = next(line for line in m.splitlines() if line.startswith("fleetcanary_node_info{"))
     for frag in ('gpu_product="NVIDIA-H100-80GB-HBM3"', 'instance_type="p5.48xlarge"', 'zone="us-east-1a"',

@@ -1,10 +1,10 @@
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetcanary.core.record import RunRecord
-from tests.support.helpers import run_job
 from fleetcanary.daemon.state import MAX_LABEL_VALUE, ResultStore
 from fleetcanary.probes import PROBES
 from tests.support.fault_probes import FAULT_PROBES
+from tests.support.helpers import run_job
 
 
 def parse(store):
@@ -37,8 +37,9 @@ def test_hostile_label_values_keep_the_exposition_valid():
 def test_failed_run_clears_values_and_skip_keeps_them():
     probes = {"ok": FAULT_PROBES["ok"]}
     store = ResultStore(probes, ["ok"])
-    good = RunRecord("ok", "success", samples=[{"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 3.0}],
-                   started_at=1000.0, wall_seconds=1.0)
+    good = RunRecord("ok", "success",
+                     samples=[{"metric": "fleetcanary_test_fault_value", "labels": {"mode": "m"}, "value": 3.0}],
+                     started_at=1000.0, wall_seconds=1.0)
     store.apply(good)
     store.apply(RunRecord("ok", "skipped", "gpu_busy", started_at=2000.0))
     v = parse(store)

@@ -131,11 +131,11 @@ class Live:
     def __init__(self, workdir: Path) -> None:
         require_binary("prometheus")
         self.out = workdir / "demo.out"
-        self._out = open(self.out, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetcanary", "demo", "--fast", "--listen", "127.0.0.1:0",
-             "--prometheus-listen", "127.0.0.1:0", "--workdir", str(workdir / "demo"), "--duration", "600"],
-            stdout=self._out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        with open(self.out, "wb") as out:  # the demo keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fleetcanary", "demo", "--fast", "--listen", "127.0.0.1:0",
+                 "--prometheus-listen", "127.0.0.1:0", "--workdir", str(workdir / "demo"), "--duration", "600"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         line = wait_for(lambda: re.search(r"Prometheus:\s+(http://\S+)", self.out.read_text()), timeout=90,
                         what="the demo's Prometheus")
         self.url = line.group(1)
@@ -155,7 +155,6 @@ class Live:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             rc = self.proc.wait()
-        self._out.close()
         return rc
 
 

@@ -70,7 +70,8 @@ def test_a_failed_check_fails_the_run_and_is_named(cfg, tmp_path):
 
 def test_checks_of_a_probe_that_did_not_run_fail(cfg, tmp_path):
     text = "models:\n  '*':\n    - {probe: gpu_bandwidth, figure: d2d, min: 1.0e12}\n"
-    r = once(cfg, tmp_path / "o.txt", ["host_memory_bandwidth"], repeat=1, extra=["--expect", str(expect(tmp_path, text))])
+    r = once(cfg, tmp_path / "o.txt", ["host_memory_bandwidth"], repeat=1,
+             extra=["--expect", str(expect(tmp_path, text))])
     acc = json.loads((tmp_path / "o.txt").read_text())["acceptance"]
     assert r.returncode == 1 and not acc["passed"]
     assert "no successful run" in acc["rows"][0]["observed"]
@@ -123,5 +124,6 @@ def test_a_gpu_model_missing_from_the_file_fails(cfg, tmp_path):
     ("{}", "models: Field required"),
 ])
 def test_bad_expectation_files_are_one_line_errors(cfg, tmp_path, text, message):
-    r = once(cfg, tmp_path / "o.txt", ["host_memory_bandwidth"], repeat=1, extra=["--expect", str(expect(tmp_path, text))])
+    r = once(cfg, tmp_path / "o.txt", ["host_memory_bandwidth"], repeat=1,
+             extra=["--expect", str(expect(tmp_path, text))])
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from fleetcanary.offline.loadtest import Dist, arrival_offsets, percentile
+from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def test_concurrency_ramp_refuses_the_level_past_the_knee_and_never_exceeds_capa
 
 
 def test_poisson_workload_with_prefix_streaming_and_cancellation():
-    server, sim = start_in_thread(SimSettings(ttft_ms=10, itl_ms=2))
+    server, _ = start_in_thread(SimSettings(ttft_ms=10, itl_ms=2))
     try:
         r = subprocess.run(
             [sys.executable, "-m", "fleetcanary", "loadtest", f"http://127.0.0.1:{server.server_address[1]}/v1",
@@ -87,7 +87,7 @@ def test_distributions_and_percentiles():
 
 
 def _sim_process(*extra):
-    from tests.support.helpers import free_port, wait_for, http_get
+    from tests.support.helpers import free_port, http_get, wait_for
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "simulate-llm", "--listen", f"127.0.0.1:{port}",

@@ -68,7 +68,8 @@ def test_once_shows_every_inference_target_and_fails_when_one_failed(tmp_path):
         cfg = tmp_path / "c.yaml"
         cfg.write_text(f"state_dir: {tmp_path}\nprobes:\n  inference:\n    params:\n      targets:\n"
                        f"      - {{name: good, base_url: '{base}', model: m, prefix_words: 32, stream_max_tokens: 8}}\n"
-                       f"      - {{name: bad, base_url: '{base}', model: m, headers: {{X-Sim: '{{\"status\": 503}}'}}}}\n")
+                       f"      - {{name: bad, base_url: '{base}', model: m, "
+                       f"headers: {{X-Sim: '{{\"status\": 503}}'}}}}\n")
         r = subprocess.run([sys.executable, "-m", "fleetcanary", "once", "--config", str(cfg), "--probe", "inference"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
     finally:

@@ -38,7 +38,7 @@ def dist(tmp_path_factory) -> Path:
     r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    warnings = [ln for ln in (r.stdout + r.stderr).splitlines() if re.search(r"warn|deprecat", ln, re.I)]
+    warnings = [ln for ln in (r.stdout + r.stderr).splitlines() if re.search(r"warn|deprecat", ln, re.IGNORECASE)]
     assert warnings == [], warnings
     return out
 

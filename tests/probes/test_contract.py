@@ -44,7 +44,7 @@ def test_probe_module_imports_nothing_heavy_at_module_level(name):
 
 
 def test_skip_reasons_are_a_fixed_set():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown skip reason"):
         ProbeSkipped("because I said so")
     assert ProbeSkipped("no_gpu").reason == "no_gpu"
     assert len(SKIP_REASONS) == len(set(SKIP_REASONS)) <= 12

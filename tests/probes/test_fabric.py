@@ -11,7 +11,6 @@ from fleetcanary.probes.fabric import Fabric
 from fleetcanary.probes.fabric.spec import BUSBW, PARTNER, SENDRECV, Config
 from tests.support.helpers import free_port, run_job, wait_for
 
-
 SECRET = "loopback-fleet-secret-7f3a9c21d4e8"
 ENV = {"FLEETCANARY_FABRIC_SECRET": SECRET}
 

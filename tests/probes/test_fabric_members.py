@@ -14,7 +14,7 @@ def test_addresses_parse_with_and_without_ports():
     assert parse_address("[fd00::1]:5", 29400) == ("fd00::1", 5)
     assert parse_address("fd00::1", 7) == ("fd00::1", 7)
     for bad in ("", ":80", "h:0", "h:x", "[fd00::1]x"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="bad address"):
             parse_address(bad, 1)
 
 
@@ -39,7 +39,8 @@ def api(tmp_path):
 
 
 def env(api):
-    return {**api.environ, "FLEETCANARY_KUBE_TOKEN_FILE": str(api.token_file), "FLEETCANARY_KUBE_CA_FILE": str(api.ca_file)}
+    return {**api.environ, "FLEETCANARY_KUBE_TOKEN_FILE": str(api.token_file),
+            "FLEETCANARY_KUBE_CA_FILE": str(api.ca_file)}
 
 
 def test_members_come_from_the_daemonsets_running_pods(api):
@@ -52,7 +53,7 @@ def test_members_come_from_the_daemonsets_running_pods(api):
     cfg = Config(members_from="kubernetes", kubernetes_namespace="fleetcanary", port=29555)
     got = members.from_kubernetes(cfg, environ=env(api))
     assert got == [members.Endpoint("node-a", "10.1.0.1", 29555), members.Endpoint("node-b", "10.1.0.9", 29555)]
-    method, path, auth = api.requests[-1]
+    _, path, auth = api.requests[-1]
     assert path.startswith("/api/v1/namespaces/fleetcanary/pods?labelSelector=") and auth.startswith("Bearer ")
 
 

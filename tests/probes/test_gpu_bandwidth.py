@@ -1,9 +1,9 @@
 """gpu_bandwidth: real copies on device "cpu", byte counting, and every gating skip via fake NVML."""
 import pytest
 
-from fleetcanary.probes.lib import gpu_gate, nvml, torch_util
 from fleetcanary.probes.base import ProbeSkipped
 from fleetcanary.probes.gpu_bandwidth import METRIC, Config, GpuBandwidth
+from fleetcanary.probes.lib import gpu_gate, nvml, torch_util
 from tests.support.gpu import ctx, fake, value
 
 SMALL = dict(device="cpu", d2d_bytes=4 << 20, host_bytes=2 << 20, warmup=1, repeats=3)

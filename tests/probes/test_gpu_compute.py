@@ -10,6 +10,7 @@ from fleetcanary.probes.gpu_compute import METRIC, SDC_METRIC, Config, GpuComput
 from fleetcanary.probes.lib import matmul, sdc, torch_util
 from tests.support.gpu import ctx, fake, value
 
+
 @pytest.fixture(autouse=True)
 def _restore_torch_globals(monkeypatch):
     """The probe sets process-wide determinism (a worker's own process in the daemon); undo it here."""

@@ -1,12 +1,12 @@
 """gpu_health against fake NVML built from recorded node facts: every metric, every skip."""
 import pytest
 
-from tests.support.helpers import run_job
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.probes.base import ProbeError, ProbeSkipped
 from fleetcanary.probes.gpu_health import Config, GpuHealth
 from fleetcanary.probes.lib.nvml import THROTTLE_REASONS
 from tests.support.gpu import FIXTURES, ctx, fake, samples, value
+from tests.support.helpers import run_job
 
 P = "fleetcanary_gpu_"
 
@@ -127,5 +127,5 @@ def test_recorded_h200_facts_replay(tmp_path, monkeypatch):
     assert value(r, P + "clock_throttle_active", gpu="0", reason="gpu_idle") == 1
     assert value(r, P + "remapped_rows_pending", gpu="0") == 0
     assert value(r, P + "power_limit_watts", gpu="0") == 700
-    info = [dict(k[1]) for k in samples(r) if k[0] == P + "info"][0]
+    info = next(dict(k[1]) for k in samples(r) if k[0] == P + "info")
     assert info["model"] == "NVIDIA H200" and info["pci_bus_id"] == "00000000:00:06.0"

@@ -7,8 +7,17 @@ import pytest
 from pydantic import ValidationError
 
 from fleetcanary.probes.base import ProbeSkipped
-from fleetcanary.probes.gpu_sustained import (BURN, CLOCK, RATIO, SLOWDOWN, TEMP, THROTTLE, THROUGHPUT, Config,
-                                              GpuSustained)
+from fleetcanary.probes.gpu_sustained import (
+    BURN,
+    CLOCK,
+    RATIO,
+    SLOWDOWN,
+    TEMP,
+    THROTTLE,
+    THROUGHPUT,
+    Config,
+    GpuSustained,
+)
 from fleetcanary.probes.lib import load_trace, nvml
 from tests.support.gpu import ctx, fake, value
 

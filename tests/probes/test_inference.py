@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetcanary.probes.lib import llm_client
 from fleetcanary.probes.base import ProbeError, ProbeSkipped
 from fleetcanary.probes.inference import Config, Golden, Inference, Target
-from tests.support.gpu import ctx, samples, value
-from tests.support.llm import RawStreamServer, sim, sim_headers  # noqa: F401 - fixture
+from fleetcanary.probes.lib import llm_client
+from tests.support.gpu import ctx, value
+from tests.support.llm import RawStreamServer, sim_headers
 
 P = "fleetcanary_inference_"
 
@@ -33,7 +33,7 @@ def outcomes(r):
 
 
 def test_healthy_endpoint_all_figures(tmp_path, sim):
-    base, simulator = sim
+    base, _ = sim
     r = run(tmp_path, target(base))
     assert set(outcomes(r)) == {"success"} and len(outcomes(r)) == 2 + 1 + 1 + 2
     assert value(r, P + "quality_pass", target="llm", check="arithmetic") == 1
@@ -49,7 +49,7 @@ def test_healthy_endpoint_all_figures(tmp_path, sim):
     # The pair's ratio as published (the simulator skips 80% of a cached prefill; on a busy machine
     # scheduling delay adds to both, so the ratio itself is the machine's, the definition is ours).
     assert value(r, P + "prefix_cache_ttft_ratio", target="llm") == pytest.approx(ttft[4] / ttft[3])
-    stream = [q for q in r.extra["requests"]["llm"] if q["kind"] == "stream"][0]
+    stream = next(q for q in r.extra["requests"]["llm"] if q["kind"] == "stream")
     assert stream["token_count_source"] == "usage" and stream["output_tokens"] == 16 and stream["done"]
     assert len(stream["gaps"]) == 15 and stream["done_seconds"] >= stream["e2e"]
 
@@ -167,7 +167,7 @@ def test_token_from_env_is_sent_and_required(tmp_path, sim, monkeypatch):
 
 
 def test_golden_regex_must_compile():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a valid regular expression"):
         Golden(check="x", prompt="p", expect="(unclosed")
 
 
@@ -182,7 +182,8 @@ def raw():
 @given(st.binary(max_size=300) | st.lists(st.sampled_from([
     b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n", b": c\n\n", b"event: error\n\n",
     b'data: {"error":{"message":"x"}}\n\n', b"data: nope\n\n", b"\r\n", b"data: {}\n\n", b'data: []\n\n',
-    b'data: {"choices":[{"delta":null}]}\n\n', b'data: {"choices":"x"}\n\n', b'data: {"usage":{"completion_tokens":"7"}}\n\n']),
+    b'data: {"choices":[{"delta":null}]}\n\n', b'data: {"choices":"x"}\n\n',
+    b'data: {"usage":{"completion_tokens":"7"}}\n\n']),
     max_size=8).map(b"".join))
 def test_fuzz_any_stream_ends_in_a_classified_outcome(raw, body):
     raw.body = body

@@ -108,7 +108,8 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
 
 def test_hdr_node_speed_downtrain_armed_port_and_old_rate_format(tmp_path):
     r = run(tmp_path, "hdr_node", expected_rate_gbps=200, port_rates_gbps={"qib0/1": 10})
-    assert port(r, R + "rate_bytes_per_second", "mlx5_0") == 200 * GB and port(r, R + "rate_below_expected", "mlx5_0") == 0
+    assert port(r, R + "rate_bytes_per_second", "mlx5_0") == 200 * GB
+    assert port(r, R + "rate_below_expected", "mlx5_0") == 0
     # a 4X HDR port that trained at EDR speed: all lanes, half the rate
     assert port(r, R + "link_width", "mlx5_1") == 4
     assert port(r, R + "rate_bytes_per_second", "mlx5_1") == 100 * GB
@@ -176,7 +177,8 @@ def test_a_port_that_disappears_is_reported_missing(tmp_path):
     root = tmp_path / "sys"
     shutil.copytree(SYSFS / "ndr_node", root)
     before = run(tmp_path, root, expected_port_count=6)
-    assert value(before, "fleetcanary_rdma_ports_present") == 6 and value(before, "fleetcanary_rdma_ports_expected") == 6
+    assert value(before, "fleetcanary_rdma_ports_present") == 6
+    assert value(before, "fleetcanary_rdma_ports_expected") == 6
     shutil.rmtree(root / "class/infiniband/mlx5_3")  # the HCA fell off the bus
     after = run(tmp_path, root, expected_port_count=6, expected_ports=["mlx5_3/1"])
     assert value(after, "fleetcanary_rdma_ports_present") == 5 and value(after, "fleetcanary_rdma_ports_expected") == 6
@@ -256,7 +258,8 @@ def netns():
         unavailable(f"cannot create a network namespace: {r.stderr.strip()}")
     try:
         for cmd in (["link", "add", "fcva", "type", "veth", "peer", "name", "fcvb"],
-                    ["addr", "add", "169.254.77.1/30", "dev", "fcva"], ["addr", "add", "169.254.77.2/30", "dev", "fcvb"],
+                    ["addr", "add", "169.254.77.1/30", "dev", "fcva"],
+                    ["addr", "add", "169.254.77.2/30", "dev", "fcvb"],
                     ["link", "set", "fcva", "up"], ["link", "set", "fcvb", "up"]):
             subprocess.run([ip, "-n", ns, *cmd], check=True, capture_output=True)
         yield ip, ns
@@ -275,7 +278,10 @@ def collect(ip, ns, *interfaces) -> dict:
 
 def test_carrier_changes_counted_when_a_real_link_goes_down_and_up(netns):
     ip, ns = netns
-    key = lambda m, **kw: (m, tuple(sorted({"interface": "fcva", **kw}.items())))  # noqa: E731
+
+    def key(m: str, **kw: str) -> tuple:
+        return m, tuple(sorted({"interface": "fcva", **kw}.items()))
+
     seen = wait_for(lambda: (v := collect(ip, ns, "fcva", "eth0")) and v.get(key(N + "up")) == 1 and v,
                     timeout=30, interval=0.2, what="fcva up")
     # the namespace has its own interfaces only: the host's eth0 is not in it

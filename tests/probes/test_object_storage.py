@@ -188,9 +188,9 @@ def test_presigned_url_from_env_never_appears_in_the_record(server, monkeypatch)
 
 
 def test_target_needs_exactly_one_url_source():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="give exactly one of url, url_env, url_file"):
         Target(name="o", url="http://a/", url_env="B")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="give exactly one of url, url_env, url_file"):
         Target(name="o")
     assert reason_of(Target(name="o", url_env="FLEETCANARY_UNSET_VARIABLE")) == "bad_url"
     assert reason_of(Target(name="o", url="ftp://host/file")) == "bad_url"

@@ -114,7 +114,7 @@ def test_fuzz_work_stays_linear_and_the_buffer_bounded(parts, step, limit):
 @given(st.binary(max_size=400), st.lists(st.integers(min_value=0, max_value=400), max_size=8))
 def test_fuzz_never_raises_and_is_split_invariant(data, cuts):
     cuts = sorted({c for c in cuts if 0 < c < len(data)})
-    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
     assert parse(pieces) == parse([data])
 
 

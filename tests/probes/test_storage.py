@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import run_job
 from fleetcanary.probes.base import ProbeError, ProbeSkipped
 from fleetcanary.probes.storage import WORKDIR, Config, Storage, Target
-from tests.support.gpu import ctx, samples, value
+from tests.support.gpu import ctx, value
+from tests.support.helpers import run_job
 from tests.support.mounts import tmpfs
 
 P = "fleetcanary_storage_"
@@ -56,7 +56,7 @@ def test_leftovers_of_a_killed_run_are_removed_first(tmp_path):
 def test_killed_at_the_deadline_mid_run_leaves_nothing(tmp_path):
     d = tmp_path / "slow"
     d.mkdir()
-    params = {"targets": [{"name": "t1", "path": str(d), **{**SMALL, "small_files": 100000}}], "repeats": 1}
+    params = {"targets": [{"name": "t1", "path": str(d), **SMALL, "small_files": 100000}], "repeats": 1}
     out = run_job(Storage, params, tmp_path, timeout_seconds=1.0, kill_grace_seconds=20.0)
     assert out.outcome == "timeout"
     assert list(d.iterdir()) == [], list(d.rglob("*"))[:5]
@@ -84,9 +84,8 @@ def test_permission_denied(tmp_path):
 
 
 def test_read_only_filesystem(tmp_path):
-    with tmpfs(tmp_path / "ro", "ro,size=16m") as d:
-        with pytest.raises(ProbeError) as ei:
-            Storage().run(Config(targets=(target(d),)), ctx(tmp_path))
+    with tmpfs(tmp_path / "ro", "ro,size=16m") as d, pytest.raises(ProbeError) as ei:
+        Storage().run(Config(targets=(target(d),)), ctx(tmp_path))
     assert ei.value.reason == "read_only"
 
 
@@ -125,7 +124,7 @@ def test_no_targets_skips(tmp_path):
 
 
 def test_relative_paths_are_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be an absolute path"):
         Target(name="x", path="relative/dir")
 
 

@@ -5,8 +5,17 @@ from pydantic import ValidationError
 
 from fleetcanary.probes.base import ProbeError, ProbeSkipped
 from fleetcanary.probes.lib import tiny_lm, torch_util
-from fleetcanary.probes.train_step import (DL_FIRST, DL_SAMPLES, GOLDEN_FP32_LOSS, LOSS_DEV, LOSS_OK, STEP, TOKENS,
-                                           Config, TrainStep)
+from fleetcanary.probes.train_step import (
+    DL_FIRST,
+    DL_SAMPLES,
+    GOLDEN_FP32_LOSS,
+    LOSS_DEV,
+    LOSS_OK,
+    STEP,
+    TOKENS,
+    Config,
+    TrainStep,
+)
 from tests.support.gpu import ctx, value
 
 # A tiny non-default shape for the tests that are not about the shipped golden.

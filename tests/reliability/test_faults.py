@@ -2,12 +2,11 @@
 import subprocess
 import threading
 
-
+from tests.support.helpers import http_get, wait_for
+from tests.support.helpers import metric_value as value
+from tests.support.mounts import tmpfs
 from tests.support.reliability import fault_daemon, leaked, memory_cgroup, pids_in, runs_of
 from tests.support.timeline import hang_deadline, self_ending_deadline
-from tests.support.helpers import metric_value as value
-from tests.support.helpers import http_get, wait_for
-from tests.support.mounts import tmpfs
 
 FAULTS = {
     # probe: (expected outcome, crash reason or None)
@@ -88,9 +87,12 @@ def test_an_oom_killed_probe_is_classified_and_the_daemon_survives(tmp_path):
                                             "jitter_seconds": 0, "params": {"pid_file": str(pid_dir / "hog")}}},
                          cgroup_procs=procs)
         try:
-            text = wait_for(lambda: (lambda t: t if (value(t, "fleetcanary_probe_crashes_total", probe="hog",
-                                                           reason="oom_killed") or 0) >= 2 else None)(d.metrics()),
-                            timeout=120, interval=0.5, what="two OOM kills classified")
+            def two_oom_kills() -> str | None:
+                text = d.metrics()
+                return text if (value(text, "fleetcanary_probe_crashes_total", probe="hog",
+                                      reason="oom_killed") or 0) >= 2 else None
+
+            text = wait_for(two_oom_kills, timeout=120, interval=0.5, what="two OOM kills classified")
             assert d.proc.poll() is None, "the daemon itself was killed"
             assert value(text, "fleetcanary_probe_success", probe="hog") == 0.0
             assert http_get(d.url + "/healthz")[0] == 200
@@ -116,8 +118,8 @@ def test_state_dir_full_or_read_only_is_counted_and_survived(tmp_path):
             subprocess.run(["dd", "if=/dev/zero", f"of={state}/filler", "bs=64k", "count=100"],
                            capture_output=True)
             n = runs()
-            wait_for(lambda: (value(d.metrics(), "fleetcanary_history_write_errors_total") or 0) >= 2 and runs() >= n + 2,
-                     timeout=30, what="write errors counted while probes keep running")
+            wait_for(lambda: (value(d.metrics(), "fleetcanary_history_write_errors_total") or 0) >= 2
+                     and runs() >= n + 2, timeout=30, what="write errors counted while probes keep running")
             (state / "filler").unlink()
             # read-only
             r = subprocess.run(["mount", "-o", "remount,ro", str(state)], capture_output=True, text=True)

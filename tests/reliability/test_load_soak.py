@@ -11,10 +11,10 @@ import pytest
 
 from harness.wrk import wrk as bench_wrk
 from tests.conftest import SMALL_HOST_BW
-from tests.support.reliability import children, fault_daemon, fd_count, leaked, pids_in, rss_bytes, runs_of, scaled
-from tests.support.timeline import self_ending_deadline
 from tests.support.helpers import metric_value as value
 from tests.support.helpers import require_binary, wait_for
+from tests.support.reliability import children, fault_daemon, fd_count, leaked, pids_in, rss_bytes, runs_of, scaled
+from tests.support.timeline import self_ending_deadline
 
 
 def wrk(url: str, connections: int, seconds: int) -> dict:
@@ -66,7 +66,8 @@ def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
 
     def total_runs() -> float:
         text = d.metrics()
-        return sum(float(m.group(1)) for m in re.finditer(r'^fleetcanary_probe_runs_total\{[^}]*\} (\S+)$', text, re.M))
+        return sum(float(m.group(1))
+                   for m in re.finditer(r'^fleetcanary_probe_runs_total\{[^}]*\} (\S+)$', text, re.MULTILINE))
 
     def reload(probes: dict) -> None:
         before = value(d.metrics(), "fleetcanary_config_reloads_total", result="success") or 0

@@ -109,13 +109,13 @@ def test_tls_with_basic_auth(tmp_path, tls):
 
 
 def test_web_config_is_reloaded_on_sighup_and_a_bad_one_is_refused(tmp_path, tls):
-    _, pem, ca = tls
     web = {"basic_auth_users": {"a": bcrypt.hashpw(b"one", bcrypt.gensalt(4)).decode()}}
     s = served(tmp_path, web)
     url = f"http://127.0.0.1:{s.port}"
     try:
         wait_for(lambda: get(url + "/metrics", None, "a", "one")[0] == 200, timeout=30, what="auth on")
-        (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"a": bcrypt.hashpw(b"two", bcrypt.gensalt(4)).decode()}}))
+        two = bcrypt.hashpw(b"two", bcrypt.gensalt(4)).decode()
+        (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"a": two}}))
         s.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: get(url + "/metrics", None, "a", "two")[0] == 200, timeout=30, what="new password")
         assert get(url + "/metrics", None, "a", "one")[0] == 401
@@ -180,8 +180,11 @@ def test_hostile_label_values_from_hardware_and_endpoints_keep_the_exposition_va
     try:
         d = Daemon(tmp_path / "d", cfg, env={"FLEETCANARY_FAKE_NVML": str(fixture)})
         port, url = d.port, d.url
-        body = wait_for(lambda: (lambda b: b if b"fleetcanary_gpu_info{" in b and b"fleetcanary_inference_success{" in b
-                                 else None)(get(url + "/metrics")[1]), timeout=60, what="hostile series")
+        def hostile_series() -> bytes | None:
+            b = get(url + "/metrics")[1]
+            return b if b"fleetcanary_gpu_info{" in b and b"fleetcanary_inference_success{" in b else None
+
+        body = wait_for(hostile_series, timeout=60, what="hostile series")
         r = subprocess.run([require_binary("promtool"), "check", "metrics"], input=body, capture_output=True)
         assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), (r.stdout + r.stderr).decode()
         prom = Prometheus(tmp_path / "prom", [f"127.0.0.1:{port}"])
@@ -220,8 +223,11 @@ def test_header_secrets_are_redacted_from_results_and_history(tmp_path):
     try:
         d = Daemon(tmp_path / "d", cfg)
         url = d.url
-        results = wait_for(lambda: (lambda b: b if b'"inference"' in b else None)(get(url + "/results")[1]),
-                           timeout=60, what="an inference result")
+        def inference_result() -> bytes | None:
+            b = get(url + "/results")[1]
+            return b if b'"inference"' in b else None
+
+        results = wait_for(inference_result, timeout=60, what="an inference result")
         assert b"<redacted>" in results
         for blob in (results, get(url + "/metrics")[1], (d.state_dir / "results.jsonl").read_bytes()):
             assert secret.encode() not in blob and b"sk-live" not in blob

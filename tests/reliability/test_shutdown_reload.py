@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from tests.support.reliability import fault_daemon, leaked, pids_in, scaled
 from tests.support.helpers import http_get, pid_alive, wait_for
 from tests.support.helpers import metric_value as value
+from tests.support.reliability import fault_daemon, leaked, pids_in, scaled
 
 
 def test_sigterm_with_workers_running_ends_every_group_promptly(tmp_path):
@@ -41,7 +41,7 @@ def test_sighup_reload_under_scrape_load_keeps_serving(tmp_path):
         while not stop.is_set():
             code, _, body = http_get(d.url + "/metrics", timeout=10)
             count[0] += 1
-            if code != 200 or not body.rstrip().endswith(b"0") and b"# EOF" not in body and not body:
+            if code != 200 or (not body.rstrip().endswith(b"0") and b"# EOF" not in body and not body):
                 failures.append(code)
 
     threads = [threading.Thread(target=scrape, daemon=True) for _ in range(16)]

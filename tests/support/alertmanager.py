@@ -38,12 +38,12 @@ class Alertmanager:
                            text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         self.port = free_port()
-        self.log = open(workdir / "alertmanager.log", "wb")
         # --cluster.listen-address= turns the HA gossip off: it would bind 0.0.0.0:9094.
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.config}", f"--storage.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=", "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        with open(workdir / "alertmanager.log", "wb") as log:  # Alertmanager keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [binary, f"--config.file={self.config}", f"--storage.path={workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
         try:
             wait_for(lambda: self.proc.poll() is None and http_get(self.url + "/-/ready", timeout=2)[0] == 200,
@@ -70,7 +70,6 @@ class Alertmanager:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
 
 
 class WebhookReceiver(ServerThread):

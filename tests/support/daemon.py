@@ -77,14 +77,11 @@ class Daemon:
         self.new_session = new_session
         argv = [sys.executable, *(["-I"] if isolated else []), "-u", "-m", module, "run",
                 "--config", str(self.config_path), *args]
-        self._log = open(self.log_path, "ab")  # appended: a daemon restarted in the same workdir keeps the first log
-        try:
-            self.proc = subprocess.Popen(wrap(argv) if wrap else argv, stdout=self._log, stderr=subprocess.STDOUT,
+        # appended: a daemon restarted in the same workdir keeps the first log; the daemon keeps its own descriptor
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(wrap(argv) if wrap else argv, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=cwd or ROOT, env={**os.environ, **(env or {})},
                                          start_new_session=new_session)
-        except BaseException:
-            self._log.close()
-            raise
         if registered:
             RUNNING.append(self)
         if ready:
@@ -162,8 +159,6 @@ class Daemon:
                 else:
                     self.proc.kill()
                 self.proc.wait()
-        if not self._log.closed:
-            self._log.close()
         return self.proc.returncode
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field
@@ -187,7 +188,7 @@ class Level(Probe):
     confirm_metrics = ("fleetcanary_test_level",)
 
     def run(self, config, ctx):
-        value = float(open(config.value_file).read())
+        value = float(Path(config.value_file).read_text())
         with open(config.value_file + ".runs", "a") as f:
             f.write(f"{time.time()} {value}\n")
         return ProbeResult(samples=[Sample("fleetcanary_test_level", {"series": "a"}, value),

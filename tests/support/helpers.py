@@ -5,6 +5,7 @@ import os
 import shutil
 import socket
 import urllib.request
+from typing import NoReturn
 
 import pytest
 
@@ -20,12 +21,12 @@ def free_port() -> int:
 def require_binary(name: str) -> str:
     """The binary's path. Missing: fail under CI=true, skip otherwise."""
     path = shutil.which(name)
-    if path:
-        return path
-    unavailable(f"{name} is not installed (Debian package; `make test` installs it as root)")
+    if not path:
+        unavailable(f"{name} is not installed (Debian package; `make test` installs it as root)")
+    return path
 
 
-def unavailable(msg: str) -> None:
+def unavailable(msg: str) -> NoReturn:
     """Something a test needs is missing: fail under CI=true (CI must run everything), skip otherwise."""
     if os.environ.get("CI") == "true":
         pytest.fail(msg, pytrace=False)

@@ -77,14 +77,14 @@ class KubeAPI(ServerThread):
                 api.requests.append((self.command, self.path, self.headers.get("Authorization", "")))
                 scheme, _, token = self.headers.get("Authorization", "").partition(" ")
                 if scheme.lower() != "bearer" or token != TOKEN:  # the scheme is case-insensitive (RFC 9110)
-                    return self._status(401, "Unauthorized")
-                if op in api.hang:
+                    self._status(401, "Unauthorized")
+                elif op in api.hang:
                     api._release.wait(timeout=60)
-                    return
-                if op in api.fail:
+                elif op in api.fail:
                     code = api.fail[op]
-                    return self._status(code, {403: "Forbidden", 500: "InternalError"}.get(code, "Error"))
-                fn()
+                    self._status(code, {403: "Forbidden", 500: "InternalError"}.get(code, "Error"))
+                else:
+                    fn()
 
             def do_GET(self):
                 url = urllib.parse.urlsplit(self.path)

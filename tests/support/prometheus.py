@@ -36,11 +36,11 @@ class Prometheus:
             cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": alertmanagers}]}]}
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(cfg))
-        self.log = open(workdir / "prometheus.log", "wb")
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        with open(workdir / "prometheus.log", "wb") as log:  # Prometheus keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [binary, f"--config.file={self.config}", f"--storage.tsdb.path={workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: self.proc.poll() is None and http_get(self.url + "/-/ready", timeout=2)[0] == 200,
                  timeout=60, what="prometheus ready")
@@ -62,4 +62,3 @@ class Prometheus:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.log.close()

@@ -51,7 +51,7 @@ def nic(add, node: str, n: int, steps: int) -> None:
             add("fleetcanary_rdma_port_errors_total", "counter", {**pl, "counter": counter},
                 [3 * k if rising else 0 for k in range(steps)])
         add("fleetcanary_rdma_port_hw_events_total", "counter", {**pl, "counter": "out_of_buffer"},
-            [k for k in range(steps)])
+            list(range(steps)))
     il = {"node": node, "interface": "ens1f0np0"}
     add("fleetcanary_net_interface_up", "gauge", il, [1] * steps)
     add("fleetcanary_net_interface_carrier_changes_total", "counter", il, [2] * steps)
@@ -71,8 +71,8 @@ def write(path: Path, end: int) -> tuple[int, int]:
 
     def add(name: str, kind: str, labels: dict, values, digits: int = 6) -> None:
         lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        fams.setdefault(name, (kind, []))[1].extend(
-            f"{name}{{{lab}}} {v:.{digits}g} {t}" for t, v in zip(ts, values) if not math.isnan(v))  # NaN: no sample
+        fams.setdefault(name, (kind, []))[1].extend(  # NaN: no sample
+            f"{name}{{{lab}}} {v:.{digits}g} {t}" for t, v in zip(ts, values, strict=True) if not math.isnan(v))
 
     def const(v):
         return [v] * steps
@@ -115,7 +115,8 @@ def write(path: Path, end: int) -> tuple[int, int]:
                 const((SM_HOT if hot else SM_TAIL) / SM_START))
             add("fleetcanary_gpu_sustained_flops_per_second", "gauge", {**gl, "dtype": "bf16"},
                 const(MATMUL * (SM_HOT if hot else SM_TAIL) / SM_START))
-            add("fleetcanary_gpu_sustained_clock_hertz", "gauge", {**gl, "clock": "sm"}, const(SM_HOT if hot else SM_TAIL))
+            add("fleetcanary_gpu_sustained_clock_hertz", "gauge", {**gl, "clock": "sm"},
+                const(SM_HOT if hot else SM_TAIL))
             add("fleetcanary_gpu_sustained_clock_hertz", "gauge", {**gl, "clock": "mem"}, const(MEM))
             add("fleetcanary_gpu_sustained_power_watts", "gauge", gl, const(700.0))
             add("fleetcanary_gpu_sustained_temperature_celsius", "gauge", gl, const(92.0 if hot else 70.0))
