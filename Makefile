@@ -14,11 +14,12 @@ DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio 
 # timing-sensitive multi-process tests (fabric fleet, load ramp, live Prometheus) failed on 2 cores.
 PYTEST_ARGS ?=
 
-.PHONY: run test lint-imports soak bench generate dashboards demo venv os-deps dist clean help
+.PHONY: run test lint lint-imports soak bench generate dashboards demo venv os-deps dist clean help
 
 help:
 	@echo "make run    - serve /metrics on :9835 with the embedded default config"
 	@echo "make test   - install everything needed and run the tests"
+	@echo "make lint   - ruff over the whole tree (make test runs it)"
 	@echo "make soak   - the long reliability tests in full"
 	@echo "make bench  - run the benchmarks (tables + JSON under benchmarks/results/)"
 	@echo "make generate - regenerate rules, rule tests, runbooks, dashboards, deploy manifests and docs"
@@ -53,12 +54,16 @@ os-deps:
 run: $(STAMP)
 	$(VENV)/bin/fleetcanary run $(if $(CONFIG),--config $(CONFIG))
 
-test: $(STAMP) os-deps lint-imports
+test: $(STAMP) os-deps lint lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The layer contracts of pyproject.toml ([tool.importlinter]); fails on a broken one.
 lint-imports: $(STAMP)
 	$(PY) scripts/lint-imports
+
+# ruff over the whole tree (pyproject.toml [tool.ruff]: the rules, each ignore with its reason); no formatter.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 soak: $(STAMP) os-deps
 	FLEETCANARY_SOAK=full $(PY) -m pytest -q -m slow tests/reliability
