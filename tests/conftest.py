@@ -48,3 +48,30 @@ def _test_process_stays_unpatched():
     in subprocesses only."""
     yield
     assert "gevent" not in sys.modules, "this test imported gevent (locust) into the test process"
+
+
+# Modules whose tests share no expensive fixture: under xdist each of their tests may go to any worker.
+SPREAD = {"tests/test_alerts.py"}  # one promtool process per rule-test file, up to 1.5 min each
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs `-n 4 --dist loadscope`; with loadscope, a module's tests stay on one worker (many share a
+    module-scoped fixture: a fleet of daemons, a Prometheus, real result sets, which each worker would otherwise
+    build again), except the SPREAD modules', which go one by one. Other --dist modes are xdist's own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if module in SPREAD else module
+
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `long` (a minute or more of real time) are collected first, so under xdist they start at once
+    on separate workers and the short ones fill the gaps, instead of one long test starting last."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: otherwise in file order

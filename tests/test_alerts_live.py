@@ -22,6 +22,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.support.helpers import free_port, http_get, load_script, require_binary, wait_for
@@ -185,6 +186,7 @@ def wait_until_evaluated(url: str, predicate, budget: dict[str, int], cap: float
         time.sleep(2)  # the poll interval; nothing waits on it
 
 
+@pytest.mark.long
 def test_every_peer_fast_history_and_driver_change_alert_fires_on_a_live_prometheus(tmp_path):
     prometheus = require_binary("prometheus")
     promtool = require_binary("promtool")

@@ -45,7 +45,7 @@ from tests.support.realtime import Meetings, SlotPlan
 
 if importlib.util.find_spec("torch") is None:  # gloo ranks need it; `make test` installs it
     unavailable("torch is not installed")
-pytestmark = pytest.mark.multinode
+pytestmark = [pytest.mark.multinode, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"

@@ -46,6 +46,7 @@ def test_200_concurrent_scrapers_while_probes_run_get_zero_errors(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
     cycles = scaled(150, 10_000)
     pid_dir = tmp_path / "pids"
