@@ -13,7 +13,8 @@ own readings and bounds what the runner did by what happened, not by constants:
   that acts later than that is late on any machine, however loaded.
 
 Modes: ``hang`` dies of SIGTERM; ``ignore_term`` ignores it (SIGKILL after the grace ends it); ``fork_hang``
-dies of SIGTERM but leaves a child that ignores it (the group sweep's SIGKILL ends it).
+dies of SIGTERM (once its child has noted the signal too) but leaves a child that ignores it (the group sweep's
+SIGKILL ends it).
 """
 from __future__ import annotations
 
@@ -58,9 +59,15 @@ class Timeline(Probe):
         if config.mode == "ok":
             return ProbeResult(samples=[Sample("fleetcanary_test_fault_value", {"mode": "ok"}, 1.0)])
 
-        def noted(die: bool):
+        def noted(die: bool, processes: int = 1):
             def handler(signum, frame):
                 _note(log, "term")
+                # fork_hang: the group's SIGTERM reached the child too, but the runner sweeps the group with SIGKILL
+                # as soon as this leader is gone, which can beat the child's handler to the log on a loaded machine.
+                # The leader dies only once every process has noted its SIGTERM, so the test sees each signal; if one
+                # never comes, the kill grace's SIGKILL ends this wait and the exit status says so.
+                while sum(e["event"] == "term" for e in events(log)) < processes:
+                    time.sleep(0.005)
                 if die:
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     os.kill(os.getpid(), signal.SIGTERM)
@@ -71,7 +78,8 @@ class Timeline(Probe):
             _note(log, "start", deadline=ctx.deadline_monotonic)
             while True:
                 time.sleep(60)
-        signal.signal(signal.SIGTERM, noted(die=config.mode != "ignore_term"))
+        signal.signal(signal.SIGTERM, noted(die=config.mode != "ignore_term",
+                                            processes=2 if config.mode == "fork_hang" else 1))
         while True:
             time.sleep(60)
 
