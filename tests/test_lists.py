@@ -46,7 +46,7 @@ def section(path: Path, heading: str) -> str:
     return m.group(1)
 
 
-def no_problems(problems: list[str]) -> None:
+def assert_no_problems(problems: list[str]) -> None:
     """Fail with one line per problem, each naming the file and the entry."""
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
@@ -65,12 +65,12 @@ def test_the_readme_probe_table_has_a_row_per_probe():
                 for n in PROBES if n not in rows]
     problems += [f"README.md, ## Probes: the row `{n}` names no probe of probes/__init__.py PROBES"
                  for n in rows if n not in PROBES]
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 def test_the_example_config_shows_every_probe():
     shown = yaml.safe_load((ROOT / "config.example.yaml").read_text())["probes"]
-    no_problems([f"config.example.yaml: no entry under probes: for `{n}` (its interval, or enabled: false "
+    assert_no_problems([f"config.example.yaml: no entry under probes: for `{n}` (its interval, or enabled: false "
                  "with a pointer to its docs)" for n in PROBES if n not in shown])
 
 
@@ -82,12 +82,12 @@ def test_the_cpu_only_overlay_decides_every_gpu_probe():
     gpu = [n for n, cls in PROBES.items()
            if cls.default_enabled and (cls.exclusive == "gpu" or n.startswith("gpu_"))]
     assert len(gpu) >= 7, gpu
-    no_problems([f"{path.relative_to(ROOT)}: GPU probe `{n}` has no entry (enabled: false, or CPU settings)"
+    assert_no_problems([f"{path.relative_to(ROOT)}: GPU probe `{n}` has no entry (enabled: false, or CPU settings)"
                  for n in gpu if n not in entries])
 
 
 def test_every_probe_has_its_test_module():
-    no_problems([f"tests/probes/test_{n}.py: missing (the probe `{n}`'s own tests)"
+    assert_no_problems([f"tests/probes/test_{n}.py: missing (the probe `{n}`'s own tests)"
                  for n in PROBES if not (ROOT / f"tests/probes/test_{n}.py").is_file()])
 
 
@@ -97,7 +97,7 @@ def test_the_readme_layout_names_every_probe_package():
     packages = sorted(p.name for p in (ROOT / "probes").iterdir()
                       if (p / "__init__.py").is_file() and p.name not in ("lib", "testing"))
     assert packages, "no probe package found"
-    no_problems([f"README.md, ## Layout: the probes/ row does not name `{p}/`" for p in packages
+    assert_no_problems([f"README.md, ## Layout: the probes/ row does not name `{p}/`" for p in packages
                  if f"`{p}/`" not in row])
 
 
@@ -121,7 +121,7 @@ def test_the_import_contract_forbids_every_probe_to_the_probe_libraries(tmp_path
     assert r.returncode != 0, r.stdout[-3000:] + r.stderr
     out = " ".join(r.stdout.split())
     assert "probe libraries never import a probe module BROKEN" in out, out[-3000:]
-    no_problems([f"pyproject.toml [tool.importlinter] 'probe libraries never import a probe module': "
+    assert_no_problems([f"pyproject.toml [tool.importlinter] 'probe libraries never import a probe module': "
                  f"fleetcanary.probes.{lib} may import {probe_package(n)} (probe `{n}`)"
                  for lib in ("lib", "testing") for n in PROBES
                  if f"fleetcanary.probes.{lib} is not allowed to import {probe_package(n)}:" not in out])
@@ -151,7 +151,7 @@ def test_every_package_folder_is_in_packages():
                 rel = init.parent.relative_to(ROOT)
                 problems.append(f"pyproject.toml [tool.setuptools] packages: {rel}/ (it has an __init__.py) is "
                                 "not listed, so the wheel leaves it out")
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 def checkout_files() -> list[str]:
@@ -189,7 +189,8 @@ def test_the_sdist_carries_every_file_of_the_checkout():
                                                         for g in data.get(pkg, ()))):
                 carried.add(f)
     left_out = [f for f in files if f not in carried and not f.startswith("benchmarks/results/") and f != ".gitignore"]
-    no_problems([f"MANIFEST.in: {f} is not in the sdist (add a pattern that carries it)" for f in sorted(left_out)])
+    assert_no_problems([f"MANIFEST.in: {f} is not in the sdist (add a pattern that carries it)"
+                        for f in sorted(left_out)])
 
 
 # ------------------------------------------------------------------ CLI subcommands
@@ -207,7 +208,7 @@ def test_the_readme_commands_name_every_subcommand():
     problems = [f"README.md, ## Commands: no line for `fleetcanary {c}`" for c in cmds if c not in shown]
     problems += [f"README.md, ## Commands: `fleetcanary {c}` is no subcommand of exporter/cli/__init__.py"
                  for c in sorted(shown - set(cmds))]
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 def test_every_offline_tool_module_has_its_subcommand():
@@ -223,7 +224,7 @@ def test_every_offline_tool_module_has_its_subcommand():
                 "(it has add_arguments and main)" for m in sorted(set(tools) - wired)]
     problems += [f"exporter/cli/__init__.py TOOLS: {m} has no add_arguments() and main()"
                  for m in sorted(wired - set(tools))]
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 # ------------------------------------------------------------------ alert families (alerts/build.py)
@@ -242,7 +243,7 @@ def test_every_alert_family_has_its_runbook_text_and_healthy_value():
     problems += [f"alerts/build_tests.py ENTITY_VALUES: no value for the label `{label}` (family `{f.key}`)"
                  for f in build.FAMILIES for label in f.entity
                  if label != "node" and label not in build_tests.ENTITY_VALUES]
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 # ------------------------------------------------------------------ dashboards
@@ -266,7 +267,7 @@ def test_the_readme_names_every_dashboard():
         title = json.loads(board.read_text())["title"].removeprefix("fleetcanary / ")
         if title not in text:
             problems.append(f"README.md, ## Dashboards: does not name '{title}' ({src.relative_to(ROOT)})")
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 # ------------------------------------------------------------------ deploy
@@ -279,7 +280,7 @@ def test_every_overlay_is_named_where_the_variants_are_listed():
         text = (ROOT / path).read_text()
         problems += [f"{path}: does not name the overlay {form.format(o)}" for o in overlays
                      if form.format(o) not in text]
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 def test_every_manifest_is_in_its_kustomization():
@@ -292,7 +293,7 @@ def test_every_manifest_is_in_its_kustomization():
         for p in sorted(kust.parent.glob("*.yaml")):
             if p.name != "kustomization.yaml" and p.name not in named:
                 problems.append(f"{kust.relative_to(ROOT)}: {p.name} beside it is not among its resources")
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 # ------------------------------------------------------------------ generators (scripts/generate)
@@ -315,7 +316,7 @@ def test_every_generated_file_names_a_step_of_scripts_generate():
                     problems.append(f"scripts/generate STEPS: {path.relative_to(ROOT)} is generated by {gen}, "
                                     "which is not a step (make generate would leave it stale)")
     assert named >= 8, named
-    no_problems(problems)
+    assert_no_problems(problems)
 
 
 # ------------------------------------------------------------------ CONTRIBUTING.md
@@ -330,5 +331,5 @@ def test_every_path_contributing_names_exists():
              if re.fullmatch(r"\.?[\w.*-]+(/[\w.*-]*)*", t) and ("/" in t or re.search(r"\.(md|py|toml|yaml|in)$", t))
              and not re.search(r"NAME|TOOL|BOARD", t) and not t.startswith(("fleetcanary.", ".venv/"))}
     assert len(paths) >= 30, sorted(paths)
-    no_problems([f"CONTRIBUTING.md: names {p}, which does not exist" for p in sorted(paths)
+    assert_no_problems([f"CONTRIBUTING.md: names {p}, which does not exist" for p in sorted(paths)
                  if not (any(ROOT.glob(p.rstrip("/"))) if "*" in p else (ROOT / p).exists())])
