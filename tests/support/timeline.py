@@ -7,10 +7,9 @@ own readings and bounds what the runner did by what happened, not by constants:
 
 - physics, two-sided only where it holds: a signal never arrives before the deadline; a process that
   ignores SIGTERM is not gone before the deadline plus the kill grace;
-- promptness: the runner acts on a deadline within the scheduling delay this very worker measured, the
-  time from its spawn (deadline - timeout) to its first line of probe code. Starting a Python process
-  and importing a probe is far more work than waking a thread and signalling a group, so a runner
-  that acts later than that is late on any machine, however loaded.
+- no promptness bar: how soon after the deadline the runner acts is load-bound (a start-up delay measured at
+  one moment did not bound a wake-up at another in stress runs); it is the benchmarks' business. The measured
+  start-up only sizes deadlines (hang_deadline, self_ending_deadline), so a loaded machine gets room.
 
 Modes: ``hang`` dies of SIGTERM; ``ignore_term`` ignores it (SIGKILL after the grace ends it); ``fork_hang``
 dies of SIGTERM (once its child has noted the signal too) but leaves a child that ignores it (the group sweep's
