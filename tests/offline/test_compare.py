@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
-from tests.support.results import config, fleetcanary, jitter_runs, once, scale_figure
+from tests.support.results import config, fleetcanary, once, scale_figure, steady_runs
 
 # Host memory bandwidth and gloo collectives are left out: on this shared 2-core VM they shift by up to
 # 40% between back-to-back result sets (compare rightly calls that a regression); storage and the
@@ -37,7 +37,8 @@ def compare(*args):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Two real result sets of this machine (3 runs each), one with another storage file size, one against a server
-    that answers wrongly; and "same", the baseline with each run's figures moved by under 1% (a steady machine)."""
+    that answers wrongly; and two records of a steady machine built from the real baseline ("steady" and "same":
+    each run's figures the first run's, moved by under 1%), on which the verdicts are judged."""
     tmp = tmp_path_factory.mktemp("compare")
     server, _ = start_in_thread(SimSettings(ttft_ms=100, itl_ms=10, max_tokens_default=32))
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -53,8 +54,9 @@ def runs(tmp_path_factory):
         r = once(config(tmp / "c", url, storage_file_bytes=16 << 20), tmp / "other.json", ["storage"], repeat=1)
         assert r.returncode == 0, r.stderr[-2000:]
         files["other"] = tmp / "other.json"
-        files["same"] = tmp / "same.json"
-        jitter_runs(files["base"], files["same"], (1.006, 0.995, 1.0))
+        files["steady"], files["same"] = tmp / "steady.json", tmp / "same.json"
+        steady_runs(files["base"], files["steady"], (1.0, 1.003, 0.998))
+        steady_runs(files["base"], files["same"], (1.004, 0.997, 1.001))
         r = once(config(tmp / "q", bad_url), tmp / "wrong.json", ["inference"], repeat=3)
         files["wrong"] = tmp / "wrong.json"
         files["th"] = tmp / "vm-thresholds.yaml"
@@ -81,10 +83,10 @@ def test_real_result_sets_go_through_compare(runs):
 
 
 def test_a_steady_machine_passes(runs):
-    r = compare(runs["base"], runs["same"], "--thresholds", runs["th"])
+    r = compare(runs["steady"], runs["same"], "--thresholds", runs["th"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("verdict: Pass")
-    data = json.loads(compare(runs["base"], runs["same"], "--thresholds", runs["th"], "--json").stdout)
+    data = json.loads(compare(runs["steady"], runs["same"], "--thresholds", runs["th"], "--json").stdout)
     assert data["verdict"] == "Pass" and data["blocking"] == [] and len(data["rows"]) >= 5
     assert all(x["status"] not in ("regression", "failure") for x in data["rows"])
 
@@ -92,20 +94,20 @@ def test_a_steady_machine_passes(runs):
 def test_an_injected_8_percent_drop_in_one_figure_is_blocked_and_named(runs, tmp_path):
     cand = tmp_path / "cand-slow.json"
     assert scale_figure(runs["same"], cand, "inference", "output_tokens_per_second", 0.92) == 3
-    r = compare(runs["base"], cand, "--thresholds", runs["th"])
+    r = compare(runs["steady"], cand, "--thresholds", runs["th"])
     assert r.returncode == 1, r.stdout + r.stderr
     verdict = r.stdout.strip().splitlines()[-1]
     assert verdict.startswith("verdict: Blocked") and "inference output_tokens_per_second" in verdict
-    data = json.loads(compare(runs["base"], cand, "--thresholds", runs["th"], "--json").stdout)
+    data = json.loads(compare(runs["steady"], cand, "--thresholds", runs["th"], "--json").stdout)
     row = next(x for x in data["rows"] if x["figure"].startswith("inference output_tokens_per_second"))
     assert row["status"] == "regression" and row["severity"] == "block"
     # the candidate carries the constructed run-to-run spread (under 1%) on top of the drop
-    assert row["ci95"][1] < 1.0 and 0.91 < row["ratio"] < 0.93
+    assert row["ci95"][1] < 1.0 and 0.91 < row["ratio"] < 0.93, row
     assert data["blocking"] == [row["figure"]]
     # against a scaled copy of the baseline itself the ratio is the injected one
     same = tmp_path / "base-slow.json"
-    scale_figure(runs["base"], same, "inference", "output_tokens_per_second", 0.92)
-    data = json.loads(compare(runs["base"], same, "--thresholds", runs["th"], "--json").stdout)
+    scale_figure(runs["steady"], same, "inference", "output_tokens_per_second", 0.92)
+    data = json.loads(compare(runs["steady"], same, "--thresholds", runs["th"], "--json").stdout)
     row = next(x for x in data["rows"] if x["figure"].startswith("inference output_tokens_per_second"))
     assert abs(row["ratio"] - 0.92) < 1e-6 and row["severity"] == "block" and data["verdict"] == "Blocked"
 
@@ -114,8 +116,8 @@ def test_a_smaller_drop_within_warn_and_block_is_a_conditional_pass(runs, tmp_pa
     # a 4% drop sits 1% from either threshold, inside this VM's run-to-run noise under load: the
     # candidate is the baseline itself with the drop injected, so the band is what is tested
     cand = tmp_path / "base-4pct.json"
-    scale_figure(runs["base"], cand, "inference", "output_tokens_per_second", 0.96)
-    r = compare(runs["base"], cand, "--thresholds", runs["th"])
+    scale_figure(runs["steady"], cand, "inference", "output_tokens_per_second", 0.96)
+    r = compare(runs["steady"], cand, "--thresholds", runs["th"])
     assert r.returncode == 3, r.stdout + r.stderr
     assert "verdict: Conditional pass" in r.stdout
 
@@ -124,12 +126,12 @@ def test_thresholds_file_changes_the_gate(runs, tmp_path):
     # The drop goes into a copy of the baseline, so only the thresholds decide (the real candidate's
     # other figures drift with the machine's load, which is not what this test is about).
     cand = tmp_path / "cand-slow.json"
-    scale_figure(runs["base"], cand, "inference", "output_tokens_per_second", 0.92)
+    scale_figure(runs["steady"], cand, "inference", "output_tokens_per_second", 0.92)
     th = tmp_path / "th.yaml"
     th.write_text(VM_THRESHOLDS + "  - {probe: inference, figure: output_tokens_per_second, warn: 0.10, block: 0.20}\n")
-    assert compare(runs["base"], cand, "--thresholds", th).returncode == 0
+    assert compare(runs["steady"], cand, "--thresholds", th).returncode == 0
     th.write_text("figures:\n  - {probe: inference, warn: 2}\n")
-    r = fleetcanary("compare", runs["base"], cand, "--thresholds", th)
+    r = fleetcanary("compare", runs["steady"], cand, "--thresholds", th)
     assert r.returncode == 2 and "warn must be a fraction" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -144,9 +146,9 @@ def test_an_incomparable_pair_is_refused_with_the_fields_named(runs, tmp_path):
         run["environment"]["cpu_model"] = "Other CPU 9000"
     moved = tmp_path / "other-cpu.json"
     moved.write_text(json.dumps(data))
-    r = fleetcanary("compare", runs["base"], moved)
+    r = fleetcanary("compare", runs["steady"], moved)
     assert r.returncode == 2 and "environment.cpu_model" in r.stderr and "Other CPU 9000" in r.stderr
-    forced = compare(runs["base"], moved, "--allow-incomparable", "--thresholds", runs["th"])
+    forced = compare(runs["steady"], moved, "--allow-incomparable", "--thresholds", runs["th"])
     assert forced.returncode == 3 and "incomparable (forced): environment.cpu_model" in forced.stdout
 
 

@@ -1,6 +1,7 @@
 """Real `fleetcanary once --json` result files for the acceptance, compare and report tests."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,13 +59,27 @@ def scale_figure(src: Path, dst: Path, probe: str, name: str, factor: float) -> 
     return n
 
 
-def jitter_runs(src: Path, dst: Path, factors: tuple[float, ...]) -> None:
-    """Copy a result file with run i's figures (repeats and median) scaled by factors[i % len(factors)]: a candidate
-    whose run-to-run spread is known, for verdict tests that must not depend on how steady the machine was."""
+def steady_runs(src: Path, dst: Path, factors: tuple[float, ...]) -> None:
+    """Copy a result file as the record of a steady machine: the k-th run of each probe carries that probe's first
+    run's figure medians scaled by factors[k % len(factors)], its repeats +-0.5% around that. The spread within and
+    between runs is then known (not whatever the machine's load did), so a verdict on it cannot depend on how
+    steady the machine was; the parameters and environment stay the real run's."""
     data = json.loads(src.read_text())
-    for i, run in enumerate(data["runs"]):
-        k = factors[i % len(factors)]
-        for f in (run.get("result") or {}).get("figures", []):
-            f["repeats"] = [v * k for v in f["repeats"]]
-            f["median"] *= k
+    first: dict[str, dict] = {}
+    seen: dict[str, int] = {}
+    for run in data["runs"]:
+        figures = (run.get("result") or {}).get("figures", [])
+        k = seen.get(run["probe"], 0)
+        seen[run["probe"]] = k + 1
+        ref = first.setdefault(run["probe"], {_key(f): f for f in figures})
+        for f in figures:
+            if _key(f) in ref:
+                level = ref[_key(f)]["median"] * factors[k % len(factors)]
+                # within a run too the spread is known: the repeats sit +-0.5% around the run's level
+                f["repeats"] = [level * (0.995, 1.0, 1.005)[i % 3] for i in range(len(ref[_key(f)]["repeats"]))]
+                f["median"] = statistics.median(f["repeats"]) if f["repeats"] else level
     dst.write_text(json.dumps(data))
+
+
+def _key(figure: dict) -> str:
+    return json.dumps([figure["name"], figure.get("labels", {})], sort_keys=True)
