@@ -41,7 +41,8 @@ venv: $(STAMP)
 # otherwise a one-line instruction (tests then fail under CI=true, as they must).
 os-deps:
 	@missing=""; for b in prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter \
-	  amtool:prometheus-alertmanager fio:fio wrk:wrk ip:iproute2 tc:iproute2 ss:iproute2; do \
+	  amtool:prometheus-alertmanager victoria-metrics:victoria-metrics vmalert:victoria-metrics \
+	  fio:fio wrk:wrk ip:iproute2 tc:iproute2 ss:iproute2; do \
 	  cmd=$${b%%:*}; pkg=$${b##*:}; command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
 	if [ -n "$$(echo $$missing | tr -d ' ')" ]; then \
