@@ -10,6 +10,7 @@ result update.
 from __future__ import annotations
 
 import platform
+import time
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,6 +20,7 @@ from fleetcanary.core.environment import STABLE_FIELDS
 from fleetcanary.core.record import CRASH_REASONS, SKIP_REASONS
 from fleetcanary.core.version import git_commit, version
 from fleetcanary.daemon.kube import ERROR_REASONS, OPERATIONS
+from fleetcanary.judge.exposition import families as judge_families
 
 SCHEDULED = "From the last scheduled run; a scrape never triggers a probe."
 NODE_EXTRA_LABELS = ("pool", "node_name", "gpu_product", "instance_type", "zone")
@@ -187,6 +189,8 @@ class _StateCollector:
         node = NODE_INFO.family()
         node.add_metric([], s.node_labels())
         yield node
+        if s.judge is not None:
+            yield from judge_families(s.judge, s.node_labels(), time.time(), s.judge_hold)
         if s.kube is not None:
             yield from _kube_families(s.kube, s.kube_condition_type)
 

@@ -21,6 +21,7 @@ from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
+from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
 from fleetcanary.runner import job as jobmod
@@ -43,9 +44,12 @@ class Daemon:
         self.probe_map = dict(probe_map or PROBES)
         self.clock = clock or Clock()
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
-        self.store = ResultStore(self.probe_map, self._enabled(settings))
+        self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
-        self.store.set_environment(environment.collect(with_gpu=False))
+        # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
+        # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
+        # exporter restart must not look like a driver change to the fleet's rules).
+        self.store.set_environment({**environment.collect(with_gpu=False), **self.store.judge.facts})
         self.kube = self._kube(settings)
         if self.kube is not None:
             self._kube_changed()

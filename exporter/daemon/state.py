@@ -25,6 +25,9 @@ from typing import Any
 from fleetcanary.core import environment as envmod
 from fleetcanary.core.record import OUTCOMES, RunRecord
 from fleetcanary.daemon.collector import render
+from fleetcanary.judge import figures as figmod
+from fleetcanary.judge.exposition import hold_for
+from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes.base import Probe
 
 MAX_LABEL_VALUE = 128
@@ -67,8 +70,10 @@ class Histogram:
 
 
 class ResultStore:
-    def __init__(self, probes: dict[str, type[Probe]], enabled: list[str]) -> None:
+    def __init__(self, probes: dict[str, type[Probe]], enabled: list[str], judge: FigureStore | None = None) -> None:
         self._lock = threading.Lock()
+        self.judge = judge  # the node's judged figures and their statistics (fleetcanary.judge)
+        self.judge_rendered_at = 0.0
         self.probes = probes
         self.enabled = list(enabled)
         self.intervals: dict[str, float] = {}
@@ -157,7 +162,12 @@ class ResultStore:
             for gpu, secs in out.gpu_seconds.items():
                 self.gpu_seconds[gpu[:16]] += secs
             if out.environment:
-                self.node_environment = out.environment
+                # A fact the run could not tell (no NVML in that worker) keeps the last known one.
+                known = {k: v for k, v in self.node_environment.items() if v != envmod.UNKNOWN}
+                self.node_environment = {**known, **{k: v for k, v in out.environment.items()
+                                                      if v != envmod.UNKNOWN or k not in known}}
+        if self.judge is not None:
+            self.judge.observe(out)
         self.rerender()
 
     def expire(self, now: float | None = None) -> bool:
@@ -174,6 +184,10 @@ class ResultStore:
                     st.gauges = {}
                     st.gauges_at = None
                     dropped = True
+            if self.judge is not None and any(
+                    self.judge_rendered_at <= st.last + self.judge_hold(figmod.BY_KEY[k[0]].probe) < now
+                    for k, st, _ in self.judge.snapshot()):
+                dropped = True  # a judged series passed its hold
         if dropped:
             self.rerender()
         return dropped
@@ -225,8 +239,13 @@ class ResultStore:
             self.node_environment = env
         self.rerender()
 
+    def judge_hold(self, probe: str) -> float:
+        """How long a judged series' statistics stay published after the probe's newest run."""
+        return hold_for(self.intervals.get(probe), self.timeouts.get(probe))
+
     def rerender(self) -> None:
         with self._lock:
+            self.judge_rendered_at = time.time()
             data = render(self)
             self.exposition = data
             self.version += 1

@@ -1,0 +1,76 @@
+"""The judge's metric families: each judged series' statistics (stats.py), labelled so the fleet's
+rules group peers without joins: figure, series, gpu, and the node's pool, model and driver."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from fleetcanary.judge import figures as figmod
+from fleetcanary.judge import stats as statsmod
+from fleetcanary.judge.store import FigureStore
+
+HOLD_SECONDS = 86400.0  # statistics stay published this long after the series' newest run
+LABELS = ["figure", "series", "gpu", "pool", "model", "driver_version"]
+RUNS = (f"median of the newest {statsmod.MEDIAN_RUNS} runs on the driver now running, or the best of the "
+        f"newest {statsmod.NEWEST_RUNS} when better")
+BEST_DAY = (f"the best day: the highest daily median (lowest for a lower-is-better figure) of the last "
+            f"{statsmod.BASELINE_DAYS} complete UTC days, each with at least {statsmod.DAY_MIN_RUNS} runs over "
+            f"{statsmod.DAY_MIN_SPAN / 3600:.0f} h")
+HELP = {
+    "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs on the driver now running, in the "
+              "figure's unit (docs/metrics.md lists each figure's metric); absent with fewer runs.",
+    "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
+              "figure), in the figure's unit: low only when all three are. The fleet's fast path reads it.",
+    "change": f"The series' confirmed figure ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
+              "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
+              f"{statsmod.BASELINE_DAYS} days after a driver change.",
+    "drift": f"Median of the series' runs in the 24 h before its newest run over its baseline ({BEST_DAY}, "
+             "current driver); needs the day's runs to span 12 h.",
+    "series": "Judged series by state: warming (fewer than 5 runs on this driver), smoothed (a median, no "
+              "baseline yet), baselined (a change against its own baseline), stale (no run for a "
+              "day: nothing published).",
+}
+
+
+def hold_for(interval: float | None, timeout: float | None) -> float:
+    return max(HOLD_SECONDS, 1.5 * (interval or 0.0) + (timeout or 0.0))
+
+
+def families(store: FigureStore, node_labels: dict[str, str], now: float,
+             hold: Callable[[str], float]) -> Iterator:
+    pool = node_labels.get("pool", "")
+    med = GaugeMetricFamily("fleetcanary_judge_median", HELP["median"], labels=LABELS)
+    new = GaugeMetricFamily("fleetcanary_judge_newest", HELP["newest"], labels=LABELS)
+    chg = GaugeMetricFamily("fleetcanary_judge_change", HELP["change"], labels=[*LABELS, "baseline", "baseline_driver"])
+    dft = GaugeMetricFamily("fleetcanary_judge_drift", HELP["drift"], labels=LABELS)
+    states: dict[tuple[str, str], int] = {}
+    for (figure, series, gpu), st, model in sorted(store.snapshot(), key=lambda x: x[0]):
+        fig = figmod.BY_KEY[figure]
+        state = "stale" if now - st.last > hold(fig.probe) else st.state
+        states[(figure, state)] = states.get((figure, state), 0) + 1
+        if state == "stale":
+            continue
+        labels = [figure, series, gpu, pool, model, st.driver]
+        if st.median is not None:
+            med.add_metric(labels, st.median)
+        if st.newest is not None:
+            new.add_metric(labels, st.newest)
+        if st.change is not None:
+            chg.add_metric([*labels, "current_driver", st.driver], st.change)
+        if st.previous_change is not None:
+            chg.add_metric([*labels, "previous_driver", st.previous_driver], st.previous_change)
+        if st.drift is not None:
+            dft.add_metric(labels, st.drift)
+    yield from (med, new, chg, dft)
+    count = GaugeMetricFamily("fleetcanary_judge_series", HELP["series"], labels=["figure", "state"])
+    for (figure, state), n in sorted(states.items()):
+        count.add_metric([figure, state], n)
+    yield count
+    yield GaugeMetricFamily("fleetcanary_judge_store_bytes", "Size of the judge's figure store in the state "
+                            "directory (judge/figures.jsonl).", value=store.size_bytes())
+    bad = CounterMetricFamily("fleetcanary_judge_store_errors", "Figure store lines that did not parse "
+                              "(skipped) and writes that failed (kept in memory), by kind.", labels=["kind"])
+    bad.add_metric(["unreadable_line"], store.bad_lines)
+    bad.add_metric(["write_failed"], store.write_errors)
+    yield bad

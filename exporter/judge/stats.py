@@ -1,0 +1,162 @@
+"""The statistics of one judged series, computed from its runs (not from time windows), so any
+probe interval gives the same meaning: the median of the newest 5 runs is 5 runs at 10 minutes or
+at 6 hours.
+
+A series' runs are (finish time, value, driver). Statistics use the runs on the driver of the
+newest run only: after a driver upgrade the old driver's runs stop counting at once, except for the
+previous driver's baseline, which judges the first two weeks on the new one.
+
+- median: the median of the newest MEDIAN_RUNS runs (absent with fewer).
+- newest: the best of the newest NEWEST_RUNS runs (highest, or lowest for a lower-is-better figure).
+  Junk runs (a tenant's job started during the probe) are low; the best of three is low only when
+  all three are, which a real fault does and two junk runs in a row cannot. The fleet's fast path
+  reads it.
+- confirmed: the better of median and newest. A drop counts only once the median has turned and
+  the newest runs all confirm it (two junk runs in five move a median, not the newest three's best);
+  a recovery counts from the first good run.
+- baseline: the best day on the driver now running: the highest (lowest) daily median among the
+  complete UTC days of the last BASELINE_DAYS on that driver, each with at least DAY_MIN_RUNS runs
+  spread over DAY_MIN_SPAN. The best day, not a trailing median, so that a fault the GPU keeps is
+  never absorbed into its own baseline: it is reported for as long as it lasts (two weeks at most).
+- change: confirmed / baseline.
+- previous driver: for the BASELINE_DAYS after an upgrade, confirmed / the best day on the driver
+  before it. The fleet judges it against the nodes upgraded the same way: the driver's own effect
+  is common to them and cancels, and a GPU that lost more stands out, also when its fault came with
+  the upgrade (a baseline on the new driver would have absorbed it).
+- drift: the median of the runs of the 24 h before the newest run over the baseline (the day's
+  median needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN): a slow ramp that the 5-run figure's
+  noise hides.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from fleetcanary.judge.figures import Figure
+
+DAY = 86400.0
+MEDIAN_RUNS = 5
+NEWEST_RUNS = 3
+BASELINE_DAYS = 14
+DAY_MIN_RUNS = 3
+DAY_MIN_SPAN = 12 * 3600.0
+
+
+@dataclass(frozen=True)
+class Stats:
+    driver: str
+    runs: int                       # runs on the current driver held in the store
+    last: float                     # finish time of the newest run
+    median: float | None = None
+    newest: float | None = None
+    baseline: float | None = None
+    change: float | None = None
+    previous_driver: str = ""
+    previous_baseline: float | None = None
+    previous_change: float | None = None
+    drift: float | None = None
+
+    @property
+    def state(self) -> str:
+        if self.median is None:
+            return "warming"
+        return "baselined" if self.change is not None else "smoothed"
+
+
+def day_of(t: float) -> int:
+    return int(t // DAY)
+
+
+def day_median(times: list[float], values: list[float]) -> float | None:
+    """The median of one day's runs, when they are enough to stand for the day."""
+    if len(values) < DAY_MIN_RUNS or times[-1] - times[0] < DAY_MIN_SPAN:
+        return None
+    return statistics.median(values)
+
+
+class Series:
+    """One judged series' runs, kept incrementally: ``add`` is O(1) but for the day's median, so a
+    benchmark can drive a fleet of them for a simulated week."""
+
+    def __init__(self, fig: Figure) -> None:
+        self.fig = fig
+        self.driver = ""
+        self.previous = ""
+        self.runs = 0                 # runs on the current driver
+        self.last = 0.0
+        self.tail: deque[float] = deque(maxlen=MEDIAN_RUNS)    # newest values on the current driver
+        self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
+        self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # runs per (UTC day, driver)
+        self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days, computed once
+
+    def add(self, t: float, value: float, driver: str) -> None:
+        if t < self.last:
+            return  # out of order (a clock step back): the statistics are over runs in time order
+        if driver != self.driver:
+            if self.driver:
+                self.previous = self.driver
+            self.driver = driver
+            self.runs = 0
+            self.tail.clear()
+            self.recent.clear()
+        self.runs += 1
+        self.last = t
+        self.tail.append(value)
+        self.recent.append((t, value))
+        while self.recent and self.recent[0][0] <= t - DAY:
+            self.recent.popleft()
+        self.days.setdefault((day_of(t), driver), []).append((t, value))
+        oldest = day_of(t) - BASELINE_DAYS
+        for key in [k for k in self.days if k[0] < oldest]:
+            del self.days[key]
+            self.day_medians.pop(key, None)
+
+    def _day(self, day: int, driver: str) -> float | None:
+        key = (day, driver)
+        if key not in self.day_medians:
+            runs = self.days.get(key)
+            self.day_medians[key] = day_median([t for t, _ in runs], [v for _, v in runs]) if runs else None
+        return self.day_medians[key]
+
+    def best_day(self, driver: str) -> float | None:
+        today = day_of(self.last)
+        best = None
+        for day in range(today - BASELINE_DAYS, today):
+            if (day, driver) in self.days:
+                m = self._day(day, driver)
+                if m is not None:
+                    best = m if best is None else self.fig.better(best, m)
+        return best
+
+    def stats(self) -> Stats | None:
+        if not self.runs:
+            return None
+        fig = self.fig
+        out: dict = {"driver": self.driver, "runs": self.runs, "last": self.last}
+        if len(self.tail) >= MEDIAN_RUNS:
+            out["median"] = statistics.median(self.tail)
+        if fig.fast and len(self.tail) >= NEWEST_RUNS:
+            newest = list(self.tail)[-NEWEST_RUNS:]
+            out["newest"] = max(newest) if fig.higher_is_better else min(newest)
+        if not fig.history:
+            return Stats(**out)
+        confirmed = out.get("median")
+        if confirmed is not None and out.get("newest") is not None:
+            confirmed = fig.better(confirmed, out["newest"])
+        baseline = self.best_day(self.driver)
+        if baseline is not None:
+            out["baseline"] = baseline
+            if confirmed is not None:
+                out["change"] = confirmed / baseline
+            day = day_median([t for t, _ in self.recent], [v for _, v in self.recent])
+            if day is not None:
+                out["drift"] = day / baseline
+        if self.previous:
+            pb = self.best_day(self.previous)
+            if pb is not None:
+                out["previous_driver"] = self.previous
+                out["previous_baseline"] = pb
+                if confirmed is not None:
+                    out["previous_change"] = confirmed / pb
+        return Stats(**out)

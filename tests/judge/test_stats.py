@@ -1,0 +1,136 @@
+"""The judge's statistics over runs (fleetcanary.judge.stats): defined by runs, not by time."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fleetcanary.judge.figures import BY_KEY, extract
+from fleetcanary.judge.stats import DAY, Series
+
+GPU_BW = BY_KEY["gpu_memory_bandwidth"]
+STEP = BY_KEY["train_step_time"]
+DRIVER = "570.124.06"
+
+
+def feed(series: Series, start: float, interval: float, values, driver: str = DRIVER) -> float:
+    t = start
+    for v in values:
+        series.add(t, v, driver)
+        t += interval
+    return t
+
+
+@pytest.mark.parametrize("interval", [600.0, 900.0, 6 * 3600.0])
+def test_median_and_newest_are_over_runs_whatever_the_interval(interval):
+    s = Series(GPU_BW)
+    feed(s, 1_000_000.0, interval, [1.0, 0.5, 0.9, 1.1, 1.2, 0.7, 1.05])
+    st = s.stats()
+    assert st.median == 1.05          # the newest 5: 0.9 1.1 1.2 0.7 1.05
+    assert st.newest == 1.2           # the best of 1.2 0.7 1.05
+    assert st.runs == 7
+
+
+def test_fewer_runs_than_the_median_needs_give_no_median():
+    s = Series(GPU_BW)
+    feed(s, 0.0, 900.0, [1.0, 1.0, 1.0, 1.0])
+    st = s.stats()
+    assert st.median is None and st.newest == 1.0 and st.state == "warming"
+
+
+def steady_days(s: Series, days: int, interval: float = 900.0, level: float = 1.0, noise: float = 0.005,
+                start: float = 0.0, seed: int = 1, driver: str = DRIVER) -> float:
+    rng = random.Random(seed)
+    n = int(days * DAY / interval)
+    return feed(s, start, interval, [level * (1 + rng.gauss(0, noise)) for _ in range(n)], driver)
+
+
+def test_the_baseline_is_the_best_complete_day_on_this_driver():
+    s = Series(GPU_BW)
+    t = steady_days(s, 3, level=1.0)
+    t = steady_days(s, 1, level=1.02, start=t, seed=2)   # a better day
+    t = feed(s, t, 900.0, [0.99] * 8)
+    st = s.stats()
+    assert st.baseline == pytest.approx(1.02, rel=0.005)
+    assert st.change == pytest.approx(0.99 / st.baseline)
+    assert st.state == "baselined"
+
+
+def test_two_junk_runs_do_not_move_the_change_three_degraded_runs_do():
+    s = Series(GPU_BW)
+    t = steady_days(s, 3, noise=0.0)
+    t = feed(s, t, 900.0, [0.4, 0.5])             # two junk runs in a row
+    assert s.stats().change == pytest.approx(1.0)
+    t = feed(s, t, 900.0, [1.0, 1.0, 1.0])
+    t = feed(s, t, 900.0, [0.9, 0.9])             # a real 10% fault, two runs in
+    assert s.stats().change == pytest.approx(1.0)
+    feed(s, t, 900.0, [0.9])                       # the third degraded run: the newest three agree
+    assert s.stats().change == pytest.approx(0.9)
+
+
+def test_a_fault_that_persists_for_a_week_is_never_absorbed_into_the_baseline():
+    s = Series(GPU_BW)
+    t = steady_days(s, 4)
+    for day in range(7):
+        t = steady_days(s, 1, level=0.95, start=t, seed=10 + day)
+        st = s.stats()
+        assert st.change == pytest.approx(0.95, abs=0.01), day
+        assert st.drift == pytest.approx(0.95, abs=0.01), day
+
+
+def test_lower_is_better_mirrors_every_statistic():
+    s = Series(STEP)
+    t = steady_days(s, 3, level=0.2, noise=0.0)
+    t = feed(s, t, 3600.0, [0.5, 0.5])             # two junk (slow) runs
+    assert s.stats().newest == pytest.approx(0.2) and s.stats().change == pytest.approx(1.0)
+    feed(s, t, 3600.0, [0.25] * 5)
+    assert s.stats().change == pytest.approx(1.25)
+
+
+def test_a_driver_upgrade_restarts_the_series_and_judges_it_against_the_previous_drivers_best_day():
+    s = Series(GPU_BW)
+    t = steady_days(s, 4, noise=0.0)
+    t = feed(s, t, 900.0, [0.94] * 4, driver="580.1")
+    st = s.stats()
+    assert st.driver == "580.1" and st.runs == 4 and st.median is None  # the old driver's runs stop counting
+    t = feed(s, t, 900.0, [0.94], driver="580.1")
+    st = s.stats()
+    assert st.change is None                                          # no day on the new driver yet
+    assert st.previous_driver == DRIVER and st.previous_change == pytest.approx(0.94)
+    t = steady_days(s, 3, level=0.94, noise=0.0, start=t, driver="580.1")
+    st = s.stats()
+    assert st.change == pytest.approx(1.0) and st.previous_change == pytest.approx(0.94)
+    steady_days(s, 12, level=0.94, noise=0.0, start=t, driver="580.1")
+    assert s.stats().previous_change is None                           # two weeks on: the old days are gone
+
+
+def test_a_clock_step_back_is_not_a_run_out_of_order():
+    s = Series(GPU_BW)
+    feed(s, 10_000.0, 900.0, [1.0] * 5)
+    s.add(5_000.0, 0.1, DRIVER)
+    assert s.stats().median == 1.0 and s.stats().runs == 5
+
+
+def test_extract_folds_the_p2p_matrix_to_each_source_gpus_slowest_link():
+    samples = [{"metric": "fleetcanary_gpu_p2p_bandwidth_bytes_per_second",
+                "labels": {"src_gpu": str(a), "dst_gpu": str(b)}, "value": 100.0 - (5 if (a, b) == (0, 2) else 0)}
+               for a in range(3) for b in range(3) if a != b]
+    samples.append({"metric": "fleetcanary_gpu_p2p_bandwidth_bytes_per_second",
+                    "labels": {"src_gpu": "1", "dst_gpu": "2"}, "value": float("nan")})
+    out = extract("gpu_p2p", samples)
+    assert out == {("gpu_p2p_bandwidth", "slowest_link", "0"): 95.0,
+                   ("gpu_p2p_bandwidth", "slowest_link", "1"): 100.0,
+                   ("gpu_p2p_bandwidth", "slowest_link", "2"): 100.0}
+
+
+def test_extract_joins_the_series_labels_and_skips_broken_samples():
+    samples = [{"metric": "fleetcanary_collective_bus_bandwidth_bytes_per_second",
+                "labels": {"collective": "all_reduce", "size_bytes": "1048576", "ranks": "8", "backend": "nccl"},
+                "value": 2e11},
+               {"metric": "fleetcanary_collective_bus_bandwidth_bytes_per_second", "labels": {"collective": "x"},
+                "value": 1.0},
+               {"metric": "fleetcanary_collective_bus_bandwidth_bytes_per_second",
+                "labels": {"collective": "all_gather", "size_bytes": "8", "ranks": "8", "backend": "nccl"},
+                "value": 0.0}]
+    assert extract("collectives", samples) == {
+        ("collective_bus_bandwidth", "all_reduce/1048576/8/nccl", ""): 2e11}

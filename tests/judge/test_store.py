@@ -1,0 +1,141 @@
+"""The node's figure store (fleetcanary.judge.store): kept in the state directory, survives restarts,
+bounded in size, never loses the node's driver, and starts from nothing on a reimaged node."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from fleetcanary.core.record import RunRecord
+from fleetcanary.judge.exposition import families, hold_for
+from fleetcanary.judge.stats import DAY
+from fleetcanary.judge.store import FILENAME, RETAIN_DAYS, FigureStore
+
+DRIVER = "570.124.06"
+GPUS = 8
+# The judged probes at their default intervals (seconds) and the labelled figures of one run.
+SCHEDULE = {
+    "gpu_bandwidth": (900, [("fleetcanary_gpu_memory_bandwidth_bytes_per_second", {"gpu": str(g), "direction": d}, 3e12)
+                            for g in range(GPUS) for d in ("d2d", "h2d", "d2h")]),
+    "gpu_compute": (1800, [("fleetcanary_gpu_matmul_flops_per_second", {"gpu": str(g), "dtype": d}, 9e14)
+                           for g in range(GPUS) for d in ("bf16", "fp16", "tf32", "fp8")]),
+    "gpu_p2p": (3600, [("fleetcanary_gpu_p2p_bandwidth_bytes_per_second", {"src_gpu": str(a), "dst_gpu": str(b)}, 4e11)
+                       for a in range(GPUS) for b in range(GPUS) if a != b]),
+    "collectives": (1800, [("fleetcanary_collective_bus_bandwidth_bytes_per_second",
+                            {"collective": c, "size_bytes": str(s), "ranks": "8", "backend": "nccl"}, 2e11)
+                           for c in ("all_reduce", "all_gather") for s in (8, 1 << 10, 1 << 16, 1 << 20, 1 << 24)]),
+    "host_memory_bandwidth": (600, [("fleetcanary_host_memory_bandwidth_bytes_per_second", {"op": o}, 5e10)
+                                    for o in ("copy", "read", "write")]),
+    "storage": (1800, [("fleetcanary_storage_read_bytes_per_second", {"target": "local", "cache": c}, 2e9)
+                       for c in ("cold", "warm")] +
+                [("fleetcanary_storage_first_byte_seconds", {"target": "local", "cache": c}, 2e-4)
+                 for c in ("cold", "warm")]),
+    "train_step": (3600, [("fleetcanary_train_step_seconds", {"gpu": str(g), "dtype": "bf16"}, 0.2)
+                          for g in range(GPUS)]),
+    "gpu_sustained": (86400, [("fleetcanary_gpu_sustained_throughput_ratio", {"gpu": str(g)}, 0.97)
+                              for g in range(GPUS)]),
+}
+
+
+def record(probe: str, t: float, rng: random.Random, scale: float = 1.0, driver: str = DRIVER) -> RunRecord:
+    _, figures = SCHEDULE[probe]
+    samples = [{"metric": m, "labels": labels, "value": v * scale * (1 + rng.gauss(0, 0.01))}
+               for m, labels, v in figures]
+    return RunRecord(probe=probe, outcome="success", started_at=t - 10, wall_seconds=10, samples=samples,
+                     environment={"driver_version": driver, "gpu_model": "NVIDIA H100 80GB HBM3", "cpu_model": "EPYC"})
+
+
+def node_days(store: FigureStore, days: float, start: float = 1_750_000_000.0, probes=None, seed: int = 1) -> float:
+    """Feed a node's default schedule for `days`; returns the end time."""
+    rng = random.Random(seed)
+    runs = sorted((start + k * interval, p) for p, (interval, _) in SCHEDULE.items() if p in (probes or SCHEDULE)
+                  for k in range(int(days * DAY // interval)))
+    for t, p in runs:
+        store.observe(record(p, t, rng))
+    return start + days * DAY
+
+
+def exposition(store: FigureStore, now: float, pool: str = "a") -> dict[str, list]:
+    out = {}
+    for fam in families(store, {"pool": pool}, now, lambda _probe: hold_for(900, 300)):
+        out[fam.name] = [(s.labels, s.value) for s in fam.samples]
+    return out
+
+
+def test_fifteen_days_at_the_default_schedule_fit_in_a_few_mib_and_reload_to_the_same_statistics(tmp_path):
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, RETAIN_DAYS + 2)
+    size = os.path.getsize(tmp_path / "judge" / FILENAME)
+    assert size < 5 * 2**20, f"{size / 2**20:.1f} MiB for {RETAIN_DAYS} days"
+    before = exposition(store, end)
+    # every series has a change but the daily burn's (no history)
+    assert len(before["fleetcanary_judge_change"]) == len(before["fleetcanary_judge_median"]) - 8
+    again = FigureStore(str(tmp_path))
+    assert exposition(again, end) == before
+    assert again.facts["driver_version"] == DRIVER and again.bad_lines == 0
+
+
+def test_the_file_keeps_the_retention_window_only(tmp_path):
+    store = FigureStore(str(tmp_path), retain_days=2)
+    end = node_days(store, 5, probes={"gpu_bandwidth"})
+    times = [float(line["t"]) for line in store._lines()]
+    assert min(times) > end - 3 * DAY and max(times) > end - DAY
+
+
+def test_a_torn_line_is_skipped_and_counted_and_the_rest_loads(tmp_path):
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 1, probes={"gpu_bandwidth"})
+    with open(tmp_path / "judge" / FILENAME, "a") as f:
+        f.write('{"t": 1750000000, "p": "gpu_band')
+    again = FigureStore(str(tmp_path))
+    assert again.bad_lines == 1
+    assert exposition(again, end)["fleetcanary_judge_change"] == exposition(store, end)["fleetcanary_judge_change"]
+
+
+def test_an_unwritable_state_directory_is_counted_and_the_figures_stay_in_memory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = FigureStore(str(blocker))
+    end = node_days(store, 0.1, probes={"gpu_bandwidth"})
+    assert store.write_errors >= 1
+    assert len(exposition(store, end)["fleetcanary_judge_median"]) == 24
+
+
+def test_a_reimaged_node_starts_from_nothing(tmp_path):
+    store = FigureStore(str(tmp_path / "fresh"))
+    assert store.snapshot() == [] and store.facts == {}
+    assert exposition(store, 0.0)["fleetcanary_judge_median"] == []
+
+
+def test_statistics_stay_published_for_a_day_after_the_newest_run_then_go(tmp_path):
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 3, probes={"gpu_bandwidth"})
+    held = exposition(store, end + 0.9 * DAY)
+    assert len(held["fleetcanary_judge_change"]) == 24
+    gone = exposition(store, end + 1.1 * DAY)
+    assert gone["fleetcanary_judge_change"] == [] and gone["fleetcanary_judge_median"] == []
+    assert ({"figure": "gpu_memory_bandwidth", "state": "stale"}, 24.0) in gone["fleetcanary_judge_series"]
+
+
+def test_every_statistic_carries_the_peer_labels(tmp_path):
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 3, probes={"gpu_bandwidth", "host_memory_bandwidth"})
+    labels, value = next(s for s in exposition(store, end)["fleetcanary_judge_change"]
+                         if s[0]["figure"] == "gpu_memory_bandwidth")
+    assert labels == {"figure": "gpu_memory_bandwidth", "series": labels["series"], "gpu": labels["gpu"], "pool": "a",
+                      "model": "NVIDIA H100 80GB HBM3", "driver_version": DRIVER, "baseline": "current_driver",
+                      "baseline_driver": DRIVER}
+    assert value == pytest.approx(1.0, abs=0.03)
+    host = next(s[0] for s in exposition(store, end)["fleetcanary_judge_median"]
+                if s[0]["figure"] == "host_memory_bandwidth")
+    assert host["model"] == "EPYC" and host["driver_version"] == ""  # not per GPU driver
+
+
+def test_a_run_without_gpu_facts_keeps_the_nodes_last_known_driver(tmp_path):
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 0.2, probes={"gpu_bandwidth"})
+    rec = record("gpu_bandwidth", end + 900, random.Random(3))
+    rec.environment = {"driver_version": "unknown", "gpu_model": "unknown"}
+    store.observe(rec)
+    assert {st.driver for _, st, _ in store.snapshot()} == {DRIVER}
