@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 ERRORS_1H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[1h])"
+ERRORS_2H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[2h])"  # a flap alert holds an hour more
 LINE_ERRORS = ("symbol_error|link_error_recovery|port_rcv_errors|port_rcv_remote_physical_errors|"
                "local_link_integrity_errors|excessive_buffer_overrun_errors")
 LINE_ERRORS_PER_HOUR = 10
@@ -38,12 +39,9 @@ PORT = "{{ $labels.device }}/{{ $labels.port }} on {{ $labels.node }}"
 def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
     """The alerts; `annotations` is alerts/build.py's (summary, description, runbook_url), passed in
     because build.py runs as a script and loads under other names in tests."""
-    def a(name, expr, for_, sev, summary, desc, keep=None):
-        d = {"alert": name, "expr": " ".join(expr.split()), "for": for_, "labels": {"severity": sev},
-             "annotations": annotations(summary, desc, name)}
-        if keep:
-            d["keep_firing_for"] = keep
-        return d
+    def a(name, expr, for_, sev, summary, desc):
+        return {"alert": name, "expr": " ".join(expr.split()), "for": for_, "labels": {"severity": sev},
+                "annotations": annotations(summary, desc, name)}
 
     on = "on(node, device, port)"
     return [
@@ -67,9 +65,9 @@ def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
           "15m", "warning", "An RDMA port trained below its expected rate",
           f"Port {PORT} is up at {{{{ $value }}}} Gb/s, below the rate configured for it (fewer lanes or a lower "
           "speed: a downtrained link)."),
-        a("FleetCanaryRDMAPortFlapping", ERRORS_1H.format(sel='="link_downed"') + " > 0", "0m", "warning",
+        a("FleetCanaryRDMAPortFlapping", ERRORS_2H.format(sel='="link_downed"') + " > 0", "0m", "warning",
           "An RDMA port went down and retrained",
-          f"Port {PORT} counted {COUNT} link-downed events in the last hour.", keep="1h"),
+          f"Port {PORT} counted {COUNT} link-downed events in the last 2 hours."),
         a("FleetCanaryRDMAPortErrorsRising",
           ERRORS_1H.format(sel=f'=~"{LINE_ERRORS}"') + f" > {LINE_ERRORS_PER_HOUR} or "
           + ERRORS_1H.format(sel='="port_xmit_discards"') + f" > {DISCARDS_PER_HOUR}",
@@ -84,10 +82,11 @@ def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
           "A watched network interface is down or missing",
           "Interface {{ $labels.interface }} on {{ $labels.node }} is down or does not exist."),
         a("FleetCanaryNetInterfaceFlapping",
-          f"increase(fleetcanary_net_interface_carrier_changes_total[1h]) >= {CARRIER_CHANGES_PER_HOUR}", "0m",
+          f"max_over_time((increase(fleetcanary_net_interface_carrier_changes_total[1h]) >= "
+          f"{CARRIER_CHANGES_PER_HOUR})[1h:5m])", "0m",
           "warning", "A network interface's link flaps",
           "Interface {{ $labels.interface }} on {{ $labels.node }} changed carrier " + COUNT + " times "
-          "in the last hour (a down and up is 2).", keep="1h"),
+          "in an hour within the last 2 hours (a down and up is 2)."),
         a("FleetCanaryNetInterfaceErrors",
           f"increase(fleetcanary_net_interface_errors_total[1h]) > {NET_ERRORS_PER_HOUR}", "15m", "warning",
           "A network interface counts errors",

@@ -127,6 +127,13 @@ HARD = {
                                           "The engine's queue length and batch size; the prefix-cache ratio; other "
                                           "nodes' view of the same target.", "Overload or a queue build-up, prefill "
                                           "contention, a cold cache after a restart."),
+    "FleetCanaryInferenceTTFTSlowerThanPeers": (
+        "The p95 time to first token of this node's canary requests to an endpoint is 10% or more above the median "
+        "of the pool's nodes calling the same endpoint and model, with 5 or more of them: the endpoint serves the "
+        "others well, so the cause is on this node's side.",
+        "The node's network path to the endpoint (`curl -w '%{time_connect} %{time_starttransfer}'` from the pod); "
+        "its DNS resolution; CPU throttling of the fleetcanary pod.",
+        "A degraded NIC or route, DNS delays, a throttled or overloaded node."),
     "FleetCanaryInferenceITLSLOBreach": ("p95 inter-token latency is over its bound (200 ms).",
                                          "The engine's running batch size and KV-cache use; GPU clocks of the serving "
                                          "nodes.", "Decode batches too large for the GPU, KV-cache pressure and "
@@ -148,68 +155,120 @@ HARD = {
 }
 
 
-def peer_text(family_title: str, key: str, lower: bool, k_mad: int = 7, history: bool = True) -> tuple[str, str, str]:
+WORSE = {False: "below", True: "slower than"}
+
+
+def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    worse = "slower than" if lower else "below"
-    if not history:
-        return (f"The smoothed {family_title} of this node or GPU (the median of its window) is 10% or more {worse} "
-                f"its peers' median (same model or pool) and more than {k_mad:g} median absolute deviations of the "
-                "peers' ratios, with 5 or more peer nodes.", checks, causes)
-    return (f"Over its last 5 runs, the {family_title} of this node or GPU changed against its own baseline (its "
-            f"median over about the previous 3 days) by more than its peers' changes (same GPU model, pool and "
-            f"driver, same size or direction), {worse} them by at least the family's floor and by more than {k_mad:g} "
-            "median absolute deviations of the peers' changes, with 5 or more peer nodes; in the 2 days after a "
-            "driver upgrade, its change against the previous driver's baseline judged the same way against the "
-            f"other upgraded nodes'; or it is 10% or more {worse} its peers' median outright (a member without a "
-            "baseline, or a persistent outlier). Its newest runs confirm it: the best of them is also at least half "
-            "the floor worse. Because each GPU is judged against itself, a GPU's persistent manufacturing offset "
-            "does not count.", checks, causes)
+    change = (f"**path=change**: its change against its own baseline (the exporter's `fleetcanary_judge_change`: "
+              "its confirmed figure, the better of the median of its newest 5 runs and the best of its newest 3, "
+              "over its best day on its driver in the last 14 days) is worse than its peers' median change by the "
+              f"figure's floor and by more than {k_mad:g} median absolute deviations of the peers' change ratios; "
+              "the peers share pool, model, driver and series, and at least 5 nodes report. With baseline="
+              "previous_driver the same comparison runs, for two weeks after a driver change, against the nodes "
+              "upgraded the same way (the driver's own effect cancels). " if history else "")
+    return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of 5 "
+            f"runs is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
+            "without a baseline, or a GPU that was always slow). The label `path` says which fired; the description "
+            "gives the figure, its own change and the peers' median. Each GPU is judged against itself first, so "
+            "a persistent manufacturing offset does not count on the change path.",
+            "`kubectl -n fleetcanary exec POD -- wget -qO- localhost:9835/metrics | grep fleetcanary_judge` for the "
+            "node's own statistics; " + checks, causes)
 
 
-def fast_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
+def fast_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} of this node or GPU was {'15% or more slower than' if lower else '15% or more below'} "
-            "the median of its peers in each of its last three runs, which agree with each other (a confirmed new "
-            "level, not scattered junk runs). The exporter runs the probe again a few minutes after a run whose "
-            "figure jumped (fleetcanary_probe_confirmation_runs_total), so the three runs usually span about one "
-            "probe interval: a large drop, reported about an interval after the first bad run instead of waiting "
-            "for a 5-run median.", checks, causes)
+    return (f"The best of the newest 3 runs of this GPU or node's {title} (`fleetcanary_judge_newest`) is 15% or more "
+            f"{WORSE[lower]} the median figure of its peers and by more than 5 MADs: all three runs are that bad, "
+            "which two junk runs in a row cannot make. The exporter adds a confirmation run minutes after a run whose "
+            "figure jumped, so the three runs usually span about one probe interval.", checks, causes)
 
 
-def fast_history_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
+def fast_history_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} of this node or GPU was 15% or more {'above' if lower else 'below'} its own median "
-            "over about the previous 3 days (on the driver it runs now) in each of its last three runs (the "
-            "exporter's confirmation run among them), which agree with each other, and fewer than 5 peer nodes "
-            "report in its group, so the peer fast path cannot judge it: a large drop in a small pool, reported "
-            "about an interval after the first bad run. Every GPU of a small pool "
-            "firing at once points at something they share (a firmware or BIOS change, cooling, power).",
+    return (f"The {title}'s confirmed figure is 15% or more {'above' if lower else 'below'} its own best day on this "
+            "driver, and fewer than 5 peer nodes report in its group, so the peer fast path cannot judge it (a small "
+            "pool, or one whose members are mostly busy). Every GPU of a small pool firing at once points at "
+            "something they share (a firmware or BIOS change, cooling, power).",
             "Compare with the other members of the pool, and with its runs before the drop. " + checks, causes)
 
 
-def drift_text(family_title: str, key: str, lower: bool) -> tuple[str, str, str]:
+def drift_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title}'s median over the last day is 4% or more {'above' if lower else 'below'} its best "
-            "day on the current driver in the last 14 days: a slow drift that the 3-day history and the peer "
-            "comparison follow along and cannot see (a fan slowly failing, dust, a creeping thermal problem).",
-            "Plot the daily medians of the series over two weeks; compare with its peers' daily medians. " + checks,
+    return (f"The median of the last day of runs of the {title} is 4% or more {'above' if lower else 'below'} its "
+            "best day on the current driver in the last 14 days (`fleetcanary_judge_drift`): a slow decline (a fan "
+            "slowly failing, dust, a creeping thermal problem).",
+            "Plot `fleetcanary_judge_drift` and the raw figure over two weeks; compare with its peers. " + checks,
             causes)
 
 
-def regression_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
+def regression_text(title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} is {'above' if lower else 'below'} its own median over about the previous 3 days "
-            "by its floor (10%; 5% for GPU memory bandwidth) or more, and the driver did not change in that time. "
-            "This is the alert that still works in a pool too small for peer comparison.", checks, causes)
+    return (f"The {title}'s confirmed figure is {'above' if lower else 'below'} its own best day on this driver in the "
+            "last 14 days by its floor (10%; 5% for GPU memory bandwidth) or more. It needs no peers, and it keeps "
+            "firing while the fault lasts: the best day does not absorb a fault the GPU keeps.", checks, causes)
 
 
-def driver_text(family_title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
+def driver_text(title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {family_title} {'rose' if lower else 'dropped'} by its floor (10%; 5% for GPU memory bandwidth) "
-            "or more against its "
-            "median from before a driver change on this node "
-            "in the last day: the guide's before/after upgrade check.",
-            "Compare with nodes still on the old driver (`fleetcanary_node_info` by driver_version); `fleetcanary "
-            "compare` on the result histories before and after. " + checks,
+    return (f"The {title} {'rose' if lower else 'dropped'} by its floor (10%; 5% for GPU memory bandwidth) or more "
+            "against its best day on the previous driver, in the two weeks after a driver change on this node: the "
+            "guide's before/after upgrade check.",
+            "Compare with nodes still on the old driver (`fleetcanary_judge_change{baseline=\"previous_driver\"}` "
+            "of the other upgraded nodes); `fleetcanary compare` on the result histories before and after. " + checks,
             "A driver regression, changed default clocks or power management, a mismatched CUDA or NCCL stack. "
             + causes)
+
+
+def _texts(name: str, labels: dict, figures: dict):
+    try:
+        from fleetcanary.rules import rules_fabric, rules_nic
+    except ImportError:  # pragma: no cover - a checkout without the editable install
+        import rules_fabric
+        import rules_nic
+
+    if name in HARD:
+        return HARD[name]
+    if name in rules_nic.RUNBOOKS:
+        return rules_nic.RUNBOOKS[name]
+    if name in rules_fabric.RUNBOOKS:
+        return rules_fabric.RUNBOOKS[name]
+    f = figures[labels["figure"]]
+    lower = not f.higher_is_better
+    path = labels.get("path")
+    if path == "fast":
+        return fast_text(f.title, f.key, lower)
+    if path == "own_fast":
+        return fast_history_text(f.title, f.key, lower)
+    if path == "drift":
+        return drift_text(f.title, f.key, lower)
+    if path == "driver_change":
+        return driver_text(f.title, f.key, lower)
+    if path == "regression":
+        return regression_text(f.title, f.key, lower)
+    return peer_text(f.title, f.key, lower, f.k_mad, f.history)
+
+
+def markdown(alerts: dict, figure_rules) -> str:
+    """docs/runbooks.md: one section per alert name (the change and level paths of a peer alert share one).
+    figure_rules: alerts/build.py's FIGURES."""
+    figures = {f.key: f for f in figure_rules}
+    out = ["# Runbooks", "", "Generated by alerts/build.py from alerts/runbooks.py; do not edit. One section per "
+           "alert: what it means, the first checks, the likely causes, and its expression(s).", ""]
+    seen: dict[str, list[str]] = {}
+    first: dict[str, dict] = {}
+    for group in alerts["groups"]:
+        for a in group["rules"]:
+            if "alert" not in a:
+                continue
+            seen.setdefault(a["alert"], []).append(a["expr"])
+            first.setdefault(a["alert"], a)
+    for name, exprs in seen.items():
+        a = first[name]
+        meaning, checks, causes = _texts(name, a["labels"], figures)
+        out += [f"## {name}", "", f"Severity: {a['labels']['severity']}. Fires after {a.get('for', '0m')}.", "",
+                f"**What it means.** {meaning}", "", f"**First checks.** {checks}", "",
+                f"**Likely causes.** {causes}", ""]
+        for expr in dict.fromkeys(exprs):
+            out += ["```promql", expr.rstrip(), "```", ""]
+    return "\n".join(out)
