@@ -105,6 +105,14 @@ KUBE_GPUS_REQUESTED = _m("fleetcanary_kubernetes_gpus_requested", "gauge",
 KUBE_CONDITION = _m("fleetcanary_kubernetes_node_condition_healthy", "gauge",
                     "1 if the node condition was last set True, 0 if False.", ("type",))
 
+# Reason series that alert or recording rules read with increase(): published at 0 from the start, since
+# increase() over a series born at 1 misses that first event. Every other reason appears once its count
+# is above 0. (kind, probe, reason); tests/daemon/test_collector.py checks the rules read no other.
+DECLARED_AT_ZERO: frozenset[tuple[str, str, str]] = frozenset({
+    ("skips", "fabric", "peer_unavailable"),        # fabric's partner-availability recording rules
+    ("failures", "collectives", "wrong_result"),    # FleetCanaryCollectiveWrongResult
+})
+
 # Every exporter metric, in exposition order; docs/metrics.md lists them.
 EXPORTER_METRICS: tuple[ExporterMetric, ...] = tuple(v for v in globals().values() if isinstance(v, ExporterMetric))
 
@@ -129,13 +137,14 @@ class _StateCollector:
                 interval.add_metric([name], s.intervals[name])
             for outcome, n in st.runs.items():
                 runs.add_metric([name, outcome], n)
-            # Pre-declare every reason at 0, so rate() and increase() see the first one.
-            for reason in SKIP_REASONS:
-                skips.add_metric([name, reason], st.skips.get(reason, 0))
-            for reason in cls.all_failure_reasons():
-                fails.add_metric([name, reason], st.failures.get(reason, 0))
-            for reason in CRASH_REASONS:
-                crashes.add_metric([name, reason], st.crashes.get(reason, 0))
+            # A reason appears once it has happened (a zero for every probe and reason is ~300 series a node),
+            # but for those the rules read with increase(), declared at 0 so that they see the first one.
+            for fam, kind, reasons, counts in ((skips, "skips", SKIP_REASONS, st.skips),
+                                               (fails, "failures", cls.all_failure_reasons(), st.failures),
+                                               (crashes, "crashes", CRASH_REASONS, st.crashes)):
+                for reason in reasons:
+                    if counts.get(reason, 0) or (kind, name, reason) in DECLARED_AT_ZERO:
+                        fam.add_metric([name, reason], counts.get(reason, 0))
             invalid.add_metric([name], st.invalid_samples)
             if cls.confirm_metrics:
                 confirmations.add_metric([name], st.confirmations)
@@ -199,7 +208,8 @@ def _kube_families(k, condition_type: str):
     errors = KUBE_ERRORS.family()
     for op in OPERATIONS:
         for reason in ERROR_REASONS:
-            errors.add_metric([op, reason], k.errors.get((op, reason), 0))
+            if k.errors.get((op, reason), 0):  # once it has happened; no rule reads these
+                errors.add_metric([op, reason], k.errors[(op, reason)])
     yield errors
     if k.last_success is not None:
         yield KUBE_LAST_SYNC.family(k.last_success)
