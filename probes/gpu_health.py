@@ -10,6 +10,10 @@ remain the complete source).
 Current PCIe generation drops at idle on most GPUs (link power management), so the
 generation is a fact to compare under load; the width does not drop at idle and a
 narrower width than the maximum is a real downtrain.
+
+NVLink error counters are summed over each GPU's links by default (4 series per GPU, not
+4 x 18: an HGX node's 576 per-link series are read by no rule); ``per_link`` publishes
+them per link. Link state stays per link: the NVLink-down alert names the link.
 """
 from __future__ import annotations
 
@@ -28,10 +32,29 @@ class Config(ProbeConfig):
     xid_wait_seconds: float = Field(2.0, ge=0, le=30, description="Seconds each run waits for critical XID events.")
     expected_gpus: int | None = Field(
         None, ge=0, description="GPUs this node should have. None: gpu.expected_count, then the node label.")
+    per_link: bool = Field(
+        False, description="Opt-in: NVLink error counters per link (fleetcanary_gpu_nvlink_errors_total with its link "
+        "label: 18 links x 4 counters per H100/H200, 576 series on an 8-GPU node). Off: one series per GPU and "
+        "counter, summed over its links, with the link label empty (Prometheus drops it).")
 
 
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _nvlink_errors(gi: str, links: list[dict], per_link: bool) -> list[tuple[dict, float]]:
+    """(labels, value) of the NVLink error counters: per link, or each counter summed over the GPU's links.
+    A sum needs the counter of every link: one that missed a read would make the total drop, which
+    increase() takes for a counter reset (and counts the whole total again)."""
+    if per_link:
+        return [({"gpu": gi, "link": str(link["link"]), "counter": c}, float(v))
+                for link in links for c, v in link["errors"].items() if _num(v) is not None]
+    out = []
+    for c in dict.fromkeys(c for link in links for c in link["errors"]):
+        values = [_num(link["errors"].get(c)) for link in links]
+        if values and None not in values:
+            out.append(({"gpu": gi, "link": "", "counter": c}, sum(values)))
+    return out
 
 
 class GpuHealth(Probe):
@@ -69,8 +92,10 @@ class GpuHealth(Probe):
         MetricSpec(P + "remapped_rows_failed", "gauge", "1 if a row remapping failed; the GPU needs service.",
                    "boolean", ("gpu",)),
         MetricSpec(P + "nvlink_up", "gauge", "1 if the NVLink link is active.", "boolean", ("gpu", "link")),
-        MetricSpec(P + "nvlink_errors_total", "counter", "NVLink error counters as counted by the device.",
-                   "total", ("gpu", "link", "counter"), cumulative=True),
+        MetricSpec(P + "nvlink_errors_total", "counter",
+                   "NVLink error counters as counted by the device: by default summed over the GPU's links (link "
+                   "empty; a GPU's sum is left out of a run that could not read the counter on every link), per "
+                   "link with per_link.", "total", ("gpu", "link", "counter"), cumulative=True),
         MetricSpec(P + "xid_errors_total", "counter", "Critical XID events caught during this exporter's event waits.",
                    "total", ("gpu", "xid")),
         MetricSpec(P + "xid_watch_seconds_total", "counter", "Seconds spent waiting for XID events: the XID coverage.",
@@ -130,11 +155,9 @@ class GpuHealth(Probe):
                     add(P + "remapped_rows_failed", {"gpu": gi}, rows["failed"])
                 links = session.nvlinks(g)
                 for link in links:
-                    li = str(link["link"])
-                    add(P + "nvlink_up", {"gpu": gi, "link": li}, link["up"])
-                    for cname, v in link["errors"].items():
-                        if _num(v) is not None:
-                            add(P + "nvlink_errors_total", {"gpu": gi, "link": li, "counter": cname}, v)
+                    add(P + "nvlink_up", {"gpu": gi, "link": str(link["link"])}, link["up"])
+                for labels, v in _nvlink_errors(gi, links, config.per_link):
+                    add(P + "nvlink_errors_total", labels, v)
                 pm = session.persistence_mode(g)
                 if pm != nvml.UNKNOWN:
                     add(P + "persistence_mode", {"gpu": gi}, 1 if pm == "enabled" else 0)
@@ -167,6 +190,7 @@ class GpuHealth(Probe):
         if expected is not None:
             add("fleetcanary_gpus_expected", {}, expected)
         return ProbeResult(samples=samples, touched={"gpus": [g.index for g in handles], "invasive": False},
-                           parameters={"xid_wait_seconds": config.xid_wait_seconds, "expected_gpus": expected},
+                           parameters={"xid_wait_seconds": config.xid_wait_seconds, "expected_gpus": expected,
+                                       "per_link": config.per_link},
                            extra={"gpus": gpus, "xid_events": events, "critical_xid_events": critical,
                                   "xid_watch_seconds": watched})

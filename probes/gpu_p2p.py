@@ -6,6 +6,11 @@ idle (host clock around synchronize, since the copy involves two devices' stream
 bytes counted once. Bidirectional (optional): src->dst and dst->src at once on two
 streams, bytes counted twice. The matrix shows what nvbandwidth's
 device_to_device_memcpy_read/write show, in the fleet's metrics.
+
+The bandwidth matrix is what the alerts judge (56 series on 8 GPUs). Peer access and the
+link type of each pair are in the run record; as series (two more matrices, 112 series on
+8 GPUs, which no rule reads) only with ``topology``, as the bidirectional matrix only with
+``bidirectional``.
 """
 from __future__ import annotations
 
@@ -42,7 +47,14 @@ class Config(GpuDeviceConfig):
     bytes: int = Field(256 << 20, ge=1 << 20, description="Bytes per copy.")
     warmup: int = Field(1, ge=0, le=20, description="Untimed copies per pair.")
     repeats: int = Field(5, ge=1, le=100, description="Timed copies per pair; the median is published.")
-    bidirectional: bool = Field(False, description="Also measure both directions at once.")
+    bidirectional: bool = Field(
+        False, description="Opt-in: also measure both directions at once "
+        "(fleetcanary_gpu_p2p_bidirectional_bandwidth_bytes_per_second: one series per pair, 28 on 8 GPUs, and "
+        "the GPU time of those copies).")
+    topology: bool = Field(
+        False, description="Opt-in: peer access and link type of every ordered pair as series "
+        "(fleetcanary_gpu_p2p_access, fleetcanary_gpu_p2p_link_info: 112 series on 8 GPUs). Off: both are in "
+        "the run record's matrix only.")
 
 
 class GpuP2P(Probe):
@@ -59,11 +71,11 @@ class GpuP2P(Probe):
                    "bytes_per_second", ("src_gpu", "dst_gpu")),
         MetricSpec(BIDI, "gauge", "Bandwidth of simultaneous copies both ways between the pair; bytes of both counted.",
                    "bytes_per_second", ("src_gpu", "dst_gpu")),
-        MetricSpec(ACCESS, "gauge", "1 if src_gpu can access dst_gpu's memory directly (peer access).",
-                   "boolean", ("src_gpu", "dst_gpu")),
+        MetricSpec(ACCESS, "gauge", "1 if src_gpu can access dst_gpu's memory directly (peer access); with "
+                   "topology only.", "boolean", ("src_gpu", "dst_gpu")),
         MetricSpec(LINK, "gauge", "How the pair connects, from NVML topology: nvlink, pcie_single_switch, "
-                   "pcie_multi_switch, pcie_host_bridge, numa_node, cross_socket, same_board or unknown; value 1.",
-                   "info", ("src_gpu", "dst_gpu", "link")),
+                   "pcie_multi_switch, pcie_host_bridge, numa_node, cross_socket, same_board or unknown; value 1; "
+                   "with topology only.", "info", ("src_gpu", "dst_gpu", "link")),
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
@@ -82,6 +94,7 @@ class GpuP2P(Probe):
             raise ProbeSkipped("single_gpu", "torch sees fewer than two CUDA devices")
         res = ProbeResult(parameters={"device": kind, "bytes": config.bytes, "warmup": config.warmup,
                                       "repeats": config.repeats, "bidirectional": config.bidirectional,
+                                      "topology": config.topology,
                                       "timer": "perf_counter around synchronize of both devices"},
                           touched={"gpus": indices, "invasive": True, **gpus.record()})
         dev = (lambda i: torch.device("cuda", i)) if kind == "cuda" else (lambda i: torch.device("cpu"))
@@ -113,9 +126,10 @@ class GpuP2P(Probe):
                 fig = Figure("p2p", "bytes_per_second", [config.bytes / t for t in times], labels)
                 res.figures.append(fig)
                 res.samples.append(Sample(BW, labels, fig.median))
-                res.samples.append(Sample(ACCESS, labels, 1.0 if access else 0.0))
                 link = links.get((a, b), nvml.UNKNOWN)
-                res.samples.append(Sample(LINK, {**labels, "link": link}, 1.0))
+                if config.topology:
+                    res.samples.append(Sample(ACCESS, labels, 1.0 if access else 0.0))
+                    res.samples.append(Sample(LINK, {**labels, "link": link}, 1.0))
                 matrix[f"{a}->{b}"] = {"median_bytes_per_second": fig.median, "peer_access": bool(access), "link": link}
                 if config.bidirectional and a < b:
                     fig2 = self._bidirectional(torch, kind, bufs, recv, a, b, config, sync, gpu_seconds)

@@ -4,9 +4,11 @@ Every port under <sysfs_root>/class/infiniband and every configured interface un
 <sysfs_root>/class/net.
 
 Non-invasive (reads a few hundred small files, sends nothing), so it runs on every node every
-minute. Per RDMA port: state and physical state, rate and width against the expected rate, the
-IBTA error counters and a bounded set of driver hardware counters; per interface: operational
-state, speed, MTU, carrier changes, errors and drops. Ports expected but absent are reported
+minute. Per RDMA port: up (ACTIVE and LinkUp), rate and width against the expected rate and the
+IBTA error counters (what the alerts read); opt-in, the logical and physical state as 0/1 series
+per state (``port_states``) and a bounded set of driver hardware counters (``hw_counters``), which
+no rule reads and which cost 13 and 13 series a port; per interface: operational state, speed,
+MTU, carrier changes, errors and drops. Ports expected but absent are reported
 (present 0), files that cannot be read or parsed are counted and named in the record; neither
 stops the run. Counters are the kernel's running totals, published as cumulative counters:
 rules use increase()/rate() on them.
@@ -66,6 +68,14 @@ class Config(ProbeConfig):
     interfaces: list[str] = Field(
         default_factory=list, description="Ethernet interfaces to watch (e.g. eth0, ens1f0np0); a missing one "
         "is reported with present 0.")
+    port_states: bool = Field(
+        False, description="Opt-in: each RDMA port's logical and physical state as one 0/1 series per state "
+        "(fleetcanary_rdma_port_state, fleetcanary_rdma_port_physical_state: 13 series a port). Off: "
+        "fleetcanary_rdma_port_up only; the states are in the run record.")
+    hw_counters: bool = Field(
+        False, description="Opt-in: the driver hardware counters of each RDMA port "
+        "(fleetcanary_rdma_port_hw_events_total: receive drops, retries and timeouts, ICRC errors, congestion "
+        "notifications; up to 13 series a port). Off: they are read into the run record only.")
 
     @field_validator("devices", "interfaces")
     @classmethod
@@ -110,10 +120,10 @@ class NicHealth(Probe):
         MetricSpec(R + "expected", "gauge", "1 if the port is in expected_ports, 0 if present but not listed; "
                    "absent when no list is configured.", "boolean", DP),
         MetricSpec(R + "up", "gauge", "1 if the port is ACTIVE with physical state LinkUp.", "boolean", DP),
-        MetricSpec(R + "state", "gauge", "1 for the port's current logical state (IB PortState), 0 for the others.",
-                   "boolean", DP + ("state",)),
-        MetricSpec(R + "physical_state", "gauge", "1 for the port's current physical state, 0 for the others.",
-                   "boolean", DP + ("state",)),
+        MetricSpec(R + "state", "gauge", "1 for the port's current logical state (IB PortState), 0 for the others; "
+                   "with port_states only.", "boolean", DP + ("state",)),
+        MetricSpec(R + "physical_state", "gauge", "1 for the port's current physical state, 0 for the others; with "
+                   "port_states only.", "boolean", DP + ("state",)),
         MetricSpec(R + "rate_bytes_per_second", "gauge", "Signalling rate the port trained at (sysfs rate).",
                    "bytes_per_second", DP),
         MetricSpec(R + "link_width", "gauge", "Lanes the port trained at (the 4 of 4X).", "count", DP),
@@ -124,8 +134,8 @@ class NicHealth(Probe):
         MetricSpec(R + "errors_total", "counter", "IBTA port error counters as the HCA counts them (counters/).",
                    "total", DP + ("counter",), cumulative=True),
         MetricSpec(R + "hw_events_total", "counter", "Driver hardware counters of the port (hw_counters/): "
-                   "receive drops, transport retries and timeouts, ICRC errors, congestion notifications.",
-                   "total", DP + ("counter",), cumulative=True),
+                   "receive drops, transport retries and timeouts, ICRC errors, congestion notifications; with "
+                   "hw_counters only.", "total", DP + ("counter",), cumulative=True),
         MetricSpec(R + "counters_saturated", "gauge", "Error counters of the port stuck at their maximum (they "
                    "saturate, so new errors no longer show until they are cleared).", "count", DP),
         MetricSpec("fleetcanary_rdma_ports_present", "gauge", "RDMA ports found on this node.", "count"),
@@ -200,10 +210,12 @@ class NicHealth(Probe):
             add(R + "expected", dp, 1 if key in expected else 0)
         if p.link_layer:
             add(R + "info", {**dp, "link_layer": p.link_layer[:32]}, 1)
-        for metric, value, names in ((R + "state", p.state, STATES), (R + "physical_state", p.phys_state, PHYS_STATES)):
-            if value is not None:
-                for code, label in names.items():
-                    add(metric, {**dp, "state": label}, 1 if value[0] == code else 0)
+        if config.port_states:
+            for metric, value, names in ((R + "state", p.state, STATES),
+                                         (R + "physical_state", p.phys_state, PHYS_STATES)):
+                if value is not None:
+                    for code, label in names.items():
+                        add(metric, {**dp, "state": label}, 1 if value[0] == code else 0)
         if p.up is not None:
             add(R + "up", dp, 1 if p.up else 0)
         want = config.port_rates_gbps.get(key, config.expected_rate_gbps)
@@ -218,8 +230,9 @@ class NicHealth(Probe):
                 add(R + "rate_below_expected", dp, 1 if gbps < want else 0)
         for name, v in p.counters.items():
             add(R + "errors_total", {**dp, "counter": name}, v)
-        for name, v in p.hw_counters.items():
-            add(R + "hw_events_total", {**dp, "counter": name}, v)
+        if config.hw_counters:
+            for name, v in p.hw_counters.items():
+                add(R + "hw_events_total", {**dp, "counter": name}, v)
         if p.counters:
             add(R + "counters_saturated", dp, len(p.saturated))
 

@@ -1,9 +1,11 @@
 """gpu_health against fake NVML built from recorded node facts: every metric, every skip."""
+import json
+
 import pytest
 
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.probes.base import ProbeError, ProbeSkipped
-from fleetcanary.probes.gpu_health import Config, GpuHealth
+from fleetcanary.probes.gpu_health import Config, GpuHealth, _nvlink_errors
 from fleetcanary.probes.lib.nvml import THROTTLE_REASONS
 from tests.support.gpu import FIXTURES, ctx, fake, samples, value
 from tests.support.helpers import run_job
@@ -29,12 +31,15 @@ def test_degraded_h100_node_shows_every_fault(tmp_path, monkeypatch):
     assert value(r, P + "pcie_link_width", gpu="2") == 8 and value(r, P + "pcie_link_width_max", gpu="2") == 16
     assert value(r, P + "pcie_link_width", gpu="1") == 16
     assert value(r, P + "pcie_link_generation", gpu="2") == 5 and value(r, P + "pcie_link_generation_max", gpu="2") == 5
-    # NVLink 7 of GPU 5 is down, with its error counters; the rest are up
+    # NVLink 7 of GPU 5 is down, with its error counters; the rest are up. State per link, the error
+    # counters per GPU by default: each summed over the GPU's links, the link label empty
     assert value(r, P + "nvlink_up", gpu="5", link="7") == 0
     assert value(r, P + "nvlink_up", gpu="5", link="6") == 1
-    assert value(r, P + "nvlink_errors_total", gpu="5", link="7", counter="crc_flit") == 88211
-    assert value(r, P + "nvlink_errors_total", gpu="5", link="7", counter="replay") == 1423
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="crc_flit") == 88211
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="replay") == 1423
+    assert value(r, P + "nvlink_errors_total", gpu="4", link="", counter="replay") == 0
     assert sum(1 for k in samples(r) if k[0] == P + "nvlink_up") == 8 * 18
+    assert sum(1 for k in samples(r) if k[0] == P + "nvlink_errors_total") == 8 * 4
     # throttling on GPU 3, idle-only elsewhere
     assert value(r, P + "clock_throttle_active", gpu="3", reason="hw_slowdown") == 1
     assert value(r, P + "clock_throttle_active", gpu="3", reason="sw_thermal_slowdown") == 1
@@ -59,6 +64,38 @@ def test_degraded_h100_node_shows_every_fault(tmp_path, monkeypatch):
     assert value(r, P + "power_limit_watts", gpu="4") == 700
     assert all(s.labels.get("gpu") != "" for s in r.samples)
     assert r.touched == {"gpus": list(range(8)), "invasive": False}
+
+
+def test_nvlink_errors_sum_over_links_and_per_link_is_opt_in(tmp_path, monkeypatch):
+    """Two links of GPU 5 count errors: the default sums them per GPU; per_link gives one series per link."""
+    facts = json.loads((FIXTURES / "h100_8gpu_degraded.json").read_text())
+    facts["devices"][5]["nvlinks"][6]["errors"] = {"replay": 7, "recovery": 1, "crc_flit": 100, "crc_data": 0}
+    path = tmp_path / "two_links.json"
+    path.write_text(json.dumps(facts))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(path))
+    r = run(tmp_path)
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="replay") == 1423 + 7
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="crc_flit") == 88211 + 100
+    assert {dict(k[1])["link"] for k in samples(r) if k[0] == P + "nvlink_errors_total"} == {""}
+    assert r.parameters["per_link"] is False
+    r = run(tmp_path, per_link=True)
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="7", counter="replay") == 1423
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="6", counter="replay") == 7
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="replay") is None
+    assert sum(1 for k in samples(r) if k[0] == P + "nvlink_errors_total") == 8 * 18 * 4
+    # the state is per link either way
+    assert sum(1 for k in samples(r) if k[0] == P + "nvlink_up") == 8 * 18
+
+
+def test_a_gpu_sum_is_left_out_when_a_link_missed_its_read():
+    """A total short of one link would drop, and increase() would count that as a reset: no total then."""
+    links = [{"link": 0, "errors": {"replay": 5, "crc_flit": 2}},
+             {"link": 1, "errors": {"replay": None, "crc_flit": 3}}]
+    assert _nvlink_errors("0", links, per_link=False) == [({"gpu": "0", "link": "", "counter": "crc_flit"}, 5.0)]
+    assert _nvlink_errors("0", links, per_link=True) == [
+        ({"gpu": "0", "link": "0", "counter": "replay"}, 5.0), ({"gpu": "0", "link": "0", "counter": "crc_flit"}, 2.0),
+        ({"gpu": "0", "link": "1", "counter": "crc_flit"}, 3.0)]
+    assert _nvlink_errors("0", [], per_link=False) == []
 
 
 def test_gpu_fell_off_the_bus(tmp_path, monkeypatch):
@@ -110,7 +147,8 @@ def test_health_metrics_render_in_the_exposition_from_a_worker(tmp_path):
         assert out.outcome == "success", out
         store.apply(out)
     text = store.exposition.decode()
-    assert 'fleetcanary_gpu_nvlink_errors_total{counter="crc_flit",gpu="5",link="7"} 88211.0' in text
+    assert 'fleetcanary_gpu_nvlink_errors_total{counter="crc_flit",gpu="5",link=""} 88211.0' in text
+    assert 'link="7"' not in text.split("fleetcanary_gpu_nvlink_errors_total", 1)[1].split("# HELP", 1)[0]
     assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 2.0' in text  # events add up across runs
     assert out.environment["gpu_model"] == "NVIDIA H100 80GB HBM3" and out.environment["gpu_count"] == 8
     assert out.environment["driver_version"] == "550.90.07" and out.environment["cuda_driver_version"] == "12.4"

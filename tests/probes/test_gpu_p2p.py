@@ -10,14 +10,25 @@ SMALL = dict(device="cpu", bytes=1 << 20, warmup=0, repeats=2)
 
 def test_eight_gpu_hgx_matrix_with_nvlink_links(tmp_path, monkeypatch):
     fake(monkeypatch, "h100_8gpu_healthy")
-    r = GpuP2P().run(Config(**SMALL), ctx(tmp_path))
+    r = GpuP2P().run(Config(**SMALL, topology=True), ctx(tmp_path))
     bws = [k for k in samples(r) if k[0] == BW]
     assert len(bws) == 8 * 7
     assert all(v > 0 for k, v in samples(r).items() if k[0] == BW)
     assert value(r, LINK, src_gpu="0", dst_gpu="7", link="nvlink") == 1
     assert value(r, ACCESS, src_gpu="3", dst_gpu="2") == 1
+    assert len([k for k in samples(r) if k[0] in (LINK, ACCESS)]) == 2 * 8 * 7
     assert r.extra["matrix"]["0->1"]["link"] == "nvlink"
     assert set(r.gpu_seconds) == {str(i) for i in range(8)}
+
+
+def test_by_default_only_the_bandwidth_matrix_is_published_the_topology_is_in_the_record(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    r = GpuP2P().run(Config(**SMALL), ctx(tmp_path))
+    assert {k[0] for k in samples(r)} == {BW}
+    assert len(samples(r)) == 8 * 7
+    assert r.extra["matrix"]["3->2"] == {"median_bytes_per_second": value(r, BW, src_gpu="3", dst_gpu="2"),
+                                         "peer_access": True, "link": "nvlink"}
+    assert r.parameters["topology"] is False and r.parameters["bidirectional"] is False
 
 
 def test_without_nvlink_the_pcie_topology_level_is_the_link(tmp_path, monkeypatch):
@@ -29,7 +40,7 @@ def test_without_nvlink_the_pcie_topology_level_is_the_link(tmp_path, monkeypatc
     p = tmp_path / "pcie.json"
     p.write_text(json.dumps(facts))
     monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(p))
-    r = GpuP2P().run(Config(**SMALL), ctx(tmp_path))
+    r = GpuP2P().run(Config(**SMALL, topology=True), ctx(tmp_path))
     assert value(r, LINK, src_gpu="0", dst_gpu="1", link="pcie_multi_switch") == 1
     assert value(r, LINK, src_gpu="0", dst_gpu="3", link="numa_node") == 1
     assert value(r, LINK, src_gpu="0", dst_gpu="4", link="cross_socket") == 1
@@ -43,7 +54,7 @@ def test_lost_gpu_leaves_the_matrix_of_the_rest(tmp_path, monkeypatch):
 
 
 def test_bidirectional_counts_both_directions(tmp_path):
-    r = GpuP2P().run(Config(**SMALL, cpu_devices=3, bidirectional=True), ctx(tmp_path))
+    r = GpuP2P().run(Config(**SMALL, cpu_devices=3, bidirectional=True, topology=True), ctx(tmp_path))
     assert len([k for k in samples(r) if k[0] == BIDI]) == 3
     assert len([k for k in samples(r) if k[0] == BW]) == 6
     assert value(r, LINK, src_gpu="0", dst_gpu="1", link="unknown") == 1

@@ -49,7 +49,7 @@ NDR_EXPECTED = ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_3/1", "mlx5_4/1", "mlx
 
 def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
     r = run(tmp_path, "ndr_node", expected_ports=NDR_EXPECTED, expected_rate_gbps=400,
-            port_rates_gbps={"mlx5_4/1": 200}, interfaces=["eth0", "ens1f0np0"])
+            port_rates_gbps={"mlx5_4/1": 200}, interfaces=["eth0", "ens1f0np0"], port_states=True, hw_counters=True)
     # an NDR InfiniBand port, healthy
     assert port(r, R + "info", "mlx5_0", link_layer="InfiniBand") == 1
     assert port(r, R + "up", "mlx5_0") == 1
@@ -107,7 +107,8 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
 
 
 def test_hdr_node_speed_downtrain_armed_port_and_old_rate_format(tmp_path):
-    r = run(tmp_path, "hdr_node", expected_rate_gbps=200, port_rates_gbps={"qib0/1": 10})
+    r = run(tmp_path, "hdr_node", expected_rate_gbps=200, port_rates_gbps={"qib0/1": 10}, port_states=True,
+            hw_counters=True)
     assert port(r, R + "rate_bytes_per_second", "mlx5_0") == 200 * GB
     assert port(r, R + "rate_below_expected", "mlx5_0") == 0
     # a 4X HDR port that trained at EDR speed: all lanes, half the rate
@@ -126,6 +127,21 @@ def test_hdr_node_speed_downtrain_armed_port_and_old_rate_format(tmp_path):
     assert value(r, "fleetcanary_rdma_ports_expected") is None
     assert port(r, R + "expected", "mlx5_0") is None  # no list configured: no judgement either way
     assert value(r, "fleetcanary_rdma_ports_up") == 3
+
+
+def test_by_default_states_and_hardware_counters_stay_in_the_record(tmp_path):
+    """What the alerts read is published (up, rates, error counters); the state enums and the driver hardware
+    counters, which no rule reads, only with port_states and hw_counters: the run record has them either way."""
+    r = run(tmp_path, "ndr_node", expected_rate_gbps=400, port_rates_gbps={"mlx5_4/1": 200})
+    metrics = {k[0] for k in values(r)}
+    assert not metrics & {R + "state", R + "physical_state", R + "hw_events_total"}
+    assert {R + "up", R + "present", R + "rate_bytes_per_second", R + "rate_below_expected", R + "errors_total",
+            R + "counters_saturated", R + "info"} <= metrics
+    assert port(r, R + "up", "mlx5_5") == 0 and port(r, R + "errors_total", "mlx5_1", counter="link_downed") == 3
+    assert len([k for k in values(r) if k[0] == R + "errors_total"]) == 6 * 8
+    rec = {f"{p['device']}/{p['port']}": p for p in r.extra["ports"]}
+    assert rec["mlx5_5/1"]["phys_state"] == (2, "Polling") and rec["mlx5_4/1"]["hw_counters"]["np_cnp_sent"] == 4711
+    assert r.parameters["port_states"] is False and r.parameters["hw_counters"] is False
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -187,7 +203,7 @@ def test_a_port_that_disappears_is_reported_missing(tmp_path):
 
 
 def test_damaged_and_missing_files_are_counted_and_named_never_a_crash(tmp_path):
-    r = run(tmp_path, "broken_node", interfaces=["eth0", "eth9"])
+    r = run(tmp_path, "broken_node", interfaces=["eth0", "eth9"], port_states=True)
     assert r.extra["problems"] == {
         "class/infiniband/mlx5_0/ports/1/state": "unexpected format: 'garbage'",
         "class/infiniband/mlx5_0/ports/1/rate": "unexpected format: 'fast'",
