@@ -75,7 +75,19 @@ def metrics_markdown() -> str:
             "with reason `budget` when what is left on a GPU is less than its "
             "`expected_gpu_seconds`. `python benchmarks/overhead.py --gpu-budget-only` sums every GPU probe's "
             "default per-hour share and fails over the budget.", ""]
+    out += kept_section(ROOT / "docs/metrics.md", "## Series per node")
     return "\n".join(out)
+
+
+def kept_section(path: Path, heading: str) -> list[str]:
+    """A section of a generated file that another tool writes, kept as it is (its heading to the next "## " or
+    the end): "## Series per node" is a measurement (`benchmarks/series_budget.py --docs`), not code."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find(heading + "\n")
+    if start < 0:
+        return []
+    end = text.find("\n## ", start + len(heading))
+    return [text[start:end if end >= 0 else None].rstrip("\n"), ""]
 
 
 def _type_name(ann: Any) -> str:
