@@ -4,7 +4,8 @@
    FLEETCANARY_GIT_COMMIT when set (the image build passes it), else `git rev-parse HEAD` of
    this checkout, else (building from an sdist) the file the sdist already carries.
 2. The rules and dashboards packages ship their data only: the generator scripts beside
-   the data (alerts/build.py, dashboards/*.dashboard.py, ...) are development tools.
+   the data (dashboards/*.dashboard.py, alerts/build_tests.py, ...) are development tools. The rule
+   generator alerts/build.py (with rules_nic.py and rules_fabric.py) ships, for `fleetcanary rules`.
 """
 import json
 import os
@@ -18,6 +19,8 @@ from setuptools.command.sdist import sdist
 HERE = Path(__file__).resolve().parent
 BUILD_INFO = "_build.json"
 DATA_ONLY = ("fleetcanary.rules", "fleetcanary.dashboards")
+# ... except the rule generator, which deployers run with their own settings (`fleetcanary rules`).
+SHIPPED_MODULES = {"fleetcanary.rules": {"__init__", "build", "rules_fabric", "rules_nic"}}
 
 
 def _commit() -> str | None:
@@ -51,7 +54,7 @@ class BuildPy(build_py):
     def find_package_modules(self, package, package_dir):
         modules = super().find_package_modules(package, package_dir)
         if package in DATA_ONLY:
-            modules = [m for m in modules if m[1] == "__init__"]
+            modules = [m for m in modules if m[1] in SHIPPED_MODULES.get(package, {"__init__"})]
         return modules
 
     def run(self):

@@ -480,9 +480,12 @@ def build(scale: float = 1.0, settings: Settings = SETTINGS) -> tuple[dict, dict
             rules.append(peer_alert(s, f, "level", pool, c))
             if f.fast:
                 rules.append(fast_alert(s, f, pool, c))
+        own = [a for f in figures if f.history for a in own_alerts(s, f, pool, c)]
+        if suffix:  # a shard label keeps the same rule in two groups distinct (promtool lints duplicates)
+            rules = [dict(r, labels={**r.get("labels", {}), "shard": suffix[1:]}) for r in rules]
+            own = [dict(r, labels={**r["labels"], "shard": suffix[1:]}) for r in own]
         peer_groups.append({"name": f"fleetcanary-peers{suffix}", "interval": c.iv(s.interval), "rules": rules})
-        alert_groups.append({"name": f"fleetcanary-own-history{suffix}", "interval": c.iv(s.interval),
-                             "rules": [a for f in figures if f.history for a in own_alerts(s, f, pool, c)]})
+        alert_groups.append({"name": f"fleetcanary-own-history{suffix}", "interval": c.iv(s.interval), "rules": own})
     hard = [dict(a, expr=with_selector(a["expr"], s.selector)) for a in hard_alerts(s, c)]
     inventory = [dict(r, expr=with_selector(r["expr"], s.selector)) for r in inventory_rules()]
     nic = [dict(a, expr=with_selector(a["expr"], s.selector), **{"for": c.t(seconds(a["for"]) / 60)})
@@ -553,20 +556,36 @@ def render(scale: float = 1.0, settings: Settings = SETTINGS) -> dict[str, str]:
     return {"fleetcanary.rules.yml": dump(recording), "fleetcanary.alerts.yml": dump(alerts)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--settings", help="a YAML file of settings over the defaults (docs/alerting.md, 'Settings')")
-    ap.add_argument("--out", default=str(HERE), help="where to write the rule files (default: beside this script)")
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    for name, text in render(settings=load_settings(args.settings)).items():
-        (out / name).write_text(text)
-        print(f"wrote {out / name}")
-    if out.resolve() == HERE.resolve() and not args.settings:
-        try:
-            import runbooks
-        except ImportError:  # pragma: no cover
-            return 0
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--settings", metavar="FILE",
+                    help="a YAML file of settings over the defaults (docs/alerting.md, 'Settings')")
+    ap.add_argument("--out", metavar="DIR", help="where to write fleetcanary.rules.yml and fleetcanary.alerts.yml "
+                    "(default: the current directory; beside this script when run from a checkout)")
+
+
+def main(args: argparse.Namespace | list[str] | None = None) -> int:
+    """`python alerts/build.py [--settings FILE] [--out DIR]`, or `fleetcanary rules ...` when installed."""
+    if not isinstance(args, argparse.Namespace):
+        ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        add_arguments(ap)
+        args = ap.parse_args(args)
+    checkout = (HERE.parent / "pyproject.toml").is_file()
+    out = Path(args.out) if args.out else (HERE if checkout else Path("."))
+    try:
+        settings = load_settings(args.settings)
+        for name, text in render(settings=settings).items():
+            (out / name).write_text(text)
+            print(f"wrote {out / name}")
+    except SystemExit as exc:
+        print(f"fleetcanary rules: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"fleetcanary rules: cannot write to {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if checkout and out.resolve() == HERE.resolve() and not args.settings:
+        sys.path.insert(0, str(HERE))
+        import runbooks
+
         (HERE.parent / "docs/runbooks.md").write_text(runbooks.markdown(build()[1], FIGURES))
         print("wrote docs/runbooks.md")
     return 0

@@ -91,8 +91,28 @@ def test_the_wheel_installs_one_package_with_its_data_and_no_generators(wheel):
     for data in ("fleetcanary/rules/fleetcanary.rules.yml", "fleetcanary/rules/fleetcanary.alerts.yml",
                  "fleetcanary/dashboards/json/fleet-overview.json", "fleetcanary/probes/collectives/rank.py"):
         assert data in names
-    for dev_only in ("build.py", "build_tests.py", "backfill.py", "runbooks.py", "docgen.py", ".dashboard.py"):
+    for dev_only in ("build_tests.py", "backfill.py", "runbooks.py", "docgen.py", ".dashboard.py",
+                     "dashboards/build.py"):
         assert not [n for n in names if n.endswith(dev_only)], dev_only
+    # the rule generator ships: deployers render the rules with their own settings (`fleetcanary rules`)
+    assert {"fleetcanary/rules/build.py", "fleetcanary/rules/rules_nic.py", "fleetcanary/rules/rules_fabric.py"} \
+        <= set(names)
+
+
+def test_rules_render_with_a_deployers_settings_from_outside_the_repo(venv, outside, tmp_path):
+    settings = tmp_path / "settings.yaml"
+    settings.write_text('selector: \'job="gpu-canary"\'\npools: [train-a]\n')
+    out = tmp_path / "rules"
+    out.mkdir()
+    r = fc(venv, outside, "rules", "--settings", str(settings), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    alerts = yaml.safe_load((out / "fleetcanary.alerts.yml").read_text())
+    names = {g["name"] for g in alerts["groups"]}
+    assert {"fleetcanary-peers-train-a", "fleetcanary-peers-other-pools"} <= names
+    assert 'job="gpu-canary"' in (out / "fleetcanary.alerts.yml").read_text()
+    settings.write_text("thresholds: {}\n")
+    r = fc(venv, outside, "rules", "--settings", str(settings), "--out", str(out))
+    assert r.returncode == 2 and "unknown keys ['thresholds']" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_version_probes_and_check_config_from_outside_the_repo(venv, outside):
