@@ -20,6 +20,7 @@ from fleetcanary.core.environment import STABLE_FIELDS
 from fleetcanary.core.record import CRASH_REASONS, SKIP_REASONS
 from fleetcanary.core.version import git_commit, version
 from fleetcanary.daemon.kube import ERROR_REASONS, OPERATIONS
+from fleetcanary.judge.exposition import METRICS as JUDGE_METRICS
 from fleetcanary.judge.exposition import families as judge_families
 
 SCHEDULED = "From the last scheduled run; a scrape never triggers a probe."
@@ -114,7 +115,10 @@ DECLARED_AT_ZERO: frozenset[tuple[str, str, str]] = frozenset({
 })
 
 # Every exporter metric, in exposition order; docs/metrics.md lists them.
-EXPORTER_METRICS: tuple[ExporterMetric, ...] = tuple(v for v in globals().values() if isinstance(v, ExporterMetric))
+EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
+    *(v for v in globals().values() if isinstance(v, ExporterMetric)),
+    *(ExporterMetric(*m) for m in JUDGE_METRICS),  # the node's statistics (fleetcanary.judge)
+)
 
 
 class _StateCollector:

@@ -33,6 +33,21 @@ HELP = {
 }
 
 
+# (name, type, help, labels) of every family this module publishes: docs/metrics.md lists them
+METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("fleetcanary_judge_median", "gauge", HELP["median"], tuple(LABELS)),
+    ("fleetcanary_judge_newest", "gauge", HELP["newest"], tuple(LABELS)),
+    ("fleetcanary_judge_change", "gauge", HELP["change"], (*LABELS, "baseline", "baseline_driver")),
+    ("fleetcanary_judge_drift", "gauge", HELP["drift"], tuple(LABELS)),
+    ("fleetcanary_judge_series", "gauge", HELP["series"], ("figure", "state")),
+    ("fleetcanary_judge_store_bytes", "gauge", "Size of the judge's figure store in the state directory "
+     "(judge/figures.jsonl).", ()),
+    ("fleetcanary_judge_store_errors_total", "counter", "Figure store lines that did not parse (skipped) and writes "
+     "that failed (kept in memory), by kind.", ("kind",)),
+)
+_HELP = {m[0]: m[2] for m in METRICS}
+
+
 def hold_for(interval: float | None, timeout: float | None) -> float:
     return max(HOLD_SECONDS, 1.5 * (interval or 0.0) + (timeout or 0.0))
 
@@ -67,10 +82,10 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
     for (figure, state), n in sorted(states.items()):
         count.add_metric([figure, state], n)
     yield count
-    yield GaugeMetricFamily("fleetcanary_judge_store_bytes", "Size of the judge's figure store in the state "
-                            "directory (judge/figures.jsonl).", value=store.size_bytes())
-    bad = CounterMetricFamily("fleetcanary_judge_store_errors", "Figure store lines that did not parse "
-                              "(skipped) and writes that failed (kept in memory), by kind.", labels=["kind"])
+    yield GaugeMetricFamily("fleetcanary_judge_store_bytes", _HELP["fleetcanary_judge_store_bytes"],
+                            value=store.size_bytes())
+    bad = CounterMetricFamily("fleetcanary_judge_store_errors", _HELP["fleetcanary_judge_store_errors_total"],
+                              labels=["kind"])
     bad.add_metric(["unreadable_line"], store.bad_lines)
     bad.add_metric(["write_failed"], store.write_errors)
     yield bad
