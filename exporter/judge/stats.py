@@ -87,8 +87,8 @@ class Series:
         self.last = 0.0
         self.tail: deque[float] = deque(maxlen=MEDIAN_RUNS)    # newest values on the current driver
         self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
-        self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # runs per (UTC day, driver)
-        self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days, computed once
+        self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
+        self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days of the last 14
 
     def add(self, t: float, value: float, driver: str) -> None:
         if t < self.last:
@@ -106,27 +106,20 @@ class Series:
         self.recent.append((t, value))
         while self.recent and self.recent[0][0] <= t - DAY:
             self.recent.popleft()
-        self.days.setdefault((day_of(t), driver), []).append((t, value))
-        oldest = day_of(t) - BASELINE_DAYS
-        for key in [k for k in self.days if k[0] < oldest]:
-            del self.days[key]
-            self.day_medians.pop(key, None)
-
-    def _day(self, day: int, driver: str) -> float | None:
-        key = (day, driver)
-        if key not in self.day_medians:
-            runs = self.days.get(key)
-            self.day_medians[key] = day_median([t for t, _ in runs], [v for _, v in runs]) if runs else None
-        return self.day_medians[key]
+        today = day_of(t)
+        # A day that is over keeps only its median (None: too few runs to stand for the day).
+        for key in [k for k in self.days if k[0] < today]:
+            runs = self.days.pop(key)
+            self.day_medians[key] = day_median([r[0] for r in runs], [r[1] for r in runs])
+        self.days.setdefault((today, driver), []).append((t, value))
+        for key in [k for k in self.day_medians if k[0] < today - BASELINE_DAYS]:
+            del self.day_medians[key]
 
     def best_day(self, driver: str) -> float | None:
-        today = day_of(self.last)
         best = None
-        for day in range(today - BASELINE_DAYS, today):
-            if (day, driver) in self.days:
-                m = self._day(day, driver)
-                if m is not None:
-                    best = m if best is None else self.fig.better(best, m)
+        for (_, d), m in self.day_medians.items():
+            if d == driver and m is not None:
+                best = m if best is None else self.fig.better(best, m)
         return best
 
     def stats(self) -> Stats | None:
