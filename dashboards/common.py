@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from grafanalib.core import BarChart, Dashboard, GridPos, Stat, Table, Target, Template, Templating, Time, TimeSeries
 
+from fleetcanary.rules import build as rules
+
 DS = "${datasource}"
 RATE = "$__rate_interval"
 THRESHOLD_RED = [{"color": "green", "value": None}]
@@ -101,3 +103,60 @@ def dashboard(title: str, uid: str, description: str, panels: list, variables: l
 def in_pool(expr: str) -> str:
     """Keep series of nodes in the selected pool(s); node_info carries the pool."""
     return f'({expr}) * on(node) group_left() node:fleetcanary_pool:info{{pool=~"$pool"}}'
+
+
+# --- the judged statistics (fleetcanary.judge) and the fleet's peer rules (alerts/build.py) --------------------
+# Each exporter publishes, per judged series, fleetcanary_judge_{median,newest,change,drift} labelled with figure,
+# series, gpu, pool, model and driver_version; the peers group records the median, MAD and node count of the
+# peers' levels (pool:fleetcanary_judge_median:peer_*) and changes (pool:fleetcanary_judge_change:peer_*).
+G = ", ".join(rules.GROUP)                            # what peers share
+CG = ", ".join((*rules.GROUP, *rules.CHANGE_GROUP))   # ... and, for changes, the baseline they divide by
+FIGURES = {f.key: f for f in rules.FIGURES}
+LOWER = "|".join(k for k, f in FIGURES.items() if not f.higher_is_better)  # lower-is-better figures
+S = rules.SETTINGS
+
+
+def sel(*matchers: str) -> str:
+    return "{" + ", ".join(m for m in matchers if m) + "}"
+
+
+def level_ratio(stat: str, *m: str) -> str:
+    """A level statistic (median or newest) over the median of its peers' medians."""
+    return (f"fleetcanary_judge_{stat}{sel(*m)} / on({G}) group_left "
+            f"pool:fleetcanary_judge_median:peer_median{sel(*m)}")
+
+
+def change_ratio(*m: str) -> str:
+    """A series' change against its own best day over the median of its peers' changes (same baseline)."""
+    return f"fleetcanary_judge_change{sel(*m)} / on({CG}) group_left pool:fleetcanary_judge_change:peer_median{sel(*m)}"
+
+
+def own(stat: str):
+    """A statistic that is already a ratio to the series' own best day (change, drift)."""
+    return lambda *m: f"fleetcanary_judge_{stat}{sel(*m)}"
+
+
+def shortfall(ratio, *m: str) -> str:
+    """How much worse than its reference a ratio is, for every figure at once: 1 - r, or r - 1 for a
+    lower-is-better figure (the quantity the alerts compare with their floors; 0.05 is 5% worse)."""
+    hi, lo = f'figure!~"{LOWER}"', f'figure=~"{LOWER}"'
+    return f"(1 - {ratio(*m, hi)}) or ({ratio(*m, lo)} - 1)"
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:g}%"
+
+
+def per_figure(attr: str) -> str:
+    """A threshold that differs by figure, in words: "2.5% for GPU memory bandwidth, ..., 5% for the others"."""
+    values: dict[float, list[str]] = {}
+    for f in FIGURES.values():
+        values.setdefault(getattr(f, attr), []).append(f.title)
+    common = max(values, key=lambda v: len(values[v]))
+    rest = [f"{pct(v)} for {', '.join(titles)}" for v, titles in values.items() if v != common]
+    return ", ".join([*rest, f"{pct(common)} for the others"]) if rest else pct(common)
+
+
+def columns(rename: dict[str, str], hide: tuple[str, ...] = ("Time", "job", "instance")) -> dict:
+    """A table transformation: hide the scrape labels, name the value columns."""
+    return {"id": "organize", "options": {"excludeByName": dict.fromkeys(hide, True), "renameByName": rename}}

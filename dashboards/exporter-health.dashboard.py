@@ -37,12 +37,24 @@ panels = [
     panel("timeseries", "Open file descriptors",
           "Descriptors the exporter holds. Good: flat; a climb is a leak.", "none",
           [(f"process_open_fds{{{J}}}", "{{node}}")], w=8),
-    panel("timeseries", "History write errors and invalid samples (per hour)",
-          "Result records that could not be written to the history file (full or read-only state directory), "
-          "and samples a probe returned outside its declared metrics. Good: zero.", "none",
+    panel("timeseries", "History and figure store errors, invalid samples (per hour)",
+          "Result records that could not be written to the history file, figure store writes that failed (the "
+          "figures stay in memory, lost at the next restart) and store lines that did not parse at start (a torn "
+          "write at a power cut: skipped), all in the state directory; and samples a probe returned outside its "
+          "declared metrics. Good: zero; write errors are a full or read-only state directory.", "none",
           [(f"sum by (node) (increase(fleetcanary_history_write_errors_total{{{N}}}[1h]))", "{{node}} history"),
+           (f"sum by (node, kind) (increase(fleetcanary_judge_store_errors_total{{{N}}}[1h]))",
+            "{{node}} figure store {{kind}}"),
            (f"sum by (node, probe) (increase(fleetcanary_probe_invalid_samples_total{{{N}}}[1h]))",
             "{{node}} {{probe}} invalid")], w=12),
+    panel("timeseries", "Figure store size",
+          "Size of each node's figure store (STATE_DIR/judge/figures.jsonl): every judged figure of the last 15 "
+          "days, from which the node computes its medians, baselines and drift. It must survive exporter "
+          "restarts: on a state directory that does not (an emptyDir), every pod restart starts the node's "
+          "statistics again from nothing. Good: growing for 15 days after a node starts, then flat (about 3 MiB "
+          "for an 8-GPU node at the default intervals); a drop to near zero is a lost state directory (a "
+          "reimaged node or a new pod): no baseline there for a day or more.", "bytes",
+          [(f"fleetcanary_judge_store_bytes{{{J}}}", "{{node}}")], w=12),
     panel("timeseries", "Confirmation runs (share of runs, per hour)",
           "Extra runs the exporter started 5 minutes after a run whose figure jumped 10% or more from its last 3 "
           "runs, so the alerts' fast path can confirm a large drop within about one interval "

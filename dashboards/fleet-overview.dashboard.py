@@ -1,28 +1,118 @@
-"""Fleet overview: the worst members per probe family, probe health and firing alerts."""
-from common import dashboard, in_pool, instant, model_var, panel, pool_var
+"""Fleet overview: the worst judged series against their peers and their own history, the peer groups, probe
+health and firing alerts."""
+from common import (
+    FIGURES,
+    S,
+    change_ratio,
+    columns,
+    dashboard,
+    in_pool,
+    instant,
+    level_ratio,
+    model_var,
+    own,
+    panel,
+    pct,
+    per_figure,
+    pool_var,
+    query_var,
+    sel,
+    shortfall,
+)
 
 GPU = 'model=~"$model", pool=~"$pool"'
 RUNS_OK = 'increase(fleetcanary_probe_runs_total{outcome="success"}[1h])'
 RUNS_RAN = 'increase(fleetcanary_probe_runs_total{outcome!="skipped"}[1h])'
-PEERS = ("The ratio of each member's smoothed value (median of its last runs) to the median of its peers: "
-         "same model, same pool, same size or direction. ")
+J = ('pool=~"$pool"', 'figure=~"$figure"')
+# Nodes with a GPU of another model than the chosen ones are left out (nodes without GPUs stay).
+OTHER_MODELS = 'unless on(node) node_gpu:fleetcanary_gpu_model:info{model!~"$model"}'
+CUR, PREV = 'baseline="current_driver"', 'baseline="previous_driver"'
+STATES = 'fleetcanary_judge_series{figure=~"$figure"}'
+WORST = columns({"Value": "worse by"})
+PEERS = ("Peers: the nodes of the same pool, model and driver version measuring the same figure and series "
+         "(docs/alerting.md). Worse by: how far the series is on the bad side of the reference, 0.05 = 5% "
+         "(below for bandwidths and FLOP/s, above for latencies and step times); the worst 5 per figure. ")
+
+
+def worst(ratio, *m: str) -> str:
+    return f"topk by (figure) (5, ({shortfall(ratio, *J, *m)}) {OTHER_MODELS})"
+
 
 panels = [
-    panel("table", "Worst GPUs: memory bandwidth vs peers", PEERS +
-          "Good: every ratio above 0.96; alerts fire below 0.96 and 5 MADs.", "percentunit",
-          [instant(f"bottomk(10, gpu:fleetcanary_gpu_memory_bandwidth_bytes_per_second:peer_ratio{{{GPU}}})")], w=8),
-    panel("table", "Worst GPU pairs: P2P bandwidth vs peers", PEERS +
-          "Good: every ratio above 0.9 (a pair well below is a degraded NVLink or PCIe path).", "percentunit",
-          [instant(f"bottomk(10, gpu:fleetcanary_gpu_p2p_bandwidth_bytes_per_second:peer_ratio{{{GPU}}})")], w=8),
-    panel("table", "Worst nodes: collective bus bandwidth vs peers", PEERS +
-          "Good: every ratio above 0.9; a low node slows every job it joins.", "percentunit",
-          [instant(f"bottomk(10, node:fleetcanary_collective_bus_bandwidth_bytes_per_second:peer_ratio{{{GPU}}})")],
-          w=8),
-    panel("table", "Worst GPUs: matmul throughput vs peers", PEERS +
-          "Per GPU and dtype (bf16, fp16, tf32, fp8 where supported), from gpu_compute every 30 minutes. "
-          "Good: every ratio above 0.9; a GPU well below with the same clocks is slow tensor cores or a "
-          "throttled GPU (compare the sustained burn).", "percentunit",
-          [instant(f"bottomk(10, gpu:fleetcanary_gpu_matmul_flops_per_second:peer_ratio{{{GPU}}})")], w=8),
+    panel("table", "Worst series against their peers' change (alert path change)", PEERS +
+          "Each series' change against its own best day on its driver (fleetcanary_judge_change, the confirmed "
+          "figure over the best daily median of the last 14 days) over the median change of its peers with the "
+          "same baseline: baseline=current_driver, or baseline=previous_driver for two weeks after a driver "
+          "upgrade, judged against the nodes upgraded the same way. A GPU's own offset cancels here. "
+          f"Good: every value under its figure's floor ({per_figure('floor')}); ...BelowPeers / "
+          "...SlowerThanPeers path=change fires above the floor and 7 MADs of the peers' change ratios (6 for "
+          f"collective bus bandwidth) with {S.min_peers}+ peer nodes.", "percentunit",
+          [instant(worst(change_ratio))], w=12, h=9, transformations=[WORST]),
+    panel("table", "Worst series against their peers' level (alert path level)", PEERS +
+          "Each series' median of its newest 5 runs (fleetcanary_judge_median) over the median of its peers' "
+          "medians: judges series without a baseline (a new or reimaged node, the first day on a new driver) "
+          f"and GPUs that were always slow. Good: every value under {pct(S.level_floor)}; path=level fires "
+          f"above {pct(S.level_floor)} and {S.level_k_mad:g} MADs of the peers' level ratios.", "percentunit",
+          [instant(worst(lambda *m: level_ratio("median", *m)))], w=12, h=9, transformations=[WORST]),
+    panel("table", "Newest runs far from their peers (alert path fast)", PEERS +
+          "The best of each series' newest 3 runs (fleetcanary_judge_newest: low only when all three are) over "
+          f"the peers' median level. Good: every value under {pct(S.fast_floor)}; the critical ...FarBelowPeers"
+          f" / ...FarSlowerThanPeers fires above {pct(S.fast_floor)} and {S.level_k_mad:g} MADs at once.",
+          "percentunit", [instant(worst(lambda *m: level_ratio("newest", *m)))], w=8, h=9, transformations=[WORST]),
+    panel("table", "Worst series against their own best day (regression, driver change)",
+          "Each series' change against its own best day, worse by (0.05 = 5% below its best day; above, for "
+          "latencies and step times), the worst 5 per figure; baseline=current_driver is ...Regression, "
+          "baseline=previous_driver ...DropAfterDriverChange (two weeks after an upgrade). A fault the GPU keeps "
+          "stays here: the best day is never a day of the fault. Good: every value under "
+          f"{per_figure('history_floor')}. An upgrade that cost every GPU alike shows on every upgraded node "
+          "(see the cohort panel).", "percentunit",
+          [instant(worst(own("change")))], w=8, h=9, transformations=[WORST]),
+    panel("table", "Worst series: drift (the last day against the best day)",
+          "The median of each series' runs of the last 24 h over its best day on the current driver "
+          "(fleetcanary_judge_drift), worse by; the worst 5 per figure. A slow ramp shows here before the 5-run "
+          f"figure's noise lets the other paths see it. Good: every value under {pct(S.drift_floor)}; ...Drift "
+          f"fires above {pct(S.drift_floor)} for an hour.", "percentunit",
+          [instant(worst(own("drift")))], w=8, h=9, transformations=[WORST]),
+    panel("table", "Judged series by state",
+          "Series each node judges, summed by figure and state: warming (fewer than 5 runs on the driver now "
+          "running: no median, no peer verdict), smoothed (a median, no baseline yet: the level and fast paths "
+          "judge it), baselined (a change against its own best day: every path), stale (no run for a day: "
+          "nothing published). A reimaged node is warming for 5 runs and smoothed until it has a complete day "
+          "(3 runs over 12 h); a driver upgrade starts both again. Good: nearly every series baselined.", "none",
+          [instant(f"sum by (figure, state) ({in_pool(STATES)})")],
+          w=8, h=9, transformations=[columns({"Value": "series"})]),
+    panel("table", "Peer groups: nodes reporting",
+          "The fewest nodes reporting a median in any series of a peer group (pool, model, driver version, "
+          "figure), smallest first. A rolling driver upgrade splits a pool into two groups by driver. Good: "
+          f"{S.min_peers} or more everywhere; below, no peer path judges that group and the own-history paths "
+          "(own_fast, regression, drift, driver change) are all that is left.", "none",
+          [instant(f"sort(min by (pool, model, driver_version, figure) "
+                   f"(pool:fleetcanary_judge_median:peer_nodes{sel(*J)}))")],
+          w=8, h=9, transformations=[columns({"Value": "nodes"})]),
+    panel("table", "Peer groups: spread of their ratios (MAD)",
+          "The widest median absolute deviation of the peers' level ratios (A) and change ratios (B, "
+          "current driver) in each peer group, over its series. The alerts gate at 5 MADs (level, fast) and 7 "
+          "(change): a group whose spread times that exceeds the floor has its gate raised by its own noise. "
+          f"Good: level MAD under {pct(S.level_floor / S.level_k_mad)}, change MAD under about "
+          f"{pct(FIGURES['gpu_memory_bandwidth'].floor / FIGURES['gpu_memory_bandwidth'].k_mad)} for GPU memory "
+          "bandwidth and a fraction of a percent elsewhere.", "percentunit",
+          [instant(f"max by (pool, model, driver_version, figure) (pool:fleetcanary_judge_median:peer_mad{sel(*J)})",
+                   ref="A"),
+           instant("max by (pool, model, driver_version, figure) "
+                   f"(pool:fleetcanary_judge_change:peer_mad{sel(*J, CUR)})", ref="B")],
+          w=8, h=9, transformations=[{"id": "merge", "options": {}},
+                                     columns({"Value #A": "level MAD", "Value #B": "change MAD"})]),
+    panel("timeseries", "Driver upgrades: each cohort's change against its previous driver",
+          "For the two weeks after a driver upgrade, the median over its series of the upgraded cohort's median "
+          "change against the best day on the previous driver (pool:fleetcanary_judge_change:peer_median, "
+          "baseline=previous_driver), per pool, model, figure and upgrade. This is the driver's own effect, "
+          "common to the cohort: the per-GPU alerts cancel it (path change) and only "
+          "...DropAfterDriverChange sees it, per GPU, when it passes that figure's history floor. "
+          "Good: near 1 (above for the latencies means slower); no line at all when no node changed its "
+          "driver in two weeks.", "percentunit",
+          [("quantile by (pool, model, driver_version, baseline_driver, figure) (0.5, "
+            f"pool:fleetcanary_judge_change:peer_median{sel(*J, PREV)})",
+            "{{figure}} {{pool}} {{model}} {{baseline_driver}} to {{driver_version}}")], w=12, h=9),
     panel("table", "Worst GPUs: sustained over initial throughput (last burn)",
           "Throughput at the end of the daily sustained burn over its throughput at the start, per GPU: "
           "1 is no slowdown under load. Healthy GPUs that reach their power cap drop alike, so compare with "
@@ -43,10 +133,6 @@ panels = [
           "(FleetCanaryGPUWrongResult): drain the GPU.", "none",
           [instant(f'sum by (status) ({in_pool("fleetcanary_gpu_sdc_status")})', ref="A"),
            instant(f'sum by (dtype) ({in_pool("1 - fleetcanary_train_step_loss_check_pass")})', ref="B")], w=8),
-    panel("table", "Slowest GPUs: training step time vs peers", PEERS +
-          "Higher is worse here: the canary transformer's step time over its peers' median. Good: every ratio "
-          "below 1.1.", "percentunit",
-          [instant(f"topk(10, gpu:fleetcanary_train_step_seconds:peer_ratio{{{GPU}}})")], w=8),
     panel("table", "RDMA ports down or below their rate, per node",
           "Per node: RDMA ports not ACTIVE/LinkUp (A) and up ports trained below their expected rate (B), "
           "worst first. Good: 0 and 0; unused ports of dual-port HCAs count as down here but do not alert "
@@ -64,18 +150,13 @@ panels = [
                    '* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"})', ref="A"),
            instant('node:fleetcanary_fabric_partners_measured:count1h '
                    '* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"}', ref="B")], w=12),
-    panel("table", "Worst nodes: host memory bandwidth vs peers", PEERS +
-          "Good: every ratio above 0.9 (peers share the CPU model).", "percentunit",
-          [instant('bottomk(10, node:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_ratio{pool=~"$pool"})')],
-          w=6),
-    panel("table", "Worst nodes: storage read vs peers", PEERS + "Good: every ratio above 0.9.", "percentunit",
-          [instant('bottomk(10, node:fleetcanary_storage_read_bytes_per_second:peer_ratio{pool=~"$pool"})')], w=6),
-    panel("table", "Slowest nodes: storage first byte vs peers", PEERS +
-          "Higher is worse here. Good: every ratio below 1.1.", "percentunit",
-          [instant('topk(10, node:fleetcanary_storage_first_byte_seconds:peer_ratio{pool=~"$pool"})')], w=6),
-    panel("table", "Slowest canaries: TTFT vs peers", PEERS +
-          "Higher is worse here. Good: every ratio below 1.1.", "percentunit",
-          [instant('topk(10, node:fleetcanary_inference_ttft_seconds:peer_ratio{pool=~"$pool"})')], w=6),
+    panel("table", "Slowest canaries: TTFT p95 against the pool",
+          "Each node's p95 time to first token over the last 30 minutes to each endpoint, over the median of the "
+          "pool's nodes calling the same endpoint and model (higher is worse). Good: every ratio below 1.1; "
+          "FleetCanaryInferenceTTFTSlowerThanPeers is meant to fire above it for 30 minutes.", "percentunit",
+          [instant('topk(10, (node:fleetcanary_inference_ttft_seconds:p95_30m * on(node) group_left(pool) '
+                   'node:fleetcanary_pool:info{pool=~"$pool"}) / on(pool, target, model) group_left '
+                   'pool:fleetcanary_inference_ttft_seconds:peer_median_p95_30m)')], w=12),
     panel("stat", "Nodes reporting", "Exporters Prometheus scrapes in the pool. Good: the number of GPU nodes "
           "you run; a drop means exporters down (FleetCanaryExporterDown).", "none",
           [f'count({in_pool("fleetcanary_build_info")})'], w=4, h=6),
@@ -107,5 +188,7 @@ panels = [
 
 dashboard = dashboard(
     "fleetcanary / Fleet overview", "fleetcanary-fleet",
-    "The fleet against itself: the worst GPUs and nodes per probe family, probe health, alerts and skips.",
-    panels, [pool_var(), model_var()])
+    "The fleet against itself: the worst judged series per figure against their peers and their own best day "
+    "(the statistics each node publishes, the peer groups' medians), the peer groups, probe health, alerts and "
+    "skips.",
+    panels, [pool_var(), model_var(), query_var("figure", "Figure", "label_values(fleetcanary_judge_series, figure)")])

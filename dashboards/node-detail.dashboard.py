@@ -1,20 +1,70 @@
-"""Node detail: one node's GPUs, links, collectives, storage and probes against its pool."""
-from common import dashboard, instant, node_var, panel, pool_var
+"""Node detail: one node's GPUs, links, collectives, storage and probes against its pool, and the statistics it
+judges itself by."""
+from common import CG, FIGURES, G, S, columns, dashboard, instant, node_var, panel, pct, pool_var, query_var, sel
 
 N = 'node="$node"'
+F = 'figure=~"$figure"'
 BW = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
-# The node's GPU model and pool select the matching peer series (values of the info series are 1).
-MINE = ('* on(model) group_left() node:fleetcanary_gpu_model:info{node="$node"} '
-        '* on(pool) group_left() node:fleetcanary_pool:info{node="$node"}')
+# The GPU model and pool of this node's GPUs (the sustained burn's live pool median).
+MINE = ('and on(model, pool) (node_gpu:fleetcanary_gpu_model:info{node="$node"} '
+        '* on(node) group_left(pool) node:fleetcanary_pool:info)')
+
+
+def peer(stat: str, figure: str, series: str = "") -> str:
+    """A peer statistic (median, mad, nodes) of the peer groups this node's series of `figure` belong to: each
+    judged series carries its group's labels (pool, model, driver version, figure, series)."""
+    fm = f'figure="{figure}"'
+    return (f"pool:fleetcanary_judge_median:peer_{stat}{sel(fm, series)} "
+            f"and on({G}) fleetcanary_judge_median{sel(N, fm, series)}")
+
+
+def bound(figure: str, series: str = "") -> str:
+    """The level path's alert bound: the peers' median less (more, for a lower-is-better figure) the larger of
+    the level floor and 5 MADs of the peers' ratios."""
+    fm = f'figure="{figure}"'
+    m = sel(fm, series)
+    sign = "-" if FIGURES[figure].higher_is_better else "+"
+    return (f"(pool:fleetcanary_judge_median:peer_median{m} * (1 {sign} clamp_min({S.level_k_mad:g} "
+            f"* pool:fleetcanary_judge_median:peer_mad{m}, {S.level_floor:g}))) "
+            f"and on({G}) fleetcanary_judge_median{sel(N, fm, series)}")
 
 
 def band(direction: str) -> list:
-    sel = f'{{direction=~"{direction}"}}'
-    med = f"pool_model:{BW}:peer_median{sel}"
-    mad = f"pool_model:{BW}:peer_ratio_mad{sel}"
+    series = f'series=~"{direction}"'
     return [(f'{BW}{{{N}, direction=~"{direction}"}}', "GPU {{gpu}} {{direction}}"),
-            (f"({med}) {MINE}", "pool median {{direction}}"),
-            (f"({med} * (1 - 5 * {mad})) {MINE}", "pool median - 5 MAD {{direction}}")]
+            (peer("median", "gpu_memory_bandwidth", series), "pool median {{series}}"),
+            (bound("gpu_memory_bandwidth", series), "level alert bound {{series}}")]
+
+
+def named(stat: str, *m: str) -> str:
+    """A judged statistic without its metric name, so that a merged table joins it with the ratios."""
+    return f"max without () (fleetcanary_judge_{stat}{sel(N, F, *m)})"
+
+
+def onto(stat: str, record: str, group: str) -> str:
+    """A peer group's recorded statistic, carried onto each of this node's series in the group."""
+    return f"fleetcanary_judge_{stat}{sel(N, F)} * 0 + on({group}) group_left {record}{sel(F)}"
+
+
+LEVEL = [
+    instant(f"fleetcanary_judge_median{sel(N, F)} / on({G}) group_left pool:fleetcanary_judge_median:peer_median"
+            f"{sel(F)}", ref="A"),
+    instant(f"fleetcanary_judge_newest{sel(N, F)} / on({G}) group_left pool:fleetcanary_judge_median:peer_median"
+            f"{sel(F)}", ref="B"),
+    instant(named("drift"), ref="C"),
+    instant(onto("median", "pool:fleetcanary_judge_median:peer_mad", G), ref="D"),
+    instant(onto("median", "pool:fleetcanary_judge_median:peer_nodes", G), ref="E"),
+]
+CHANGE = [
+    instant(named("change"), ref="A"),
+    instant(onto("change", "pool:fleetcanary_judge_change:peer_median", CG), ref="B"),
+    instant(f"fleetcanary_judge_change{sel(N, F)} / on({CG}) group_left pool:fleetcanary_judge_change:peer_median"
+            f"{sel(F)}", ref="C"),
+    instant(onto("change", "pool:fleetcanary_judge_change:peer_mad", CG), ref="D"),
+    instant(onto("change", "pool:fleetcanary_judge_change:peer_nodes", CG), ref="E"),
+]
+HIDE = ("Time", "job", "instance", "node", "pool", "model")
+NODES_COL = [{"matcher": {"id": "byName", "options": "peer nodes"}, "properties": [{"id": "unit", "value": "none"}]}]
 
 
 GBPS = "* 8 / 1000000000"  # bytes/s to Gb/s (no 1e9: the dashboard name check would read "e9" as a name)
@@ -22,21 +72,69 @@ MATRIX = [{"id": "groupingToMatrix", "options": {"columnField": "dst_gpu", "rowF
                                                  "valueField": "Value"}}]
 
 panels = [
+    panel("table", "Judged series against the peers' level",
+          "Per judged series of this node (fleetcanary_judge_*: figure, series, GPU): its median of the newest 5 "
+          "runs over the median of its peers' medians (the level path), the best of its newest 3 runs over the "
+          "same (the fast path), its drift (the last 24 h's median over its best day), the peers' MAD of their "
+          "level ratios and the nodes reporting. Peers: same pool, GPU (or CPU) model, driver version, figure "
+          f"and series. Good: ratios near 1, within {pct(S.level_floor)} (latencies and step times: above 1 is "
+          f"worse); the fast path pages beyond {pct(S.fast_floor)}; drift within {pct(S.drift_floor)}; "
+          f"{S.min_peers}+ peer nodes (fewer: no peer verdict for that series).", "percentunit",
+          LEVEL, w=24, h=10, overrides=NODES_COL,
+          transformations=[{"id": "merge", "options": {}},
+                           columns({"Value #A": "median of 5 / peers", "Value #B": "best of newest 3 / peers",
+                                    "Value #C": "drift", "Value #D": "peers' MAD", "Value #E": "peer nodes"},
+                                   HIDE)]),
+    panel("table", "Judged series: change against its own best day and the peers' change",
+          "Per judged series: its change (the confirmed figure, better of the median of 5 and the best of the "
+          "newest 3, over its best day on the driver named by baseline_driver in the last 14 days), the median "
+          "change of its peers with the same baseline, the change over the peers' median change (the change "
+          "path), the peers' MAD of those ratios and their node count. baseline=previous_driver appears for two "
+          "weeks after a driver upgrade and compares the node with the nodes upgraded the same way. Good: "
+          "change near 1 and near the peers' (a GPU's own offset cancels); the change path fires beyond "
+          "the figure's floor (2.5% for GPU memory bandwidth) and 7 MADs, the regression alert when the change "
+          "itself is 10% (5%) off. No row: no baseline yet (a complete day on this driver is needed).",
+          "percentunit", CHANGE, w=24, h=10, overrides=NODES_COL,
+          transformations=[{"id": "merge", "options": {}},
+                           columns({"Value #A": "own change", "Value #B": "peers' median change",
+                                    "Value #C": "change / peers' change", "Value #D": "peers' MAD",
+                                    "Value #E": "peer nodes"}, HIDE)]),
+    panel("timeseries", "Change against the peers' change over time",
+          "Each judged series' change against its own best day over its peers' median change (the quantity the "
+          "change path judges), per figure, series, GPU and baseline. The statistics move once per run and "
+          "stay a day after the newest run, so a flat line can be a GPU that has been busy since. Good: flat "
+          "lines near 1; a step down that stays is a fault (above 1 for latencies and step times).",
+          "percentunit",
+          [(f"fleetcanary_judge_change{sel(N, F)} / on({CG}) group_left pool:fleetcanary_judge_change:peer_median"
+            f"{sel(F)}", "{{figure}} {{series}} GPU {{gpu}} {{baseline}}")], w=12),
+    panel("table", "Judged series by state",
+          "This node's judged series by figure and state: warming (fewer than 5 runs on this driver), smoothed "
+          "(a median, no baseline yet), baselined (a change against its own best day), stale (no run for a day: "
+          "nothing published). After a reimage: warming for 5 runs, smoothed until a complete day of 3+ runs "
+          "over 12 h; a driver upgrade starts both again. Good: baselined.", "none",
+          [instant(f"sum by (figure, state) (fleetcanary_judge_series{sel(N, F)})")], w=12,
+          transformations=[columns({"Value": "series"})]),
     panel("timeseries", "GPU memory bandwidth (device to device) against the pool",
-          "Each GPU's HBM copy bandwidth per run (bytes read + written), with the median of its peers (same GPU "
-          "model and pool) and the statistical lower bound. Good: every GPU inside the band, within 4% of the "
-          "median; an H100 SXM copies ~3 TB/s, an H200 ~4.2 TB/s.", "Bps", band("d2d"), w=12),
+          "Each GPU's HBM copy bandwidth per run (bytes read + written), with the median of its peers' medians "
+          "of 5 runs (same pool, GPU model and driver) and the level path's alert bound (the median less the "
+          f"larger of {pct(S.level_floor)} and {S.level_k_mad:g} MADs). Good: every GPU inside the band, close to "
+          "the median; a smaller step against the GPU's own history shows in the change tables above. An H100 "
+          "SXM copies ~3 TB/s, an H200 ~4.2 TB/s.", "Bps", band("d2d"), w=12),
     panel("timeseries", "Host to device and device to host bandwidth against the pool",
-          "Pinned-memory copies over PCIe per GPU. Good: every GPU near the pool median (~50-55 GB/s on PCIe "
-          "Gen5 x16); one GPU at half is a x8 link or a wrong NUMA placement.", "Bps", band("h2d|d2h"), w=12),
+          "Pinned-memory copies over PCIe per GPU, with the peers' median and the level path's bound. Good: "
+          "every GPU near the pool median (~50-55 GB/s on PCIe Gen5 x16); one GPU at half is a x8 link or a "
+          "wrong NUMA placement.", "Bps", band("h2d|d2h"), w=12),
     panel("table", "P2P bandwidth matrix (source rows, destination columns)",
           "Unidirectional peer copy bandwidth for every ordered GPU pair, last run. Good: a uniform matrix "
           "(NVSwitch: every pair alike); one low row or column is one GPU's links, one low cell one path.", "Bps",
           [instant(f"fleetcanary_gpu_p2p_bandwidth_bytes_per_second{{{N}}}")], w=12, h=9, transformations=MATRIX),
-    panel("table", "P2P bandwidth vs peers (ratio matrix)",
-          "Each pair's smoothed bandwidth over the same pair's median on peer nodes. Good: every cell above 0.9.",
-          "percentunit", [instant(f"gpu:fleetcanary_gpu_p2p_bandwidth_bytes_per_second:peer_ratio{{{N}}}")],
-          w=12, h=9, transformations=MATRIX),
+    panel("timeseries", "P2P: each GPU's slowest link against the peers",
+          "The judged P2P figure is each source GPU's slowest link (one bad link moves it): its median of 5 runs "
+          "over the median of the same GPU index on peer nodes (same pool, model, driver). Good: every GPU near "
+          f"1; the level path fires {pct(S.level_floor)} and {S.level_k_mad:g} MADs below. The matrix beside it "
+          "names the link.", "percentunit",
+          [(f'fleetcanary_judge_median{{{N}, figure="gpu_p2p_bandwidth"}} / on({G}) group_left '
+            'pool:fleetcanary_judge_median:peer_median{figure="gpu_p2p_bandwidth"}', "GPU {{gpu}}")], w=12, h=9),
     panel("table", "PCIe links",
           "Current and maximum PCIe generation and width per GPU. Good: width equal to its maximum; the current "
           "generation drops at idle by design, so only a width below maximum on a busy GPU is a downtrained link.",
@@ -79,7 +177,8 @@ panels = [
           w=12, transformations=[{"id": "merge", "options": {}}]),
     panel("timeseries", "RDMA port error and hardware counters (per hour)",
           "Increase over the last hour of each port's IBTA error counters (symbol errors, link downed, receive "
-          "errors, ...) and its driver hardware counters (out_of_buffer, retries, CNPs). Good: error counters "
+          "errors, ...) and its driver hardware counters (out_of_buffer, retries, CNPs; only with nic_health's "
+          "hw_counters: true). Good: error counters "
           "flat at 0 (alerts fire above 10 an hour, any link_downed); congestion counters follow the load.", "none",
           [(f"sum by (device, port, counter) (increase(fleetcanary_rdma_port_errors_total{{{N}}}[1h]))",
             "{{device}}/{{port}} {{counter}}"),
@@ -114,9 +213,7 @@ panels = [
           "STREAM copy and triad on all cores, with the median of nodes with the same CPU model in the pool. "
           "Good: within 10% of the pool median.", "Bps",
           [(f"fleetcanary_host_memory_bandwidth_bytes_per_second{{{N}}}", "{{op}}"),
-           ('pool_cpu_model:fleetcanary_host_memory_bandwidth_bytes_per_second:peer_median '
-            '* on(cpu_model, pool) group_left() node:fleetcanary_cpu_model_pool:info{node="$node"}',
-            "pool median {{op}}")], w=12),
+           (peer("median", "host_memory_bandwidth"), "pool median {{series}}")], w=12),
     panel("timeseries", "Storage first byte",
           "Time to the first bytes of a file, cold (page cache dropped) and hot, per target. Good: local NVMe "
           "well under 1 ms cold; network file systems a few ms; a climb is the storage, not the node.", "s",
@@ -131,7 +228,7 @@ panels = [
           "peers (same GPU model and pool) per dtype. Good: every GPU within 10% of its dtype's median; the "
           "bf16 8192^3 product runs at about 770-800 TFLOP/s on an H200.", "flops",
           [(f"fleetcanary_gpu_matmul_flops_per_second{{{N}}}", "GPU {{gpu}} {{dtype}}"),
-           (f"(pool_model:fleetcanary_gpu_matmul_flops_per_second:peer_median) {MINE}", "pool median {{dtype}}")],
+           (peer("median", "gpu_matmul_throughput"), "pool median {{series}}")],
           w=12),
     panel("table", "Correctness: SDC canary verdict and training-loss check per GPU",
           "The silent-data-corruption verdict of each GPU's last gpu_compute run (1 on its current status) and "
@@ -168,7 +265,7 @@ panels = [
           "Step time (forward, backward, optimizer) of the canary transformer per GPU and dtype, with the "
           "median of its peers (same GPU model and pool). Good: within 10% of the median.", "s",
           [(f"fleetcanary_train_step_seconds{{{N}}}", "GPU {{gpu}} {{dtype}}"),
-           (f"(pool_model:fleetcanary_train_step_seconds:peer_median) {MINE}", "pool median {{dtype}}")], w=12),
+           (peer("median", "train_step_time"), "pool median {{series}}")], w=12),
     panel("timeseries", "Training loss against its golden",
           "Relative deviation of the canary's loss after K steps from the shipped golden, per GPU and dtype. "
           "Good: within the dtype's tolerance (the check passes); a step time never counts without it.",
@@ -194,11 +291,13 @@ panels = [
           "training step) used over the last hour; the daily burn shows as a spike. "
           "Good: below the configured budget (0.5% by default) except in the hour after the daily burn, which the "
           "budget holds to 0.5% of a day; the canary must never be the load.",
-          "percentunit", [(f"node:fleetcanary_gpu_probe_seconds:duty_cycle_1h{{{N}}}", "GPU {{gpu}}")], w=12),
+          "percentunit", [(f"sum by (gpu) (rate(fleetcanary_gpu_probe_seconds_total{{{N}}}[1h]))", "GPU {{gpu}}")],
+          w=12),
 ]
 
 dashboard = dashboard(
     "fleetcanary / Node detail", "fleetcanary-node",
-    "One node against its pool: GPU bandwidth, P2P, links, errors, compute, sustained load, training "
-    "step, collectives, storage, probe cost.",
-    panels, [pool_var(), node_var()])
+    "One node against its pool: the statistics it judges itself by (against its peers and its own best day), "
+    "GPU bandwidth, P2P, links, errors, compute, sustained load, training step, collectives, storage, probe cost.",
+    panels, [pool_var(), node_var(),
+             query_var("figure", "Figure", 'label_values(fleetcanary_judge_series{node=~"$node"}, figure)')])

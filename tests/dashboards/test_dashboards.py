@@ -3,8 +3,10 @@ and every panel query answered by a real Prometheus.
 
 Live: `fleetcanary demo --fast` runs the exporter (host memory bandwidth, storage, collectives on gloo,
 the inference canary against the reference server) and a Prometheus with the shipped rules. Queries that
-need GPUs or firing alerts run on a synthetic GPU fleet backfilled into a second Prometheus instead.
+need GPUs, firing alerts or the judged statistics (a baseline needs a complete day of runs, a peer group
+several nodes) run on a synthetic GPU fleet backfilled into a second Prometheus instead.
 """
+import functools
 import json
 import os
 import re
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from alerts import backfill
 from alerts.backfill import RECORD_NAME, BackfilledPrometheus, backfill_rules, create_blocks
 from tests.support import synthetic_fleet
 from tests.support.helpers import http_get, load_script, require_binary, wait_for
@@ -28,7 +31,8 @@ build = load_script(BOARDS / "build.py", "fleetcanary_dashboards_build")
 
 NEEDS_SYNTHETIC = re.compile(r"fleetcanary_gpu_|gpu:|node_gpu:|fleetcanary_gpu_model|ALERTS|"
                              r"collective_bus_bandwidth_bytes_per_second:peer|fleetcanary_train_step_|"
-                             r"fleetcanary_rdma_|fleetcanary_net_interface_|fabric")
+                             r"fleetcanary_rdma_|fleetcanary_net_interface_|fabric|"
+                             r"fleetcanary_judge_(median|newest|change|drift)|:fleetcanary_judge_")
 PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "ALERTS", "process_resident_memory_bytes",
                   "process_cpu_seconds_total", "process_open_fds"}
 PROMQL_WORDS = {"by", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "without", "bool",
@@ -61,11 +65,27 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+RULE_FILES = (ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml")
+
+
+def recording_rules() -> list[dict]:
+    """Every recording rule shipped: the peer statistics are recorded in the alert file's peers group."""
+    return [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "record" in r]
+
+
+def judge_families() -> set[str]:
+    """The judge's families as the exporter exposes them (fleetcanary.judge.exposition)."""
+    from fleetcanary.judge.exposition import families
+    from fleetcanary.judge.store import FigureStore
+
+    return {f.name + ("_total" if f.type == "counter" else "")
+            for f in families(FigureStore(None), {}, 0.0, lambda probe: 0.0)}
+
+
 def catalog() -> set[str]:
     documented = set(re.findall(r"`(fleetcanary_[a-z0-9_]+)`", (ROOT / "docs/metrics.md").read_text()))
-    records = {r["record"] for g in yaml.safe_load((ROOT / "alerts/fleetcanary.rules.yml").read_text())["groups"]
-               for r in g["rules"]}
-    return documented | records | PROMETHEUS_OWN
+    records = {r["record"] for r in recording_rules()}
+    return documented | records | judge_families() | PROMETHEUS_OWN
 
 
 def known(name: str, names: set[str]) -> bool:
@@ -113,16 +133,18 @@ def test_every_name_a_dashboard_uses_exists():
 def test_the_catalog_check_catches_a_misspelt_name():
     names = catalog()
     found = metric_names('sum by (gpu) (fleetcanary_gpu_memory_bandwith_bytes_per_second{node="$node"}) '
-                         '/ on(gpu) gpu:fleetcanary_gpu_memory_bandwidth_bytes_per_second:peer_ratio')
-    assert found == {"fleetcanary_gpu_memory_bandwith_bytes_per_second",
-                     "gpu:fleetcanary_gpu_memory_bandwidth_bytes_per_second:peer_ratio"}
-    assert [n for n in found if not known(n, names)] == ["fleetcanary_gpu_memory_bandwith_bytes_per_second"]
+                         '/ on(figure) group_left pool:fleetcanary_judge_median:peer_median '
+                         '* fleetcanary_judge_meidan{figure="x"}')
+    assert found == {"fleetcanary_gpu_memory_bandwith_bytes_per_second", "fleetcanary_judge_meidan",
+                     "pool:fleetcanary_judge_median:peer_median"}
+    assert sorted(n for n in found if not known(n, names)) == ["fleetcanary_gpu_memory_bandwith_bytes_per_second",
+                                                               "fleetcanary_judge_meidan"]
 
 
 # ----------------------------------------------------------------------------------- live and synthetic
 def substitute(expr: str, node: str, rate: str) -> str:
-    for var in ("$pool", "$model", "$target", "$job"):
-        expr = expr.replace(f'=~"{var}"', '=~".*"')
+    for var in ("$pool", "$model", "$target", "$job", "$figure"):
+        expr = expr.replace(f'~"{var}"', '~".*"')  # =~ (All) and !~ (none left out)
     return expr.replace("$node", node).replace("$__rate_interval", rate)
 
 
@@ -167,6 +189,50 @@ def live(tmp_path_factory):
     assert rc == 0, lv.out.read_text()
 
 
+DRIVER, PREVIOUS_DRIVER = "570.124.06", "565.57.01"
+
+
+def judged_statistics(start: int, end: int) -> str:
+    """OpenMetrics lines of the statistics each synthetic node would publish (fleetcanary_judge_*), steady over
+    the window: per GPU its memory bandwidth, matmul, P2P slowest link and training step, per node a collective,
+    host memory and storage; GPU 5 of node 3 at 92% of its best day (d2d), every GPU figure 3% below its best
+    day on the previous driver (an upgrade in the last two weeks); a per-node offset keeps the peers' MAD > 0."""
+    sf = synthetic_fleet
+    ts = range(start, end + 1, sf.STEP)
+    fams: dict[str, list[str]] = {}
+
+    def add(name: str, labels: dict, value: float) -> None:
+        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        fams.setdefault(name, []).extend(f"{name}{{{lab}}} {value:.6g} {t}" for t in ts)
+
+    for n, node in enumerate(sf.NODES):
+        offset = 1 + 0.002 * (n - 2.5)
+        rows = [("collective_bus_bandwidth", "all_reduce/1048576/8/nccl", "", "H100", DRIVER, 1.2e11, 1.0),
+                ("host_memory_bandwidth", "copy", "", "Xeon 8480", "", 2.0e11, 1.0),
+                ("host_memory_bandwidth", "triad", "", "Xeon 8480", "", 2.2e11, 1.0),
+                ("storage_read", "scratch/cold", "", "", "", 2.5e9, 1.0),
+                ("storage_first_byte", "scratch/cold", "", "", "", 4e-4, 1.0)]
+        for g in sf.GPUS:
+            rows += [("gpu_memory_bandwidth", "d2d", str(g), "H100", DRIVER, sf.D2D, 0.92 if (n, g) == (3, 5) else 1),
+                     ("gpu_memory_bandwidth", "h2d", str(g), "H100", DRIVER, sf.H2D, 1.0),
+                     ("gpu_memory_bandwidth", "d2h", str(g), "H100", DRIVER, sf.H2D, 1.0),
+                     ("gpu_matmul_throughput", "bf16", str(g), "H100", DRIVER, sf.MATMUL, 1.0),
+                     ("gpu_p2p_bandwidth", "slowest_link", str(g), "H100", DRIVER, 3.6e11, 1.0),
+                     ("train_step_time", "bf16", str(g), "H100", DRIVER, sf.STEP_SECONDS, 1.0)]
+        for figure, series, gpu, model, driver, value, change in rows:
+            labels = {"node": node, "figure": figure, "series": series, "gpu": gpu, "pool": "train-a",
+                      "model": model, "driver_version": driver}
+            add("fleetcanary_judge_median", labels, value * offset * change)
+            add("fleetcanary_judge_newest", labels, value * offset * change * 1.001)
+            add("fleetcanary_judge_change", {**labels, "baseline": "current_driver", "baseline_driver": driver},
+                offset * change)
+            add("fleetcanary_judge_drift", labels, change)
+            if driver:
+                add("fleetcanary_judge_change",
+                    {**labels, "baseline": "previous_driver", "baseline_driver": PREVIOUS_DRIVER}, 0.97 * change)
+    return "".join(f"# TYPE {name} gauge\n" + "\n".join(lines) + "\n" for name, lines in fams.items())
+
+
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     require_binary("promtool")
@@ -174,10 +240,16 @@ def synthetic(tmp_path_factory):
     end = int(time.time()) // 300 * 300 - 3600
     om = work / "fleet.om"
     start, end = synthetic_fleet.write(om, end)
+    text = om.read_text()
+    om.write_text(text.removesuffix("# EOF\n") + judged_statistics(start, end) + "# EOF\n")
     data = work / "data"
     create_blocks(om, data)
     wanted = sorted({n for _, _, e in panel_queries() for n in RECORD_NAME.findall(e)})
-    backfill_rules(data, wanted, start, end, 300, work)
+    records = work / "records.yml"
+    records.write_text(yaml.safe_dump({"groups": [{"name": "records", "rules": recording_rules()}]}))
+    with pytest.MonkeyPatch.context() as mp:  # rule_stages reads the rules file only; the peers' are in the alerts'
+        mp.setattr(backfill, "rule_stages", functools.partial(backfill.rule_stages, rules_path=records))
+        backfill_rules(data, wanted, start, end, 300, work)
     prom = BackfilledPrometheus(data, work / "prometheus.log")
     prom.end = end
     yield prom
