@@ -85,6 +85,7 @@ class Series:
         self.previous = ""
         self.runs = 0                 # runs on the current driver
         self.last = 0.0
+        self.today = -1
         self.tail: deque[float] = deque(maxlen=MEDIAN_RUNS)    # newest values on the current driver
         self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
         self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
@@ -107,13 +108,15 @@ class Series:
         while self.recent and self.recent[0][0] <= t - DAY:
             self.recent.popleft()
         today = day_of(t)
-        # A day that is over keeps only its median (None: too few runs to stand for the day).
-        for key in [k for k in self.days if k[0] < today]:
-            runs = self.days.pop(key)
-            self.day_medians[key] = day_median([r[0] for r in runs], [r[1] for r in runs])
+        if today != self.today:
+            # A day that is over keeps only its median (None: too few runs to stand for the day).
+            for key in [k for k in self.days if k[0] < today]:
+                runs = self.days.pop(key)
+                self.day_medians[key] = day_median([r[0] for r in runs], [r[1] for r in runs])
+            for key in [k for k in self.day_medians if k[0] < today - BASELINE_DAYS]:
+                del self.day_medians[key]
+            self.today = today
         self.days.setdefault((today, driver), []).append((t, value))
-        for key in [k for k in self.day_medians if k[0] < today - BASELINE_DAYS]:
-            del self.day_medians[key]
 
     def best_day(self, driver: str) -> float | None:
         best = None

@@ -79,7 +79,7 @@ class FigureStore:
             self._append(line)
         return True
 
-    def _apply(self, line: dict[str, Any]) -> None:
+    def _apply(self, line: dict[str, Any], compute: bool = True) -> None:
         t = float(line["t"])
         for name, field in (("d", "driver_version"), ("m", "gpu_model"), ("c", "cpu_model")):
             if line.get(name):
@@ -89,9 +89,10 @@ class FigureStore:
             if fig is None or not isinstance(values, dict):
                 continue
             for skey, value in values.items():
-                self._add(fig, (figure, *skey.rsplit("|", 1)), t, value, line)
+                self._add(fig, (figure, *skey.rsplit("|", 1)), t, value, line, compute)
 
-    def _add(self, fig: figmod.Figure, key: tuple, t: float, value: Any, line: dict[str, Any]) -> None:
+    def _add(self, fig: figmod.Figure, key: tuple, t: float, value: Any, line: dict[str, Any],
+             compute: bool = True) -> None:
         try:
             value = float(value)
         except (TypeError, ValueError):
@@ -106,7 +107,11 @@ class FigureStore:
         s.add(t, value, str(line.get("d", "")) if fig.model_field == "gpu_model" else "")
         field = {"gpu_model": "m", "cpu_model": "c"}.get(fig.model_field)
         self.models[key] = str(line.get(field, "")) if field else ""
-        st = s.stats()
+        if compute:
+            self._compute(key)
+
+    def _compute(self, key: tuple) -> None:
+        st = self.series[key].stats()
         if st is not None:
             self.stats[key] = st
 
@@ -159,7 +164,9 @@ class FigureStore:
         newest = float(lines[-1]["t"])
         for line in lines:
             if float(line["t"]) > newest - self.retain:
-                self._apply(line)
+                self._apply(line, compute=False)  # the statistics once, at the end
+        for key in self.series:
+            self._compute(key)
         log.info("judge: %d runs of %d series loaded from %s", len(lines), len(self.series), self.path)
 
     # --- reads ----------------------------------------------------------------------------------
