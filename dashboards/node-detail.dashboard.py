@@ -130,7 +130,8 @@ panels = [
           [instant(f"fleetcanary_gpu_p2p_bandwidth_bytes_per_second{{{N}}}")], w=12, h=9, transformations=MATRIX),
     panel("timeseries", "P2P: each GPU's slowest link against the peers",
           "The judged P2P figure is each source GPU's slowest link (one bad link moves it): its median of 5 runs "
-          "over the median of the same GPU index on peer nodes (same pool, model, driver). Good: every GPU near "
+          "over the median of its peers' GPUs (every GPU of the nodes of the same pool, model and driver). "
+          "Good: every GPU near "
           f"1; the level path fires {pct(S.level_floor)} and {S.level_k_mad:g} MADs below. The matrix beside it "
           "names the link.", "percentunit",
           [(f'fleetcanary_judge_median{{{N}, figure="gpu_p2p_bandwidth"}} / on({G}) group_left '
