@@ -1,9 +1,10 @@
 """Confirmation runs: one extra run soon after a run whose figure jumped.
 
-The alerts' fast path (alerts/build.py, fast_rules) fires on a large drop only when three
-runs agree: the run that showed it, a confirmation run ``confirm_delay_seconds`` later, and
-the next scheduled run. Two runs cannot tell a fault from two junk runs in a row (a job
-that started during the probe, a noisy neighbour): on the 195-node detection fleet with 0.5%
+The alerts' fast path (alerts/build.py, fast_alert) fires on a large drop only when the
+best of a series' newest three runs is low (fleetcanary_judge_newest): the run that showed it,
+a confirmation run ``confirm_delay_seconds`` later, and the next scheduled run. Two runs
+cannot tell a fault from two junk runs in a row (a job that started during the probe, a noisy
+neighbour): on the 195-node detection fleet with 0.5%
 junk runs, pairs of agreeing junk runs were the fast path's only false alerts. A third run
 makes that chance the cube of the junk rate instead of its square, and because the
 confirmation comes minutes after the first run, not an interval, the fast path still fires
