@@ -63,6 +63,7 @@ class FigureRules:
     history_floor: float = 0.10  # regression and driver-change: at least this far from its own baseline
     history: bool = True
     fast: bool = True
+    per_driver: bool = True   # the judge keeps its series per GPU driver (fleetcanary.judge.figures: GPU figures)
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,10 @@ FIGURES = (
     # One series per node every 30 minutes leaves its peers' spread wider: 6 MADs, a 4% floor.
     FigureRules("collective_bus_bandwidth", "collective bus bandwidth", "CollectiveBandwidth", 30, floor=0.04,
                 k_mad=6),
-    FigureRules("host_memory_bandwidth", "host memory bandwidth", "HostMemoryBandwidth", 10),
-    FigureRules("storage_read", "storage read throughput", "StorageRead", 30),
+    FigureRules("host_memory_bandwidth", "host memory bandwidth", "HostMemoryBandwidth", 10, per_driver=False),
+    FigureRules("storage_read", "storage read throughput", "StorageRead", 30, per_driver=False),
     FigureRules("storage_first_byte", "storage first-byte latency", "StorageFirstByte", 30, higher_is_better=False,
-                floor=0.10),
+                floor=0.10, per_driver=False),
     FigureRules("gpu_matmul_throughput", "GPU matrix-multiply throughput", "GPUMatmulThroughput", 30),
     # The daily burn: the level path only (5 burns are 5 days); FleetCanaryGPUThrottlingUnlikePeers judges each.
     FigureRules("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "GPUSustainedThroughput", 60,
@@ -124,7 +125,13 @@ def by(s: Settings, *extra: str) -> str:
 
 
 def sel(s: Settings, *matchers: str) -> str:
+    """A selector of the exporter's series: the matchers and the deployer's selector (job, cluster)."""
     return "{" + ", ".join(m for m in (*matchers, s.selector) if m) + "}"
+
+
+def rsel(*matchers: str) -> str:
+    """A selector of a recorded peer series: no deployer selector (the records do not carry job)."""
+    return "{" + ", ".join(m for m in matchers if m) + "}"
 
 
 def worse(f: FigureRules, ratio: str) -> str:
@@ -171,7 +178,7 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
             {"record": med, "expr": f"quantile by ({g}) (0.5, {src})"},
             {"record": f"pool:fleetcanary_judge_{stat}:peer_mad",
              "expr": f"# the median absolute deviation of the peers' ratios (each member over the peers' median)\n"
-                     f"quantile by ({g}) (0.5,\n  abs({src} / on({g}) group_left {med}{sel(s, pool)} - 1)\n)"},
+                     f"quantile by ({g}) (0.5,\n  abs({src} / on({g}) group_left {med}{rsel(pool)} - 1)\n)"},
             {"record": f"pool:fleetcanary_judge_{stat}:peer_nodes",
              "expr": f"count by ({g}) (count by ({g}, node) ({src}))"},
         ]
@@ -186,16 +193,16 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
     g = by(s, *extra)
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_{stat}{sel(s, fm, pool)}\n"
-             f"    / on({g}) group_left pool:fleetcanary_judge_{stat}:peer_median{sel(s, fm, pool)}")
+             f"    / on({g}) group_left pool:fleetcanary_judge_{stat}:peer_median{rsel(fm, pool)}")
     what_ = ("its change against its own baseline (the best day on driver {{ $labels.baseline_driver }}, "
              "baseline={{ $labels.baseline }})" if path == "change" else "its figure")
     expr = (f"# {f.title}: {what_.split(' (', 1)[0]} over the median of its peers'\n"
             f"{worse(f, ratio)}\n"
             f"# worse by the floor and by more than {k:g} MADs of the peers' ratios\n"
             f"  > {floor:g}\n"
-            f"  > on({g}) group_left() ({k:g} * pool:fleetcanary_judge_{stat}:peer_mad{sel(s, fm, pool)})\n"
+            f"  > on({g}) group_left() ({k:g} * pool:fleetcanary_judge_{stat}:peer_mad{rsel(fm, pool)})\n"
             f"# with enough peer nodes\n"
-            f"and on({g}) (pool:fleetcanary_judge_{stat}:peer_nodes{sel(s, fm, pool)} >= {s.min_peers})")
+            f"and on({g}) (pool:fleetcanary_judge_{stat}:peer_nodes{rsel(fm, pool)} >= {s.min_peers})")
     word = "slower than" if not f.higher_is_better else "below"
     base = ", baseline='%s', baseline_driver='%s'" if path == "change" else ""
     peer = peer_query(f"pool:fleetcanary_judge_{stat}:peer_median", f.key, base)
@@ -215,12 +222,12 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
     g = by(s)
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_newest{sel(s, fm, pool)}\n"
-             f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(s, fm, pool)}")
+             f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm, pool)}")
     expr = (f"# {f.title}: the best of the newest 3 runs over the peers' median figure\n"
             f"{worse(f, ratio)}\n"
             f"  > {s.fast_floor:g}\n"
-            f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{sel(s, fm, pool)})\n"
-            f"and on({g}) (pool:fleetcanary_judge_median:peer_nodes{sel(s, fm, pool)} >= {s.min_peers})")
+            f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm, pool)})\n"
+            f"and on({g}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm, pool)} >= {s.min_peers})")
     word = "far slower than" if not f.higher_is_better else "far below"
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if not f.higher_is_better else 'FarBelowPeers'}"
     desc = (f"Each of the newest 3 runs of the {what(f)} is {{{{ $value | humanizePercentage }}}} or more {word} "
@@ -238,7 +245,6 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
     lower = not f.higher_is_better
     cur = "fleetcanary_judge_change" + sel(s, fm, 'baseline="current_driver"', pool)
     prev = "fleetcanary_judge_change" + sel(s, fm, 'baseline="previous_driver"', pool)
-    g = by(s, *CHANGE_GROUP)
     names = {"fast": "FarSlowerThanOwnHistory" if lower else "FarBelowOwnHistory",
              "regression": "Regression", "driver": "RiseAfterDriverChange" if lower else "DropAfterDriverChange",
              "drift": "Drift"}
@@ -248,7 +254,8 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
         out.append({"alert": name, "for": "0m",
                     "expr": f"# {f.title}: its confirmed figure against its own best day, where peers are too few\n"
                             f"{worse(f, cur)} > {s.fast_floor:g}\n"
-                            f"unless on({g}) (pool:fleetcanary_judge_change:peer_nodes{sel(s, fm, pool)} >= "
+                            f"# silent where the peer fast path judges (as many nodes with a median)\n"
+                            f"unless on({by(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm, pool)} >= "
                             f"{s.min_peers})",
                     "labels": {"severity": "critical", "figure": f.key, "path": "own_fast"},
                     "annotations": annotations(
@@ -267,16 +274,18 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                     f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {'above' if lower else 'below'} its best "
                     f"day on driver {{{{ $labels.baseline_driver }}}} in the last 14 days: path regression. Median "
                     f"of 5: {query('fleetcanary_judge_median', f.key)}.", name)})
-    name = f"FleetCanary{f.alert}{names['driver']}"
-    out.append({"alert": name, "for": c.t(max(f.interval_minutes, 15)),
-                "expr": f"# {f.title}: its confirmed figure on the new driver against its best day on the previous "
-                        f"one\n{worse(f, prev)} > {f.history_floor:g}",
-                "labels": {"severity": "warning", "figure": f.key, "path": "driver_change"},
-                "annotations": annotations(
-                    s, f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
-                    f"The {what(f)} on driver {{{{ $labels.driver_version }}}} is {{{{ $value | humanizePercentage }}}}"
-                    f" {'above' if lower else 'below'} its best day on the previous driver "
-                    f"{{{{ $labels.baseline_driver }}}}: path driver_change.", name)})
+    if f.per_driver:  # a figure without a driver (host memory, storage) has no previous driver's change
+        name = f"FleetCanary{f.alert}{names['driver']}"
+        out.append({"alert": name, "for": c.t(max(f.interval_minutes, 15)),
+                    "expr": f"# {f.title}: its confirmed figure on the new driver against its best day on the previous "
+                            f"one\n{worse(f, prev)} > {f.history_floor:g}",
+                    "labels": {"severity": "warning", "figure": f.key, "path": "driver_change"},
+                    "annotations": annotations(
+                        s, f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
+                        f"The {what(f)} on driver {{{{ $labels.driver_version }}}} is "
+                        f"{{{{ $value | humanizePercentage }}}} {'above' if lower else 'below'} its best day on the "
+                        f"previous driver "
+                        f"{{{{ $labels.baseline_driver }}}}: path driver_change.", name)})
     name = f"FleetCanary{f.alert}{names['drift']}"
     out.append({"alert": name, "for": c.t(60),
                 "expr": f"# {f.title}: the median of its last day of runs against its best day on this driver\n"
@@ -377,7 +386,7 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           "p95 inter-token latency from {{ $labels.node }} to {{ $labels.target }} is {{ $value | humanizeDuration }} "
           "(bound 200 ms)."),
         a("FleetCanaryInferenceTTFTSlowerThanPeers",
-          "node:fleetcanary_inference_ttft_seconds:p95_30m "
+          "(node:fleetcanary_inference_ttft_seconds:p95_30m * on(node) group_left(pool) node:fleetcanary_pool:info) "
           "/ on(pool, target, model) group_left pool:fleetcanary_inference_ttft_seconds:peer_median_p95_30m > 1.1 "
           f"and on(pool, target, model) (pool:fleetcanary_inference_ttft_seconds:peer_nodes >= {s.min_peers})",
           "30m", "warning", "Inference TTFT p95 slower than peers",

@@ -203,7 +203,7 @@ class _StateCollector:
         node.add_metric([], s.node_labels())
         yield node
         if s.judge is not None:
-            yield from judge_families(s.judge, s.node_labels(), time.time(), s.judge_hold)
+            yield from judge_families(s.judge, s.node_labels(), time.time(), s.judge_hold, s.judge_fresh)
         if s.kube is not None:
             yield from _kube_families(s.kube, s.kube_condition_type)
 

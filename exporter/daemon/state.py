@@ -239,6 +239,11 @@ class ResultStore:
             self.node_environment = env
         self.rerender()
 
+    def judge_fresh(self, probe: str) -> float:
+        """How long a probe's newest run counts as fresh (its figures' own bound)."""
+        return FRESH_INTERVALS * self.intervals.get(probe, 0.0) + self.timeouts.get(probe, 0.0) \
+            if self.intervals.get(probe) else float("inf")
+
     def judge_hold(self, probe: str) -> float:
         """How long a judged series' statistics stay published after the probe's newest run."""
         return hold_for(self.intervals.get(probe), self.timeouts.get(probe))

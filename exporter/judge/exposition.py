@@ -28,8 +28,11 @@ HELP = {
     "drift": f"Median of the series' runs in the 24 h before its newest run over its baseline ({BEST_DAY}, "
              "current driver); needs the day's runs to span 12 h.",
     "series": "Judged series by state: warming (fewer than 5 runs on this driver), smoothed (a median, no "
-              "baseline yet), baselined (a change against its own baseline), stale (no run for a "
+              "baseline yet), baselined (a change against its own baseline), held (no fresh run: the GPU is busy or "
+              "the probe skips; the statistics of its newest runs stay published for a day), stale (no run for a "
               "day: nothing published).",
+    "runs": f"Runs of the series on the driver now running, published while it has fewer than "
+            f"{statsmod.MEDIAN_RUNS} (its median needs {statsmod.MEDIAN_RUNS}).",
 }
 
 
@@ -39,7 +42,8 @@ METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_judge_newest", "gauge", HELP["newest"], tuple(LABELS)),
     ("fleetcanary_judge_change", "gauge", HELP["change"], (*LABELS, "baseline", "baseline_driver")),
     ("fleetcanary_judge_drift", "gauge", HELP["drift"], tuple(LABELS)),
-    ("fleetcanary_judge_series", "gauge", HELP["series"], ("figure", "state")),
+    ("fleetcanary_judge_runs", "gauge", HELP["runs"], tuple(LABELS)),
+    ("fleetcanary_judge_series", "gauge", HELP["series"], ("pool", "figure", "state")),
     ("fleetcanary_judge_store_bytes", "gauge", "Size of the judge's figure store in the state directory "
      "(judge/figures.jsonl).", ()),
     ("fleetcanary_judge_store_errors_total", "counter", "Figure store lines that did not parse (skipped) and writes "
@@ -53,20 +57,29 @@ def hold_for(interval: float | None, timeout: float | None) -> float:
 
 
 def families(store: FigureStore, node_labels: dict[str, str], now: float,
-             hold: Callable[[str], float]) -> Iterator:
+             hold: Callable[[str], float], fresh: Callable[[str], float] | None = None) -> Iterator:
+    """hold(probe): how long a series' statistics stay published after its newest run; fresh(probe): how
+    long its newest run counts as fresh (after that, until the hold ends, the series is "held")."""
     pool = node_labels.get("pool", "")
     med = GaugeMetricFamily("fleetcanary_judge_median", HELP["median"], labels=LABELS)
     new = GaugeMetricFamily("fleetcanary_judge_newest", HELP["newest"], labels=LABELS)
     chg = GaugeMetricFamily("fleetcanary_judge_change", HELP["change"], labels=[*LABELS, "baseline", "baseline_driver"])
     dft = GaugeMetricFamily("fleetcanary_judge_drift", HELP["drift"], labels=LABELS)
+    runs = GaugeMetricFamily("fleetcanary_judge_runs", HELP["runs"], labels=LABELS)
     states: dict[tuple[str, str], int] = {}
     for (figure, series, gpu), st, model in sorted(store.snapshot(), key=lambda x: x[0]):
         fig = figmod.BY_KEY[figure]
-        state = "stale" if now - st.last > hold(fig.probe) else st.state
+        state = st.state
+        if now - st.last > hold(fig.probe):
+            state = "stale"
+        elif fresh is not None and now - st.last > fresh(fig.probe):
+            state = "held"
         states[(figure, state)] = states.get((figure, state), 0) + 1
         if state == "stale":
             continue
         labels = [figure, series, gpu, pool, model, st.driver]
+        if st.median is None:
+            runs.add_metric(labels, st.runs)
         if st.median is not None:
             med.add_metric(labels, st.median)
         if st.newest is not None:
@@ -77,10 +90,10 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
             chg.add_metric([*labels, "previous_driver", st.previous_driver], st.previous_change)
         if st.drift is not None:
             dft.add_metric(labels, st.drift)
-    yield from (med, new, chg, dft)
-    count = GaugeMetricFamily("fleetcanary_judge_series", HELP["series"], labels=["figure", "state"])
+    yield from (med, new, chg, dft, runs)
+    count = GaugeMetricFamily("fleetcanary_judge_series", HELP["series"], labels=["pool", "figure", "state"])
     for (figure, state), n in sorted(states.items()):
-        count.add_metric([figure, state], n)
+        count.add_metric([pool, figure, state], n)
     yield count
     yield GaugeMetricFamily("fleetcanary_judge_store_bytes", _HELP["fleetcanary_judge_store_bytes"],
                             value=store.size_bytes())

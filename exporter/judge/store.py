@@ -3,7 +3,8 @@ state directory, so the statistics survive exporter restarts (the DaemonSet keep
 directory on the host) and a reimaged node starts again from nothing.
 
 One JSON line per run: ``{"t": finish time, "p": probe, "d": driver, "m": model, "c": cpu model,
-"v": {figure: {"series|gpu": value}}}``, values to 6 significant digits. At the default schedule an
+"v": {figure: {"series|gpu": value}}}``, values to 6 significant digits, and ``"u": {index: UUID}``
+when a GPU's UUID is first seen or changed (a replaced GPU's series start again). At the default schedule an
 8-GPU node writes about 4,700 figures a day, ~0.2 MB; 15 days are ~3 MB. Lines older than the
 retention are dropped when the file is rewritten (at start and once a day, to a temporary file
 renamed over the old one). A line that does not parse (a torn write at a power cut) is skipped and
@@ -47,6 +48,7 @@ class FigureStore:
         self.series: dict[figmod.SeriesKey, Series] = {}
         self.models: dict[figmod.SeriesKey, str] = {}
         self.facts: dict[str, str] = {}       # driver_version, gpu_model, cpu_model: the last known
+        self.uuids: dict[str, str] = {}       # GPU index -> UUID: a replaced GPU starts its series again
         self.bad_lines = 0
         self.write_errors = 0
         self.compacted_day = -1
@@ -74,7 +76,12 @@ class FigureStore:
                 "v": {}}
         for (figure, series, gpu), v in values.items():
             line["v"].setdefault(figure, {})[f"{series}|{gpu}"] = float(f"{v:.6g}")
+        uuids = {str(g.get("index")): str(g.get("uuid")) for g in env.get("gpus") or []
+                 if isinstance(g, dict) and _known(g.get("uuid"))}
         with self._lock:
+            changed = {i: u for i, u in uuids.items() if self.uuids.get(i) != u}
+            if changed:  # written when a GPU's UUID is new or changed, not on every line
+                line["u"] = changed
             self._apply(line)
             self._append(line)
         return True
@@ -84,6 +91,14 @@ class FigureStore:
         for name, field in (("d", "driver_version"), ("m", "gpu_model"), ("c", "cpu_model")):
             if line.get(name):
                 self.facts[field] = str(line[name])
+        for index, uuid in (line.get("u") or {}).items() if isinstance(line.get("u"), dict) else ():
+            if self.uuids.get(index, uuid) != uuid:
+                # Another GPU in this slot (a replacement): its series start again from nothing; the old
+                # GPU's runs are neither its baseline nor its median.
+                for key in [k for k in self.series if k[2] == index and figmod.BY_KEY[k[0]].gpu]:
+                    del self.series[key]
+                    self.stats.pop(key, None)
+            self.uuids[index] = str(uuid)
         for figure, values in line["v"].items():
             fig = figmod.BY_KEY.get(figure)
             if fig is None or not isinstance(values, dict):

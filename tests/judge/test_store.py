@@ -115,7 +115,7 @@ def test_statistics_stay_published_for_a_day_after_the_newest_run_then_go(tmp_pa
     assert len(held["fleetcanary_judge_change"]) == 24
     gone = exposition(store, end + 1.1 * DAY)
     assert gone["fleetcanary_judge_change"] == [] and gone["fleetcanary_judge_median"] == []
-    assert ({"figure": "gpu_memory_bandwidth", "state": "stale"}, 24.0) in gone["fleetcanary_judge_series"]
+    assert ({"pool": "a", "figure": "gpu_memory_bandwidth", "state": "stale"}, 24.0) in gone["fleetcanary_judge_series"]
 
 
 def test_every_statistic_carries_the_peer_labels(tmp_path):
@@ -139,3 +139,34 @@ def test_a_run_without_gpu_facts_keeps_the_nodes_last_known_driver(tmp_path):
     rec.environment = {"driver_version": "unknown", "gpu_model": "unknown"}
     store.observe(rec)
     assert {st.driver for _, st, _ in store.snapshot()} == {DRIVER}
+
+
+def test_a_replaced_gpu_starts_its_series_again(tmp_path):
+    store = FigureStore(str(tmp_path))
+    rng = random.Random(5)
+    t = 1_750_000_000.0
+    for k in range(3 * 96):
+        rec = record("gpu_bandwidth", t + k * 900, rng)
+        rec.environment["gpus"] = [{"index": g, "uuid": f"GPU-{g}"} for g in range(GPUS)]
+        store.observe(rec)
+    rec = record("gpu_bandwidth", t + 3 * 96 * 900, rng)
+    rec.environment["gpus"] = [{"index": g, "uuid": "GPU-new" if g == 3 else f"GPU-{g}"} for g in range(GPUS)]
+    store.observe(rec)
+    runs = {k: st.runs for k, st, _ in store.snapshot()}
+    assert {n for (_, _, gpu), n in runs.items() if gpu == "3"} == {1}           # the new GPU: its first run
+    assert {n for (_, _, gpu), n in runs.items() if gpu == "2"} == {3 * 96 + 1}  # the others keep theirs
+    again = FigureStore(str(tmp_path))                                            # the same after a restart
+    assert {k: st.runs for k, st, _ in again.snapshot()} == runs
+    size = os.path.getsize(tmp_path / "judge" / FILENAME)
+    assert size < 3 * 96 * 1200, size  # UUIDs written when they change, not on every line
+
+
+def test_a_series_without_a_fresh_run_is_held_and_one_without_five_runs_says_how_many(tmp_path):
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 0.04, probes={"gpu_bandwidth"})  # 3 runs (0.04 d at 15 min)
+    out = {}
+    for fam in families(store, {"pool": "a"}, end + 3 * 3600, lambda _p: 86400.0, lambda _p: 1800.0):
+        out[fam.name] = [(s.labels, s.value) for s in fam.samples]
+    assert {v for _, v in out["fleetcanary_judge_runs"]} == {3.0} and len(out["fleetcanary_judge_runs"]) == 24
+    assert out["fleetcanary_judge_median"] == []
+    assert out["fleetcanary_judge_series"] == [({"pool": "a", "figure": "gpu_memory_bandwidth", "state": "held"}, 24.0)]
