@@ -74,6 +74,9 @@ class Profile:
     fail: float = 0.003           # share of runs that fail
     busy_per_day: float = 1.0     # busy periods per node and day (invasive probes skip)
     busy_hours: tuple = (2.0, 10.0)
+    # the share of time each node is busy (0: busy_per_day as given). Busy periods start at random (Poisson)
+    # and overlapping ones merge, so a share s needs -ln(1 - s) / mean length periods a day
+    busy_share: float = 0.0
     outages: int = 12             # exporter outages of 1-3 h on distinct nodes
     outage_hours: tuple = (1.0, 3.0)
     upgrade_pool: str = "a"
@@ -91,6 +94,11 @@ class Profile:
     intermittent_drop: float = 0.10
     lost: int = 2
     downtrain: int = 2
+    # GPU memory bandwidth steps that last to the end of the fleet (a week with --days 9.75): placed from their
+    # own random stream on GPUs without another fault, outside the small pools, so the rest of the fleet is the same
+    week_faults: int = 0
+    week_fault_size: float = 0.05
+    week_fault_day: float = 2.5
     # Rules and alerts are evaluated from this day on (every fault but the ramp starts later); the raw
     # series start at day 0, so every window (3 days for the history baselines) is full of data by then.
     # It spares a third of the rule backfill, most of which is 3-day windows.
@@ -115,7 +123,9 @@ class Event:
 
     @property
     def label(self) -> str:
-        return f"{self.kind} {self.size:.0%}" if self.kind == "step" else self.kind
+        if self.kind == "step":
+            return f"step {self.size:.0%}"
+        return f"week {self.size:.0%}" if self.kind == "week" else self.kind
 
 
 @dataclass
@@ -223,12 +233,25 @@ class Fleet:
             self.events.append(Event("outage", "exporter", n.name, None, a, end=n.outages[-1][1]))
         for n in self.nodes:
             n.outages.sort()
+        if p.week_faults:
+            wrng = np.random.default_rng([p.seed, 11])
+            hit = {(e.node, e.gpu) for e in self.events if e.gpu is not None}
+            free = [g for g in gpus if g not in hit and self.pool_size[self.by_name[g[0]].pool] >= 5]
+            for k in wrng.permutation(len(free))[:p.week_faults]:
+                node, gpu = free[k]
+                self.events.append(Event("week", "gpu_memory_bandwidth", node, gpu,
+                                         t0 + float(wrng.uniform(p.week_fault_day, p.week_fault_day + 0.1)) * DAY,
+                                         p.week_fault_size))
         self.fault = {}  # (node, gpu|None, family) -> [events]
         for e in self.events:
             self.fault.setdefault((e.node, e.gpu, e.family), []).append(e)
 
     def _busy(self, n: Node, rng) -> None:
-        k = rng.poisson(self.p.busy_per_day * self.p.days)
+        per_day = self.p.busy_per_day
+        if self.p.busy_share > 0:
+            mean_h = sum(self.p.busy_hours) / 2
+            per_day = -math.log(1 - self.p.busy_share) / mean_h * 24
+        k = rng.poisson(per_day * self.p.days)
         iv = sorted((a, a + float(rng.uniform(*self.p.busy_hours)) * HOUR)
                     for a in (self.start + rng.uniform(0, self.p.days * DAY, k)).tolist())
         merged: list[list[float]] = []
@@ -271,7 +294,7 @@ class Fleet:
     def degradation(self, node: str, gpu: str | None, family: str, t: np.ndarray) -> np.ndarray:
         f = np.ones_like(t)
         for e in self.fault.get((node, gpu, family), []):
-            if e.kind in ("step", "driver"):
+            if e.kind in ("step", "driver", "week"):
                 f *= np.where(t >= e.start, 1 - e.size, 1.0)
             elif e.kind == "ramp":
                 f *= 1 - e.size * np.clip((t - e.start) / DAY, 0, None)
@@ -466,13 +489,6 @@ class Fleet:
             put("up", "gauge", series(f'up{{job="fleetcanary",instance="{n.name}:9400",node="{n.name}"}}',
                                       ub.astype(float), tsi))
             tup = tb[ub]
-            if n.upgrade_at is None:
-                put("fleetcanary_node_info", "gauge", const(self._node_info(n, idl, DRIVER_OLD), 1, ts_up))
-            else:
-                old = tup < n.upgrade_at
-                for m, drv in ((old, DRIVER_OLD), (~old, DRIVER_NEW)):
-                    put("fleetcanary_node_info", "gauge",
-                        const(self._node_info(n, idl, drv), 1, tsi[ub][m].astype(str).tolist()))
             lost_now = {g: tup >= a for g, a in lost_at.items()}
             healthy = 8.0 - sum((m.astype(float) for m in lost_now.values()), np.zeros(len(tup)))
             put("fleetcanary_gpus_healthy", "gauge", series(f"fleetcanary_gpus_healthy{{{idl}}}", healthy, tsi[ub]))
@@ -485,9 +501,6 @@ class Fleet:
                 gs = str(g)
                 gl = f'{idl},gpu="{gs}"'
                 ln = lost_now.get(gs)
-                info = f'fleetcanary_gpu_info{{{gl},model="{n.model}"}}'
-                put("fleetcanary_gpu_info", "gauge",
-                    const(info, 1, ts_up if ln is None else tsi[ub][~ln].astype(str).tolist()))
                 if health:
                     put("fleetcanary_gpu_lost", "gauge", series(
                         f"fleetcanary_gpu_lost{{{gl}}}", ln.astype(float) if ln is not None else 0.0 * tup, tsi[ub]))
@@ -496,8 +509,12 @@ class Fleet:
                         series(f"fleetcanary_gpu_pcie_link_width{{{gl}}}", width, tsi[ub]))
                     put("fleetcanary_gpu_pcie_link_width_max", "gauge",
                         const(f"fleetcanary_gpu_pcie_link_width_max{{{gl}}}", 16, ts_up))
-                put(BW, "gauge", series(f'{BW}{{{gl},direction="d2d"}}', ex["gpu_bandwidth"]["vals"][i0:i1, g], tsi, 7))
-            put(COLL, "gauge", series(f"{COLL}{{{idl},{COLL_LABELS}}}", ex["collectives"]["vals"][i0:i1, 0], tsi, 7))
+            # what the exporter's judge published at each scrape (judge.py): the statistics the rules read
+            nj = self.judged[n.name]
+            for text, fam_name, ix, vs in zip(nj.cols, nj.family, nj.idx, nj.vals, strict=True):
+                j0, j1 = np.searchsorted(ix, [i0, i1])
+                if j0 < j1:
+                    put(fam_name, "gauge", series(text, vs[j0:j1], t[ix[j0:j1]].astype(np.int64), 10))
             for probe, e in ex.items():
                 pl = f'{idl},probe="{probe}"'
                 for o in OUTCOMES:

@@ -1,24 +1,30 @@
-"""Backfill a fleet's scrapes and the shipped recording rules into a real Prometheus, and replay the
-shipped alerts on it as a live Prometheus evaluating every minute would.
+"""Backfill what a fleet's exporters published into a real Prometheus, and replay the shipped rules
+on it as a live Prometheus would evaluate them, evaluation by evaluation.
 
 * Raw series: one OpenMetrics file per 2-hour block -> `promtool tsdb create-blocks-from openmetrics`
-  (the next block is generated while promtool reads the last).
-* Recording rules: only those the replayed alerts need, transitively, read from the SHIPPED rule
-  file, in dependency order (a rule backfill cannot read rules backfilled beside it). Every rule
-  stays in its shipped group, with that group's `interval:` (promtool honours a group's interval;
-  `--eval-interval` is only the default for groups without one) and the group's name, so each
-  group evaluates at its own offset, as on a live server. Prometheus runs with its default
-  5-minute lookback.
-* Alerts: the condition is evaluated with query_range at the alert evaluation interval (1 min) and
-  replayed through Prometheus's alert state machine (pending, `for`, `keep_firing_for`). When
-  alerts/build.py exposes `alert_parts()`, an alert's hold while its window is sparse (the
-  rule's own `ALERTS` reference, which query_range on backfilled data cannot evaluate) is replayed
-  from its parts: cond, runs_ok, entity, for_s, keep_s, hold_s.
+  (the next block is generated while promtool reads the last). The series are the exporter's judge
+  statistics at each scrape (judge.py drives the exporter's own FigureStore and exposition) and the
+  raw series the hard-failure alerts read.
+* Groups: the shipped `fleetcanary-peers*` group (its recording rules, then its alerts),
+  `fleetcanary-own-history*` and `fleetcanary-hard-failures`, each at its `interval:` and at its own
+  fixed offset within it (Prometheus derives a group's offset from a hash of its name and file; here
+  from its name), so each group evaluates at the times a live server would.
+* No rule output is backfilled. A live group evaluates its rules in order at one timestamp, so an
+  alert of the peers group reads the recording rules' samples of that same evaluation: the replay
+  substitutes each recorded series by its rule's expression (the selector's matchers pushed into
+  it) and evaluates the alert with query_range at exactly the group's evaluation times. An alert of
+  another group reads the recorded series written at that group's latest evaluation: the substituted
+  expression is shifted back by the offset between the two groups (`offset`). Every evaluation is
+  replayed; `promtool tsdb create-blocks-from rules` (used before) writes no evaluation in the last
+  second before each 2-hour block boundary, which the 5-minute lookback hid (`promtool_gap` checks).
+* Alerts: the condition at every evaluation of its group, through Prometheus's alert state machine
+  (pending when true, firing once true for `for`, resolved at the first false evaluation: the
+  shipped rules have no keep_firing_for).
 """
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
+import hashlib
+import itertools
 import re
 import shutil
 import subprocess
@@ -31,15 +37,18 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root, for the imports below
-from alerts.backfill import BackfilledPrometheus, binary
+from alerts.backfill import PROMTOOL_BLOCK_S, BackfilledPrometheus, binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
 RULES = ROOT / "alerts/fleetcanary.rules.yml"
 ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
+GROUPS = ("fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures")  # and their pool shards
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
+SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"
+                      r"(?!\s*\()")
 METRIC_NAME = re.compile(r"\b(fleetcanary_[a-z0-9_]+|up)\b(?!\s*\()")
-EVAL_S = 60  # the alert groups' evaluation interval (global default: no interval set on them)
+EVAL_S = 60  # a group without an interval: Prometheus's global default here
 
 
 def seconds(d) -> int:
@@ -53,122 +62,226 @@ def seconds(d) -> int:
     return total
 
 
+def clean(expr: str) -> str:
+    """One line: PromQL comments (to the end of their line) dropped, whitespace collapsed."""
+    return " ".join(re.sub(r"#[^\n]*", " ", expr).split())
+
+
+# Where a deployment loads the rule files (deploy/prometheus-scrape.example.yml): Prometheus places each group's
+# evaluations at an offset hashed from the group's name and this path.
+RULE_PATHS = {"fleetcanary.rules.yml": "/etc/prometheus/rules/fleetcanary.rules.yml",
+              "fleetcanary.alerts.yml": "/etc/prometheus/rules/fleetcanary.alerts.yml"}
+_M64 = (1 << 64) - 1
+_P1, _P2, _P3, _P4, _P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,
+                           0x27D4EB2F165667C5)
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def _round(acc: int, lane: int) -> int:
+    return (_rotl((acc + lane * _P2) & _M64, 31) * _P1) & _M64
+
+
+def xxh64(b: bytes) -> int:
+    """XXH64 with seed 0 (what Prometheus's labels.Hash uses), for group offsets."""
+    n, i = len(b), 0
+    if n >= 32:
+        v = [(_P1 + _P2) & _M64, _P2, 0, (-_P1) & _M64]
+        while i + 32 <= n:
+            v = [_round(v[k], int.from_bytes(b[i + 8 * k:i + 8 * k + 8], "little")) for k in range(4)]
+            i += 32
+        h = (_rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)) & _M64
+        for x in v:
+            h = (((h ^ _round(0, x)) * _P1) + _P4) & _M64
+    else:
+        h = _P5
+    h = (h + n) & _M64
+    while i + 8 <= n:
+        h = (_rotl(h ^ _round(0, int.from_bytes(b[i:i + 8], "little")), 27) * _P1 + _P4) & _M64
+        i += 8
+    if i + 4 <= n:
+        h = (_rotl(h ^ ((int.from_bytes(b[i:i + 4], "little") * _P1) & _M64), 23) * _P2 + _P3) & _M64
+        i += 4
+    for c in b[i:]:
+        h = (_rotl(h ^ ((c * _P5) & _M64), 11) * _P1) & _M64
+    h ^= h >> 33
+    h = (h * _P2) & _M64
+    h ^= h >> 29
+    h = (h * _P3) & _M64
+    return h ^ (h >> 32)
+
+
+def prometheus_offset(name: str, file: str, interval: int) -> float:
+    """Seconds into each interval at which Prometheus evaluates a group (rules/group.go EvalTimestamp: the
+    xxhash of the labels {file, name}, modulo the interval in nanoseconds)."""
+    return (xxh64(b"file\xff" + file.encode() + b"\xffname\xff" + name.encode() + b"\xff") % (interval * 10**9)) / 1e9
+
+
+def group_offset(name: str, file: str, interval: int) -> int:
+    """The group's offset as a live server loading `file` from its deployed path has it, in whole seconds
+    (query_range steps are whole seconds; the fraction cannot change which samples an evaluation sees at a
+    240-second scrape)."""
+    return int(prometheus_offset(name, RULE_PATHS.get(file, file), interval))
+
+
+def promtool_loses(name: str, file: str, interval: int, block: int = PROMTOOL_BLOCK_S) -> bool:
+    """Whether `promtool tsdb create-blocks-from rules` drops one evaluation of this group before every block
+    boundary: it queries each 2-hour block up to the last whole second before its end and starts the next
+    block's at its first slot at or after the boundary, so a slot in that last second (a group offset in the
+    last second of an interval that divides 2 hours) is never evaluated. The file as promtool is given it."""
+    return block % interval == 0 and prometheus_offset(name, file, interval) % interval > interval - 1
+
+
 # --------------------------------------------------------------------------- the shipped rules
 @dataclass
-class Alert:
+class Record:
     name: str
     expr: str
+    group: str
+    interval: int
+    offset: int
+
+
+@dataclass
+class Alert:
+    name: str             # the alert name
+    expr: str             # as shipped, one line
     for_s: int
-    keep_s: int
     labels: dict
     group: str
-    cond: str = ""
-    runs_ok: str | None = None
-    entity: tuple = ()
-    hold_s: int = 0
-    parts: bool = False
+    interval: int
+    offset: int
+    cond: str = ""        # what is evaluated: the expression with recorded series substituted
     kind: str = ""        # peer, fast, history, driver, drift, hard, other
-    family: str = ""      # the family label, or what a hard alert watches
+    family: str = ""      # the figure, or what a hard alert watches
     needs: set = field(default_factory=set)   # raw metric names
     records: set = field(default_factory=set)
+    keep_s: int = 0       # the shipped rules have none; kept for the JSON's shape
+    hold_s: int = 0
+    parts: bool = False
 
+    @property
+    def path(self) -> str:
+        return self.labels.get("path", "")
 
-def load_build():
-    """alerts/build.py as a module (as tests/test_alerts.py loads it), or None."""
-    path = ROOT / "alerts/build.py"
-    sys.path.insert(0, str(path.parent))
-    name = "fleetcanary_alerts_build_detection"
-    spec = importlib.util.spec_from_file_location(name, str(path),
-                                                  loader=importlib.machinery.SourceFileLoader(name, str(path)))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up while the class is built
-    try:
-        spec.loader.exec_module(mod)
-    except Exception as exc:  # noqa: BLE001 - the benchmark still runs on the shipped files alone
-        print(f"detection: alerts/build.py did not load ({exc}); replaying the alert expressions whole")
-        return None
-    return mod
+    @property
+    def display(self) -> str:
+        """The rule: the alert name, and its path where one name has several rules."""
+        return f"{self.name} ({self.path})" if self.path in ("change", "level") else self.name
 
 
 def classify(name: str, labels: dict) -> str:
-    if "family" not in labels:
+    if "figure" not in labels:
         return "hard"
-    if "DriverChange" in name:
+    path = labels.get("path", "")
+    if path == "driver_change" or "DriverChange" in name:
         return "driver"
-    if "Drift" in name:
+    if path == "drift":
         return "drift"
-    if "Regression" in name:
+    if path == "regression":
         return "history"
-    if re.search(r"Fast|Large|Sharp|Sudden|Steep|Far|Big", name):
+    if path in ("fast", "own_fast"):
         return "fast"
-    if "Peers" in name:
+    if path in ("change", "level"):
         return "peer"
     return "other"
 
 
-def recording_rules(path: Path | None = None) -> dict[str, list[tuple[str, int, dict]]]:
-    """record name -> [(group name, group interval in s, rule)]: one name can have several rules (one per
-    probe, say), and a query of the name sees them all."""
-    out: dict[str, list] = defaultdict(list)
-    for g in yaml.safe_load((path or RULES).read_text())["groups"]:
-        for r in g["rules"]:
-            if "record" in r:
-                out[r["record"]].append((g["name"], seconds(g.get("interval")) or EVAL_S, r))
+def shipped_groups() -> list[dict]:
+    out = []
+    for f in (RULES, ALERTS):
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            iv = seconds(g.get("interval")) or EVAL_S
+            out.append(g | {"_interval": iv, "_offset": group_offset(g["name"], f.name, iv), "_file": f.name})
     return out
 
 
-def closure(exprs, recs) -> tuple[set, set]:
-    """The recording rules and raw metrics a set of expressions needs, transitively."""
-    records, raw = set(), set()
-    pending = list(exprs)
-    while pending:
-        e = pending.pop()
-        if not e:
-            continue
-        for r in RECORD_NAME.findall(e):
-            if r in recs and r not in records:
-                records.add(r)
-                pending.extend(x[2]["expr"] for x in recs[r])
-        stripped = RECORD_NAME.sub(" ", e)
-        stripped = re.sub(r'"[^"]*"', '""', stripped)
-        raw |= set(METRIC_NAME.findall(stripped))
-    return records, raw
+def recording_rules() -> dict[str, list[Record]]:
+    out: dict[str, list[Record]] = defaultdict(list)
+    for g in shipped_groups():
+        for r in g["rules"]:
+            if "record" in r:
+                expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
+                out[r["record"]].append(Record(r["record"], expr, g["name"], g["_interval"], g["_offset"]))
+    return out
+
+
+def _matchers(braces: str | None) -> list[str]:
+    inner = (braces or "{}")[1:-1].strip()
+    return [m.strip() for m in re.findall(r'[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"[^"]*"', inner)]
+
+
+def _add_matchers(braces: str | None, extra: list[str]) -> str:
+    ms = _matchers(braces) + [m for m in extra if m not in _matchers(braces)]
+    return "{" + ", ".join(ms) + "}"
+
+
+def substitute(expr: str, recs: dict[str, list[Record]], group: str, interval: int, offset: int,
+               shift: int = 0, used: set | None = None) -> str:
+    """expr with every recorded series replaced by its rule's expression, evaluated as a live server's
+    rule in `group` (its interval and offset) would read it: the same evaluation when the rule is in the
+    same group, else the recording group's latest evaluation (an `offset` on its selectors). `shift`:
+    an offset already applied to this expression's selectors (nested substitutions)."""
+    def one(m: re.Match) -> str:
+        name, braces = m.group(1), m.group(2)
+        if name not in recs:
+            if shift:
+                return f"{name}{braces or ''} offset {shift}s"
+            return m.group(0)
+        rules = recs[name]
+        if len(rules) != 1:
+            raise SystemExit(f"detection: {name} is recorded by {len(rules)} rules; the replay substitutes one")
+        r = rules[0]
+        if used is not None:
+            used.add(name)
+        extra = _matchers(braces)
+        grouping = set()
+        for g in re.findall(r"\bby\s*\(([^)]*)\)", r.expr):
+            grouping |= {x.strip() for x in g.split(",")}
+        for mt in extra:
+            label = re.match(r"[a-zA-Z_][a-zA-Z0-9_]*", mt).group(0)
+            if label not in grouping:
+                raise SystemExit(f"detection: {name}{braces} filters on {label}, which its rule does not keep")
+        if r.group == group:
+            d = shift
+        else:
+            if interval % r.interval:
+                raise SystemExit(f"detection: {group} ({interval}s) reads {name} of {r.group} ({r.interval}s); "
+                                 "the replay needs the reader's interval to be a multiple of the recorder's")
+            d = shift + (offset - r.offset) % r.interval
+        inner = SELECTOR.sub(lambda mm: f"{mm.group(1)}{_add_matchers(mm.group(2), extra)}", r.expr)
+        return "(" + substitute(inner, recs, r.group, r.interval, r.offset, d, used) + ")"
+
+    return SELECTOR.sub(one, expr)
 
 
 def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], list[dict]]:
-    """The shipped alerts this fleet can exercise, and those it cannot (with the reason)."""
+    """The shipped alerts of the replayed groups that this fleet can exercise, and those it cannot (why)."""
     recs = recording_rules()
-    build = load_build()
-    parts = build.alert_parts() if build is not None and hasattr(build, "alert_parts") else {}
     chosen, skipped = [], []
-    for g in yaml.safe_load(ALERTS.read_text())["groups"]:
+    for g in shipped_groups():
+        if not g["name"].startswith(GROUPS):
+            continue
         for r in g["rules"]:
             if "alert" not in r:
                 continue
-            a = Alert(r["alert"], " ".join(r["expr"].split()), seconds(r.get("for")), seconds(r.get("keep_firing_for")),
-                      r.get("labels", {}), g["name"])
+            if "keep_firing_for" in r:
+                raise SystemExit(f"detection: {r['alert']} has keep_firing_for; the replay's state machine has none")
+            # `group_left X` with X substituted by a parenthesised expression would read as a label list
+            expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
+            a = Alert(r["alert"], expr, seconds(r.get("for")), r.get("labels", {}), g["name"],
+                      g["_interval"], g["_offset"])
             a.kind = classify(a.name, a.labels)
-            a.family = a.labels.get("family", "")
-            p = parts.get(a.name)
-            if p:
-                a.parts = True
-                a.cond = " ".join(p["cond"].split())
-                a.runs_ok = " ".join(p["runs_ok"].split()) if p.get("runs_ok") else None
-                a.entity = tuple(p.get("entity") or ())
-                a.for_s = int(p.get("for_s", a.for_s))
-                a.keep_s = int(p.get("keep_s", a.keep_s))
-                a.hold_s = int(p.get("hold_s") or 0)
-            else:
-                a.cond = a.expr
-            if "ALERTS" in a.cond and not a.parts:
-                skipped.append({"alert": a.name,
-                                "why": "its expression reads ALERTS and build.py gives no alert_parts"})
-                continue
-            a.records, a.needs = closure([a.cond, a.runs_ok], recs)
-            a.needs.discard("ALERTS")
+            a.family = a.labels.get("figure", "")
+            used: set[str] = set()
+            a.cond = substitute(a.expr, recs, a.group, a.interval, a.offset, used=used)
+            a.records = used
+            a.needs = set(METRIC_NAME.findall(re.sub(r'"[^"]*"', '""', a.cond)))
             if a.kind != "hard":
                 ok = a.family in families
-                why = f"family {a.family} is not in the synthetic fleet"
+                why = f"figure {a.family} is not in the synthetic fleet"
             else:
                 missing = sorted(a.needs - emitted)
                 ok = not missing and bool(a.needs)
@@ -177,8 +290,13 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
             if ok:
                 chosen.append(a)
             else:
-                skipped.append({"alert": a.name, "why": why})
+                skipped.append({"alert": a.display, "group": a.group, "why": why})
     return chosen, skipped
+
+
+def peer_records() -> list[Record]:
+    """The recording rules of the replayed groups (evaluated for the evaluation count)."""
+    return [r for rs in recording_rules().values() for r in rs if r.group.startswith(GROUPS)]
 
 
 def hard_family(needs: set[str]) -> str:
@@ -191,8 +309,20 @@ def hard_family(needs: set[str]) -> str:
     return "probe"
 
 
+def grid(start: int, interval: int, offset: int) -> int:
+    """The group's first evaluation at or after start."""
+    return start + (offset - start) % interval
+
+
 # --------------------------------------------------------------------------- backfill
-_FLEET = None  # the fleet, inherited by the forked block writers
+_FLEET = None  # the fleet, inherited by the forked workers
+
+
+def _judge(i: int):
+    from benchmarks.detection.judge import judge_node
+    n = _FLEET.nodes[i]
+    _, t, up, *_ = _FLEET._per_node[i]
+    return n.name, judge_node(_FLEET, n, t, up, Path(_FLEET._state_root) / n.name)
 
 
 def _raw_block(arg) -> int:
@@ -208,13 +338,42 @@ def _raw_block(arg) -> int:
     return size
 
 
+def judge_fleet(fleet, work: Path, progress, jobs: int = 2) -> dict:
+    """Drive every node's exporter judge (judge.py) over the fleet's runs and scrapes; the checks summed."""
+    import multiprocessing
+
+    global _FLEET  # noqa: PLW0603 - the forked pool's workers inherit the fleet through it, unpickled
+    fleet.prepare_scrapes()
+    fleet._state_root = str(work / "state")
+    _FLEET = fleet
+    fleet.judged = {}
+    t = time.monotonic()
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for k, (name, nj) in enumerate(pool.imap_unordered(_judge, range(len(fleet.nodes)), chunksize=4), 1):
+            fleet.judged[name] = nj
+            if k % 40 == 0:
+                progress(f"judge: {k}/{len(fleet.nodes)} nodes ({time.monotonic() - t:.0f}s)")
+    shutil.rmtree(work / "state", ignore_errors=True)
+    from benchmarks.detection.fleet import DRIVER_OLD
+
+    checks: dict = {"series_published": 0, "samples": 0, "nodes_never_upgraded_with_another_driver_label": 0}
+    for name, nj in fleet.judged.items():
+        if fleet.by_name[name].upgrade_at is None and nj.checks["driver_labels"] != [DRIVER_OLD]:
+            checks["nodes_never_upgraded_with_another_driver_label"] += 1
+        checks["series_published"] += len(nj.cols)
+        checks["samples"] += sum(len(x) for x in nj.idx)
+        for k, v in nj.checks.items():
+            if isinstance(v, (int, float)):
+                checks[k] = checks.get(k, 0) + v
+    return checks
+
+
 def backfill_raw(fleet, data: Path, work: Path, progress, jobs: int = 2) -> int:
     """Generate the scrapes block by block and backfill each (`jobs` blocks at a time)."""
     import multiprocessing
 
-    global _FLEET  # noqa: PLW0603 - the forked pool's workers inherit the fleet through it, unpickled
+    global _FLEET  # noqa: PLW0603
     data.mkdir(parents=True, exist_ok=True)
-    fleet.prepare_scrapes()
     _FLEET = fleet
     args = [(i, b0, b1, str(work), str(data)) for i, (b0, b1) in enumerate(fleet.blocks())]
     size = 0
@@ -226,171 +385,193 @@ def backfill_raw(fleet, data: Path, work: Path, progress, jobs: int = 2) -> int:
     return size
 
 
-def stages(records: set[str], recs) -> list[list[str]]:
-    level: dict[str, int] = {}
-
-    def lvl(name):
-        if name not in level:
-            deps = {d for x in recs[name] for d in RECORD_NAME.findall(x[2]["expr"]) if d in records and d != name}
-            level[name] = 1 + max((lvl(d) for d in deps), default=-1)
-        return level[name]
-
-    out: dict[int, list[str]] = defaultdict(list)
-    for r in sorted(records):
-        out[lvl(r)].append(r)
-    return [out[i] for i in sorted(out)]
-
-
-RANGE_READ = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+)(\{[^}]*\})?\s*(\[|offset\b)")
-
-
-def read_back(records: set[str], recs, exprs=()) -> set[str]:
-    """The recorded series some expression reads over a range or at an offset (a baseline over days
-    of daily medians, say), with everything they need: those must exist before the evaluated span."""
-    texts = list(exprs) + [x[2]["expr"] for n in records for x in recs[n]]
-    seeds = {m.group(1) for e in texts if e for m in RANGE_READ.finditer(e)} & records
-    out, pending = set(), list(seeds)
-    while pending:
-        n = pending.pop()
-        if n in out:
-            continue
-        out.add(n)
-        pending.extend(d for x in recs[n] for d in RECORD_NAME.findall(x[2]["expr"]) if d in records)
-    return out
-
-
-def backfill_rules(records: set[str], data: Path, work: Path, start: int, end: int, progress, jobs: int = 2,
-                   early: set[str] = frozenset(), early_start: int | None = None) -> list:
-    """Backfill `records` stage by stage; each rule in its shipped group at the group's interval, from
-    `start`, or from `early_start` for the rules in `early` (read back over a range by others)."""
-    recs = recording_rules()
-    interval = {g: iv for rs in recs.values() for g, iv, _ in rs}
-    done = []
-    for i, stage in enumerate(stages(records, recs)):
-        t = time.monotonic()
-        rules = sorted(((g, name, r) for name in stage for g, _, r in recs[name]), key=lambda x: (x[0], x[1]))
-        # split the stage into `jobs` promtool processes per start; a group's rules can be split too: each
-        # process reads a file of the same relative name, so a group keeps its evaluation offset
-        chunks = []
-        for s0 in sorted({early_start if (early_start and n in early) else start for _, n, _ in rules}):
-            mine = [x for x in rules if (early_start if (early_start and x[1] in early) else start) == s0]
-            part = [[] for _ in range(max(1, min(jobs, len(mine))))]
-            for k, x in enumerate(mine):
-                part[k % len(part)].append(x)
-            chunks += [(s0, c) for c in part]
-        prom = BackfilledPrometheus(data, work / "prometheus.log", "5m")
-        procs = []
-        try:
-            for c, (s0, part) in enumerate(chunks):
-                d = work / f"stage{i}-{c}"
-                d.mkdir(parents=True, exist_ok=True)
-                groups = defaultdict(list)
-                for g, _, r in part:
-                    groups[g].append(r)
-                body = {"groups": [{"name": g, "interval": f"{interval[g]}s", "rules": rs} for g, rs in groups.items()]}
-                (d / "fleetcanary.rules.yml").write_text(yaml.safe_dump(body, sort_keys=False))
-                procs.append((subprocess.Popen(
-                    [binary("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(s0), "--end",
-                     str(end), "--url", prom.url, "--eval-interval", f"{EVAL_S}s", "--output-dir", "out",
-                     "fleetcanary.rules.yml"], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), d))
-            for proc, d in procs:
-                _, err = proc.communicate()
-                if proc.returncode != 0:
-                    raise RuntimeError(f"promtool rules backfill failed in {d}: {err.decode()[-3000:]}")
-        finally:
-            prom.stop()
-        for _, d in procs:
-            out = d / "out"
-            if out.exists():
-                for blk in out.iterdir():
-                    if blk.is_dir():
-                        shutil.move(str(blk), data / f"{blk.name}")
-            shutil.rmtree(d, ignore_errors=True)
-        groups = sorted({g for g, _, _ in rules})
-        done.append({"rules": stage, "groups": groups, "intervals_s": sorted({interval[g] for g in groups}),
-                     "seconds": round(time.monotonic() - t, 1)})
-        done[-1]["from_start"] = sorted(r for r in stage if early_start and r in early)
-        progress(f"rules stage {i} ({time.monotonic() - t:.0f}s): " + ", ".join(
-            f"{r} [{', '.join(sorted({f'{g} @{iv}s' for g, iv, _ in recs[r]}))}]"
-            + (" (from day 0)" if early_start and r in early else "") for r in stage))
-    return done
-
-
 # --------------------------------------------------------------------------- replay
-def query_series(prom: BackfilledPrometheus, expr: str, start: int, end: int, step: int = EVAL_S,
-                 chunk: int = 86400) -> dict[frozenset, list[int]]:
-    """Timestamps (on the step grid from start) at which each output series of expr exists."""
+def query_series(prom: BackfilledPrometheus, expr: str, start: int, end: int, step: int,
+                 chunk: int = 86400) -> tuple[dict[frozenset, list[int]], list[int]]:
+    """Evaluation times (start + k * step) at which each output series of expr exists, and every
+    evaluation time query_range answered (a check that none was lost)."""
     out: dict[frozenset, list[int]] = defaultdict(list)
+    steps: set[int] = set()
+    chunk = chunk // step * step
     t = start
     while t <= end:
         e = min(end, t + chunk - step)
         for s in prom.query_range(expr, t, e, step):
             key = frozenset((k, v) for k, v in s["metric"].items() if k != "__name__")
-            out[key].extend(int(float(ts)) for ts, _ in s["values"])
+            ts = [int(float(x)) for x, _ in s["values"]]
+            out[key].extend(ts)
+            steps.update(ts)
         t = e + step
-    return out
+    return out, sorted(steps)
 
 
-def replay(cond: dict[frozenset, list[int]], a: Alert, end: int, runs_ok=None) -> list[dict]:
-    """Prometheus's alert state machine over the evaluation grid, per output series. runs_ok:
-    entity key -> set of timestamps at which the entity's window has enough runs (None: no hold)."""
+def replay(cond: dict[frozenset, list[int]], a: Alert, end: int) -> list[dict]:
+    """Prometheus's alert state machine over the group's evaluations, per output series: active at the
+    first true evaluation, firing once it has been true for `for`, resolved (or dropped, if pending) at
+    the first false one."""
     episodes = []
+    step = a.interval
     for key, ts in cond.items():
         labels = dict(key)
-        ent = tuple(labels.get(x) for x in a.entity) if a.entity else None
-        true = set(ts)
-        ok_at = runs_ok.get(ent, set()) if runs_ok is not None else None
-        order = sorted(true)
-        i = 0
-        t = order[0] if order else None
-        while t is not None and t <= end:
-            # inactive: jump to the next true evaluation
-            active_at, fired_at, keep_since, hold_since, held = t, None, None, None, 0
-            while t <= end:
-                is_true = t in true
-                if not is_true and fired_at is not None and ok_at is not None and a.hold_s > 0 and t not in ok_at:
-                    hold_since = t if hold_since is None else hold_since
-                    if t - hold_since <= a.hold_s:
-                        is_true = True   # held: the window is sparse, the alert keeps its state
-                        held += 1
-                elif is_true or (ok_at is not None and t in ok_at):
-                    hold_since = None
-                if is_true:
-                    keep_since = None
-                    if fired_at is None and t - active_at >= a.for_s:
-                        fired_at = t
-                else:
-                    if fired_at is None:
-                        break  # pending -> inactive
-                    keep_since = t if keep_since is None else keep_since
-                    if t - keep_since >= a.keep_s:
-                        break  # resolved
-                t += EVAL_S
-            if fired_at is not None:
-                episodes.append({"labels": labels, "start": fired_at, "end": min(t, end), "held_evals": held})
-            while i < len(order) and order[i] <= t:
-                i += 1
-            t = order[i] if i < len(order) else None
+        order = sorted(set(ts))
+        k = 0
+        while k < len(order):
+            active_at = order[k]
+            j = k
+            while j + 1 < len(order) and order[j + 1] - order[j] == step:
+                j += 1
+            last_true = order[j]
+            if last_true - active_at >= a.for_s:
+                fired_at = active_at + -(-a.for_s // step) * step
+                episodes.append({"labels": labels, "start": fired_at, "end": min(last_true + step, end)})
+            k = j + 1
     return episodes
-
-
-def node_filter(nodes: set[str]) -> str:
-    return '|'.join(sorted(nodes))
 
 
 def replay_alert(prom: BackfilledPrometheus, a: Alert, start: int, end: int) -> tuple[list[dict], dict]:
     t = time.monotonic()
-    cond = query_series(prom, a.cond, start, end)
-    runs_ok = None
-    if a.parts and a.runs_ok and a.entity and cond:
-        nodes = {dict(k).get("node") for k in cond} - {None}
-        ent = ", ".join(a.entity)
-        # only the nodes the condition ever held on: the entities whose hold matters
-        q = (f"group by ({ent}) ({a.runs_ok}) and on(node) "
-             f'group by (node) (up{{job="fleetcanary", node=~"{node_filter(nodes)}"}})')
-        runs_ok = {}
-        for key, ts in query_series(prom, q, start, end).items():
+    first = grid(start, a.interval, a.offset)
+    cond, steps = query_series(prom, a.cond, first, end, a.interval)
+    eps = replay(cond, a, end)
+    expected = (end - first) // a.interval + 1
+    bad = [x for x in steps if (x - first) % a.interval]
+    return eps, {"query_s": round(time.monotonic() - t, 1), "cond_series": len(cond), "evaluations": expected,
+                 "off_grid_points": len(bad)}
+
+
+def count_evaluations(prom: BackfilledPrometheus, r: Record, start: int, end: int) -> dict:
+    """A recording rule of a replayed group at each of its group's evaluations: how many series it
+    records there (the rule substituted exactly as the alerts read it). Every evaluation is answered by
+    query_range; one without output is listed (none should lack it while the fleet publishes)."""
+    expr = substitute(r.name, recording_rules(), r.group, r.interval, r.offset)
+    first = grid(start, r.interval, r.offset)
+    _, steps = query_series(prom, f"count({expr})", first, end, r.interval)
+    expected = list(range(first, end + 1, r.interval))
+    have = set(steps)
+    missing = [t for t in expected if t not in have]
+    return {"rule": r.name, "group": r.group, "interval_s": r.interval, "offset_s": r.offset,
+            "evaluations": len(expected), "with_output": len(expected) - len(missing), "without_output": missing[:20],
+            "off_grid": sum(1 for t in steps if (t - first) % r.interval)}
+
+
+def promtool_gap(prom_data: Path, work: Path, r: Record, start: int, end: int, selector: str, progress,
+                 filename: str = "fleetcanary.rules.yml") -> dict:
+    """What `promtool tsdb create-blocks-from rules` writes for one recording rule of the peers group over
+    [start, end]: the timestamps of one recorded series (`selector`, a peer group present all along),
+    read back raw, and every evaluation missing between them (a step longer than the group's
+    interval), with its distance to the next 2-hour block boundary. promtool places the group's evaluations
+    at the offset Prometheus would (a hash of the group's name and the file's path as given): the old
+    replay's file name by default."""
+    d = work / "promtool-gap"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    # its own name (no replayed rule reads it), one per group and file: each check writes its own series
+    tag = hashlib.sha256(f"{r.group}/{filename}".encode()).hexdigest()[:8]
+    name = f"fleetcanary_detection_gap_{tag}:" + r.name.split(":", 1)[1]
+    body = {"groups": [{"name": r.group, "interval": f"{r.interval}s", "rules": [{"record": name, "expr": r.expr}]}]}
+    (d / filename).write_text(yaml.safe_dump(body, sort_keys=False))
+    t0 = time.monotonic()
+    prom = BackfilledPrometheus(prom_data, work / "prometheus.log", "5m")
+    try:
+        proc = subprocess.run([binary("promtool"), "tsdb", "create-blocks-from", "rules", "--start", str(start),
+                               "--end", str(end), "--url", prom.url, "--eval-interval", f"{r.interval}s",
+                               "--output-dir", "out", filename], cwd=d, capture_output=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"promtool rules backfill failed: {proc.stderr.decode()[-2000:]}")
+    finally:
+        prom.stop()
+    for blk in (d / "out").iterdir():
+        if blk.is_dir():
+            shutil.move(str(blk), prom_data / blk.name)
+    shutil.rmtree(d, ignore_errors=True)
+    prom = BackfilledPrometheus(prom_data, work / "prometheus.log", "5m")
+    try:
+        res = prom.query(f"{name}{selector}[{end - start + 600}s]", end + 1)
+    finally:
+        prom.stop()
+    if len(res) != 1:
+        raise RuntimeError(f"promtool gap check: {name}{selector} gave {len(res)} series")
+    ts = [float(t) for t, _ in res[0]["values"]]
+    gaps = [(a, b) for a, b in itertools.pairwise(ts) if b - a > 1.5 * r.interval]
+    lost = [a + r.interval * k for a, b in gaps for k in range(1, round((b - a) / r.interval))]
+    before = sorted({round(((x // PROMTOOL_BLOCK_S) + 1) * PROMTOOL_BLOCK_S - x, 3) for x in lost})
+    span_h = (ts[-1] - ts[0]) / 3600 if ts else 0
+    progress(f"promtool gap check ({time.monotonic() - t0:.0f}s): {len(ts)} evaluations written over {span_h:.1f} h, "
+             f"{len(lost)} missing")
+    return {"rule": r.name, "group": r.group, "file": filename, "series": selector, "start": start, "end": end,
+            "interval_s": r.interval,
+            "written": len(ts), "first": ts[0] if ts else None, "last": ts[-1] if ts else None,
+            "missing": len(lost), "block_boundaries_crossed": int(span_h // 2),
+            "missing_seconds_before_block_boundary": before[:20], "missing_examples": lost[:10],
+            # a lone missing evaluation leaves the one before it exactly one interval old: inside a 5-minute
+            # lookback (Prometheus 2.x includes its left end), so an instant query there still sees a value
+            "lookback_hides_them": all(b - a <= 2 * r.interval for a, b in gaps)}
+
+
+# --------------------------------------------------------------------------- why an alert did not fire
+CONDITION = re.compile(r"^(?P<value>.*?) > (?P<floor>[0-9.]+)"
+                       r"(?: > on\((?P<g>[^)]*)\) group_left\(\) \((?P<gate>.*?)\))?"
+                       r"(?: (?P<op>and|unless) on\((?P<g2>[^)]*)\) \((?P<nodes>.*) >= (?P<min>\d+)\))?$")
+RAW_JUDGE = re.compile(r"(?<![:\w])(fleetcanary_judge_[a-z]+)(?![:\w])(\{[^}]*\})?")
+
+
+def condition_parts(a: Alert) -> dict | None:
+    """A peer or own-history alert's condition in its parts, as the shipped rules write it:
+    VALUE > FLOOR [> on(G) group_left() (K * MAD)] [and|unless on(G) (NODES >= MIN)]."""
+    m = CONDITION.match(a.expr)
+    if not m or a.kind == "hard":
+        return None
+    return m.groupdict()
+
+
+def query_values(prom: BackfilledPrometheus, expr: str, start: int, end: int, step: int,
+                 chunk: int = 86400) -> dict[frozenset, dict[int, float]]:
+    """Each output series of expr (its labels but the name) -> {evaluation time: value}."""
+    out: dict[frozenset, dict[int, float]] = defaultdict(dict)
+    chunk = chunk // step * step
+    t = start
+    while t <= end:
+        e = min(end, t + chunk - step)
+        for s in prom.query_range(expr, t, e, step):
+            key = frozenset((k, v) for k, v in s["metric"].items() if k != "__name__")
+            out[key].update((int(float(x)), float(v)) for x, v in s["values"])
+        t = e + step
+    return out
+
+
+def diagnose(prom: BackfilledPrometheus, a: Alert, nodes: list[str], start: int, end: int,
+             batch: int = 24) -> dict[tuple, dict[int, tuple]]:
+    """For the series of `nodes`, at each evaluation of the alert's group: the condition's value, its MAD
+    gate and its peer group's node count ((node, gpu, baseline) -> {t: (value, gate, nodes)}; None where a
+    part is absent), each part substituted as the alert reads it."""
+    parts = condition_parts(a)
+    if parts is None or not nodes:
+        return {}
+    recs = recording_rules()
+    first = grid(start, a.interval, a.offset)
+
+    def sub(e: str) -> str:
+        return substitute(e, recs, a.group, a.interval, a.offset)
+
+    def by_group(expr: str | None, labels: str | None) -> tuple[list[str], dict]:
+        if not expr:
+            return [], {}
+        names = [x.strip() for x in labels.split(",")]
+        got = query_values(prom, sub(expr), first, end, a.interval)
+        return names, {tuple(dict(k).get(n, "") for n in names): v for k, v in got.items()}
+
+    gate_names, gates = by_group(parts["gate"], parts["g"])
+    node_names, peers = by_group(parts["nodes"], parts["g2"])
+    out: dict[tuple, dict[int, tuple]] = defaultdict(dict)
+    for i in range(0, len(nodes), batch):
+        sel = ['node=~"' + "|".join(sorted(nodes[i:i + batch])) + '"']
+        value = RAW_JUDGE.sub(lambda m, sel=sel: f"{m.group(1)}{_add_matchers(m.group(2), sel)}", parts["value"])
+        for key, vals in query_values(prom, sub(value), first, end, a.interval).items():
             d = dict(key)
-            runs_ok[tuple(d.get(x) for x in a.entity)] = set(ts)
-    eps = replay(cond, a, end, runs_ok)
-    return eps, {"query_s": round(time.monotonic() - t, 1), "cond_series": len(cond)}
+            ent = (d.get("node"), d.get("gpu", ""), d.get("baseline", ""))
+            gate = gates.get(tuple(d.get(n, "") for n in gate_names), {})
+            npeers = peers.get(tuple(d.get(n, "") for n in node_names), {})
+            for t, v in vals.items():
+                g = gate.get(t)
+                out[ent][t] = (v, None if g is None else g, npeers.get(t))
+    return out
