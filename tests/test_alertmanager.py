@@ -1,13 +1,14 @@
 """Alertmanager end to end: a real Prometheus with the shipped rule files scrapes two fake nodes on
 127.0.0.1, a real Alertmanager with the shipped example config routes what fires to a webhook receiver
-on 127.0.0.1. Shown: a node's GPU alerts arrive in one notification per node; a node-level alert
-(FleetCanaryGPUsMissing) inhibits the GPU alerts under it, which are then never notified; resolution
-arrives; the payload carries the runbook URL and the labels a router needs.
+on 127.0.0.1. Shown: a node's GPU alerts (hard failures and a judged figure's: the fast path on its own
+history, which fires at once where peers are too few) arrive in one notification per node; a node-level
+alert (FleetCanaryGPUsMissing) inhibits the GPU alerts under it, which are then never notified;
+resolution arrives; the payload carries the runbook URL and the labels a router needs.
 
 Only timing changes from what ships: Alertmanager's group_wait/group_interval/resolve_timeout, and the
-alerts' `for`/`keep_firing_for` in a temporary copy of the alert file (a minute becomes a second; 0m
-stays 0m). Routes, group_by, matchers, receivers and inhibit rules are the shipped ones, and the test
-checks that nothing else differs.
+rules' group intervals and `for`, rendered by alerts/build.py with build(scale=TIME_SCALE) (a minute
+becomes a second; 0m stays 0). Routes, group_by, matchers, receivers and inhibit rules are the shipped
+ones; the tests check that nothing else differs, and that every alert name the example matches exists.
 """
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from fleetcanary.judge import exposition as judge
 from fleetcanary.probes.gpu_health import GpuHealth
 from tests.support.alertmanager import Alertmanager, Exposition, WebhookReceiver
-from tests.support.helpers import wait_for
+from tests.support.helpers import load_script, wait_for
 from tests.support.prometheus import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
-# A minute of the shipped `for`/`keep_firing_for` becomes a second here.
+build = load_script(ALERTS / "build.py", "fleetcanary_alerts_build")
+# A minute of the shipped group intervals and `for` becomes a second here.
 TIME_SCALE = 1 / 60
 # Each wait is for a state (an alert held, a notification delivered) and only a hang reaches DEADLINE: a
 # step takes a few seconds on a quiet machine. No assertion depends on what arrives first within a time:
@@ -36,43 +39,78 @@ TIME_SCALE = 1 / 60
 DEADLINE = 180.0
 AM_TIMING = {"group_wait": "1s", "group_interval": "2s", "resolve_timeout": "1m"}
 NVLINK, REMAP_FAILED, MISSING = "FleetCanaryNVLinkDown", "FleetCanaryGPURowRemapFailed", "FleetCanaryGPUsMissing"
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def seconds(duration: str) -> float:
-    parts = re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration)
-    assert parts and "".join(n + u for n, u in parts) == duration, f"not a Prometheus duration: {duration!r}"
-    return sum(int(n) * _UNITS[u] for n, u in parts)
+# GPU memory bandwidth 30% off its own best day on a node with too few peers: the fast path on its own history
+OWN_FAST = "FleetCanaryGPUMemoryBandwidthFarBelowOwnHistory"
 
 
-def scaled(duration: str) -> str:
-    """`duration` times TIME_SCALE, in milliseconds; a zero duration is returned unchanged."""
-    s = seconds(duration)
-    return duration if s == 0 else f"{max(1, round(s * TIME_SCALE * 1000))}ms"
-
-
-def scaled_alert_file(dest: Path) -> dict[str, dict]:
-    """The shipped alert file with every `for` and `keep_firing_for` scaled by TIME_SCALE; its alerts by name.
-    Test-only: the shipped `for` of minutes would make this test take minutes."""
-    doc = yaml.safe_load((ALERTS / "fleetcanary.alerts.yml").read_text())
+def scaled_rules(dest: Path) -> dict[str, dict]:
+    """The rule files rendered with build(scale=TIME_SCALE) into `dest`; their alerts by name. Test-only: the
+    shipped intervals and `for` of minutes would make this test take minutes."""
     by_name = {}
-    for g in doc["groups"]:
-        assert "interval" not in g, "an alert group with its own interval: scale it too"
-        for r in g["rules"]:
-            for key in ("for", "keep_firing_for"):
-                if key in r:
-                    r[key] = scaled(r[key])
-            by_name[r["alert"]] = r
-    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for name, text in build.render(scale=TIME_SCALE).items():
+        (dest / name).write_text(text)
+        for g in yaml.safe_load(text)["groups"]:
+            by_name.update({r["alert"]: r for r in g["rules"] if "alert" in r})
     return by_name
 
 
-def test_scaling_keeps_zero_and_scales_minutes():
-    assert scaled("0m") == "0m" and scaled("0s") == "0s"
-    assert scaled("5m") == "5000ms" and scaled("2h") == "120000ms" and scaled("1h30m") == "90000ms"
-    with pytest.raises(AssertionError):
-        seconds("5 minutes")
+def test_the_scaled_rules_differ_from_the_shipped_only_in_intervals_and_for():
+    for name, text in build.render(scale=TIME_SCALE).items():
+        shipped, scaled = yaml.safe_load((ALERTS / name).read_text()), yaml.safe_load(text)
+        assert [g["name"] for g in scaled["groups"]] == [g["name"] for g in shipped["groups"]]
+        for a, b in zip(shipped["groups"], scaled["groups"], strict=True):
+            assert build.seconds(b["interval"]) == round(build.seconds(a["interval"]) * TIME_SCALE) >= 1, a["name"]
+            assert len(a["rules"]) == len(b["rules"]), a["name"]
+            for ra, rb in zip(a["rules"], b["rules"], strict=True):
+                if "for" in ra:
+                    assert build.seconds(rb["for"]) == round(build.seconds(ra["for"]) * TIME_SCALE), ra["alert"]
+                assert {k: v for k, v in ra.items() if k != "for"} == {k: v for k, v in rb.items() if k != "for"}
+
+
+def expand_alternatives(regex: str) -> list[str]:
+    """A matcher's regex as the plain alternatives it is made of: 'A(B|C).*|D' -> ['AB.*', 'AC.*', 'D']."""
+    depth, parts, start = 0, [], 0
+    for i, ch in enumerate(regex):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "|" and depth == 0:
+            parts.append(regex[start:i])
+            start = i + 1
+    parts.append(regex[start:])
+    if len(parts) > 1:
+        return [x for p in parts for x in expand_alternatives(p)]
+    m = re.search(r"\(([^()]*\|[^()]*)\)", regex)  # an innermost group with alternatives
+    if not m:
+        return [regex]
+    return list(dict.fromkeys(x for alt in m.group(1).split("|")
+                              for x in expand_alternatives(regex[:m.start()] + alt + regex[m.end():])))
+
+
+def test_expand_alternatives():
+    assert expand_alternatives("A(B|C).*|D") == ["AB.*", "AC.*", "D"]
+    assert sorted(expand_alternatives("X(P(Q|R)|S)")) == ["XPQ", "XPR", "XS"]
+
+
+def test_every_alert_name_the_example_matches_exists():
+    """Each alertname matcher of the example's routes and inhibit rules, and each alternative of a regex one, names
+    at least one alert of the rule files: a renamed alert leaves no matcher that matches nothing."""
+    names = set()
+    for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
+        names |= {r["alert"] for g in yaml.safe_load((ALERTS / f).read_text())["groups"] for r in g["rules"]
+                  if "alert" in r}
+    cfg = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
+    matchers = [m for r in cfg["route"].get("routes", []) for m in r.get("matchers", [])]
+    matchers += [m for r in cfg["inhibit_rules"] for k in ("source_matchers", "target_matchers") for m in r.get(k, [])]
+    problems, checked = [], 0
+    for m in matchers:
+        got = re.fullmatch(r'alertname(=~|=|!=)"(.*)"', m)
+        if not got:
+            continue
+        op, value = got.groups()
+        for alt in expand_alternatives(value) if op == "=~" else [re.escape(value)]:
+            checked += 1
+            if not any(re.fullmatch(alt, n) for n in names):
+                problems.append(f"alerts/alertmanager.example.yml {m}: `{alt}` matches no alert")
+    assert checked >= 10 and not problems, problems
 
 
 def alertmanager_config(webhook: str) -> tuple[dict, dict]:
@@ -104,14 +142,16 @@ def without_timing_and_urls(cfg: dict) -> dict:
 SPECS = {s.name: s for s in GpuHealth.metrics}
 
 
-def exposition(healthy: int = 8, nvlink_down: tuple[int, ...] = (), remap_failed: tuple[int, ...] = ()) -> str:
-    """A gpu_health exposition of an 8-GPU node (4 NVLinks per GPU, enough here) rendered by
-    prometheus_client, as the exporter renders it, with the probe's own HELP texts."""
+def exposition(healthy: int = 8, nvlink_down: tuple[int, ...] = (), remap_failed: tuple[int, ...] = (),
+               slow: tuple[int, ...] = ()) -> str:
+    """A gpu_health exposition of an 8-GPU node (4 NVLinks per GPU, enough here) and the judge's statistics of
+    its GPU memory bandwidth (the `slow` GPUs' confirmed figure 30% under their best day), rendered by
+    prometheus_client as the exporter renders them, with the probe's and the judge's own HELP texts."""
     reg = CollectorRegistry(auto_describe=False)
     fams = []
 
-    def fam(name, labels=()):
-        f = GaugeMetricFamily(name, SPECS[name].help, labels=list(labels))
+    def fam(name, labels=(), help_=None):
+        f = GaugeMetricFamily(name, help_ or SPECS[name].help, labels=list(labels))
         fams.append(f)
         return f
 
@@ -125,6 +165,12 @@ def exposition(healthy: int = 8, nvlink_down: tuple[int, ...] = (), remap_failed
             up.add_metric([str(g), str(link)], 0 if (g in nvlink_down and link == 2) else 1)
         pending.add_metric([str(g)], 0)
         failed.add_metric([str(g)], 1 if g in remap_failed else 0)
+    median = fam("fleetcanary_judge_median", judge.LABELS, judge.HELP["median"])
+    change = fam("fleetcanary_judge_change", (*judge.LABELS, "baseline", "baseline_driver"), judge.HELP["change"])
+    for g in range(8):
+        labels = ["gpu_memory_bandwidth", "d2d", str(g), "pool-a", "H100", "550.90.07"]
+        median.add_metric(labels, 3.0e12 * (0.7 if g in slow else 1.0))
+        change.add_metric([*labels, "current_driver", "550.90.07"], 0.7 if g in slow else 1.0)
 
     class Snapshot:
         def collect(self):
@@ -150,10 +196,10 @@ def stack(tmp_path):
         shipped, cfg = alertmanager_config(hook.url)
         am = Alertmanager(tmp_path / "am", cfg)
         started.append(am)
-        rules = scaled_alert_file(tmp_path / "fleetcanary.alerts.yml")
+        rules = scaled_rules(tmp_path)
         scrape = [{"job_name": "fleetcanary", "static_configs": [
             {"targets": [e.address], "labels": {"node": n}} for n, e in nodes.items()]}]
-        prom = Prometheus(tmp_path / "prom", [], rule_files=[str(ALERTS / "fleetcanary.rules.yml"),
+        prom = Prometheus(tmp_path / "prom", [], rule_files=[str(tmp_path / "fleetcanary.rules.yml"),
                                                              str(tmp_path / "fleetcanary.alerts.yml")],
                           scrape_configs=scrape, alertmanagers=[am.address])
         started.append(prom)
@@ -186,13 +232,15 @@ def test_alerts_route_group_inhibit_and_resolve_through_a_real_alertmanager(stac
         return wait_for(lambda: next((n for n in sent(node) if match(n)), None), timeout=DEADLINE,
                         what=f"a notification for {node} like that")
 
-    # (1) node-a: an NVLink of GPU 0 down and a failed row remap on GPU 5, both critical; node-b: an NVLink
-    # of GPU 2 down. Grouped by node: node-a's two alerts (two alert names, two GPUs) in ONE notification,
-    # node-b's in another. (Which notification of the group is the first to carry both depends on when
-    # Prometheus delivered them, so the test waits for it rather than taking the first.)
-    nodes["node-a"].set(exposition(nvlink_down=(0,), remap_failed=(5,)))
+    # (1) node-a: an NVLink of GPU 0 down, a failed row remap on GPU 5 and GPU 3's memory bandwidth 30% under
+    # its best day (two nodes are too few peers: the fast path on its own history), all critical; node-b: an
+    # NVLink of GPU 2 down. Grouped by node: node-a's three alerts (three alert names, three GPUs) in ONE
+    # notification, node-b's in another. (Which notification of the group is the first to carry all depends on
+    # when Prometheus delivered them, so the test waits for it rather than taking the first.)
+    nodes["node-a"].set(exposition(nvlink_down=(0,), remap_failed=(5,), slow=(3,)))
     nodes["node-b"].set(exposition(nvlink_down=(2,)))
-    a1 = first("node-a", lambda n: firing(n) == sorted([(NVLINK, "0"), (REMAP_FAILED, "5")], key=str))
+    a1 = first("node-a", lambda n: firing(n) == sorted([(NVLINK, "0"), (REMAP_FAILED, "5"), (OWN_FAST, "3")],
+                                                       key=str))
     b1 = first("node-b", lambda n: firing(n) == [(NVLINK, "2")])
     assert a1["path"] == b1["path"] == "/page", "critical alerts go to the pager receiver"
     assert a1["payload"]["receiver"] == "gpu-platform-pager"
@@ -204,25 +252,33 @@ def test_alerts_route_group_inhibit_and_resolve_through_a_real_alertmanager(stac
         shipped_rule = rules[a["labels"]["alertname"]]
         assert a["status"] == "firing"
         assert a["labels"]["severity"] == shipped_rule["labels"]["severity"] == "critical"
-        assert a["labels"]["node"] in ("node-a", "node-b") and a["labels"]["gpu"] in ("0", "2", "5")
+        assert a["labels"]["node"] in ("node-a", "node-b") and a["labels"]["gpu"] in ("0", "2", "3", "5")
         assert a["annotations"]["runbook_url"] == shipped_rule["annotations"]["runbook_url"]
         assert a["annotations"]["runbook_url"].endswith("docs/runbooks.md#" + a["labels"]["alertname"].lower())
         assert a["annotations"]["summary"] and a["labels"]["node"] in a["annotations"]["description"]
     assert a1["payload"]["commonLabels"] == {"node": "node-a", "severity": "critical", "job": "fleetcanary",
                                              "instance": nodes["node-a"].address}
+    # a judged figure's alert says which figure, series, path and peer group (what a router sorts by)
+    [own] = [a for a in a1["payload"]["alerts"] if a["labels"]["alertname"] == OWN_FAST]
+    assert {k: own["labels"][k] for k in ("figure", "series", "path", "pool", "model", "driver_version",
+                                          "baseline", "baseline_driver")} == {
+        "figure": "gpu_memory_bandwidth", "series": "d2d", "path": "own_fast", "pool": "pool-a", "model": "H100",
+        "driver_version": "550.90.07", "baseline": "current_driver", "baseline_driver": "550.90.07"}
+    assert "30% below its best day" in own["annotations"]["description"], own["annotations"]["description"]
 
     # (2) node-a loses a GPU (FleetCanaryGPUsMissing, node-level); while it is missing, one more NVLink
-    # goes down (GPU 6). The shipped inhibit rule mutes node-a's NVLink alerts, the old and the new; the
-    # row remap failure is not under it and stays notified; node-b is another node and is untouched.
-    nodes["node-a"].set(exposition(healthy=7, nvlink_down=(0,), remap_failed=(5,)))
+    # goes down (GPU 6). The shipped inhibit rule mutes node-a's NVLink alerts, the old and the new, and its
+    # GPU memory bandwidth alert; the row remap failure is not under it and stays notified; node-b is another
+    # node and is untouched.
+    nodes["node-a"].set(exposition(healthy=7, nvlink_down=(0,), remap_failed=(5,), slow=(3,)))
 
-    def inhibited(gpus: tuple[str, ...]):
+    def inhibited(keys: list[tuple[str, str]]):
         def check() -> dict | None:
             held = {(a["labels"]["node"], *key(a)): a for a in am.alerts()}
             missing = held.get(("node-a", MISSING, None))
             if not missing or missing["status"]["state"] != "active":
                 return None
-            muted = [held.get(("node-a", NVLINK, g)) for g in gpus]
+            muted = [held.get(("node-a", *k)) for k in keys]
             if not all(m and m["status"]["state"] == "suppressed" for m in muted):
                 return None
             return {"missing": missing, "muted": muted, "held": held}
@@ -231,32 +287,36 @@ def test_alerts_route_group_inhibit_and_resolve_through_a_real_alertmanager(stac
     # Alertmanager's inhibitor and its dispatcher take a new alert from separate queues, so a flush of the
     # group in the instant between the two may still carry the old NVLink alert: what the inhibit rule
     # promises holds once Alertmanager reports the alert suppressed, and everything after is built on that.
-    wait_for(inhibited(("0",)), timeout=DEADLINE, what="node-a's NVLink alert inhibited by GPUsMissing")
-    nodes["node-a"].set(exposition(healthy=7, nvlink_down=(0, 6), remap_failed=(5,)))
-    state = wait_for(inhibited(("0", "6")), timeout=DEADLINE, what="node-a's new NVLink alert inhibited too")
+    wait_for(inhibited([(NVLINK, "0"), (OWN_FAST, "3")]), timeout=DEADLINE,
+             what="node-a's NVLink and bandwidth alerts inhibited by GPUsMissing")
+    nodes["node-a"].set(exposition(healthy=7, nvlink_down=(0, 6), remap_failed=(5,), slow=(3,)))
+    muted_keys = [(NVLINK, "0"), (NVLINK, "6"), (OWN_FAST, "3")]
+    state = wait_for(inhibited(muted_keys), timeout=DEADLINE, what="node-a's new NVLink alert inhibited too")
     for m in state["muted"]:
         assert m["status"]["inhibitedBy"] == [state["missing"]["fingerprint"]], m["status"]
         assert m["status"]["silencedBy"] == []
     assert state["held"][("node-a", REMAP_FAILED, "5")]["status"]["state"] == "active"
     assert state["held"][("node-b", NVLINK, "2")]["status"]["state"] == "active"
     # A change the group does notify: GPU 3's row remap fails too. That notification is a flush of node-a's
-    # group with both NVLink alerts in it: GPUsMissing and the row remap failures, not the muted alerts.
-    nodes["node-a"].set(exposition(healthy=7, nvlink_down=(0, 6), remap_failed=(5, 3)))
+    # group with the muted alerts in it: GPUsMissing and the row remap failures, not the muted alerts.
+    nodes["node-a"].set(exposition(healthy=7, nvlink_down=(0, 6), remap_failed=(5, 3), slow=(3,)))
     flushed = first("node-a", lambda n: (REMAP_FAILED, "3") in firing(n))
     assert firing(flushed) == sorted([(MISSING, None), (REMAP_FAILED, "5"), (REMAP_FAILED, "3")], key=str), \
         flushed["payload"]
-    assert NVLINK not in {a["labels"]["alertname"] for a in flushed["payload"]["alerts"]}, flushed["payload"]
+    assert not {NVLINK, OWN_FAST} & {a["labels"]["alertname"] for a in flushed["payload"]["alerts"]}, \
+        flushed["payload"]
     flushed_at = hook.notifications().index(flushed)
     # Still inhibited, and no notification ever carried GPU 6's alert, which came after the inhibition.
-    assert inhibited(("0", "6"))(), "node-a's NVLink alerts are no longer inhibited"
+    assert inhibited(muted_keys)(), "node-a's NVLink and bandwidth alerts are no longer inhibited"
     assert not any(key(a) == (NVLINK, "6") for n in hook.notifications() for a in n["payload"]["alerts"])
 
     # (3) both nodes healed: resolution arrives, status "resolved", for every alert that was notified. The
-    # links come back first, while GPUs are still missing (so no NVLink alert is firing when the inhibition
-    # ends), then the GPU and the row remaps.
+    # links and the bandwidth come back first, while GPUs are still missing (so no muted alert is firing when
+    # the inhibition ends), then the GPU and the row remaps.
     nodes["node-a"].set(exposition(healthy=7, remap_failed=(5, 3)))
-    wait_for(lambda: not [a for a in am.alerts() if key(a)[0] == NVLINK and a["labels"]["node"] == "node-a"],
-             timeout=DEADLINE, what="node-a's NVLink alerts resolved")
+    wait_for(lambda: not [a for a in am.alerts() if key(a)[0] in (NVLINK, OWN_FAST)
+                          and a["labels"]["node"] == "node-a"],
+             timeout=DEADLINE, what="node-a's NVLink and bandwidth alerts resolved")
     nodes["node-b"].set(exposition())
     nodes["node-a"].set(exposition())
     notified = {(MISSING, None), (REMAP_FAILED, "5"), (REMAP_FAILED, "3")}
@@ -268,8 +328,8 @@ def test_alerts_route_group_inhibit_and_resolve_through_a_real_alertmanager(stac
     assert b_res["alerts"][0]["annotations"]["runbook_url"] == rules[NVLINK]["annotations"]["runbook_url"]
     a_res = sent("node-a", "resolved")[-1]["payload"]
     assert all(a["status"] == "resolved" and a["endsAt"] > a["startsAt"] for a in a_res["alerts"])
-    # Alertmanager may report the NVLink alerts it muted as resolved, never as firing; GPU 6's never at all.
-    assert not any(a["status"] == "firing" and key(a)[0] == NVLINK and a["labels"]["node"] == "node-a"
+    # Alertmanager may report the alerts it muted as resolved, never as firing; GPU 6's never at all.
+    assert not any(a["status"] == "firing" and key(a)[0] in (NVLINK, OWN_FAST) and a["labels"]["node"] == "node-a"
                    for n in hook.notifications()[flushed_at:] for a in n["payload"]["alerts"])
     assert not any(key(a) == (NVLINK, "6") and a["status"] == "firing"
                    for n in hook.notifications() for a in n["payload"]["alerts"])

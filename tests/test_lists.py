@@ -1,9 +1,9 @@
 """Every hand-kept list stays in step with the one place that is the truth for it.
 
 The truths: the probe map (probes/__init__.py PROBES), the CLI's subcommands (build_parser in
-exporter/cli/__init__.py), the alert family table (alerts/build.py FAMILIES), the dashboard
-sources (dashboards/*.dashboard.py), the package folders, the kustomize overlays and the
-generators of scripts/generate. Each failure names the file that fell behind and the entry it
+exporter/cli/__init__.py), the judged figures (exporter/judge/figures.py FIGURES, which alerts/build.py
+FIGURES follows), the dashboard sources (dashboards/*.dashboard.py), the package folders, the kustomize
+overlays and the generators of scripts/generate. Each failure names the file that fell behind and the entry it
 lacks; CONTRIBUTING.md says what goes where. Files a generator writes (docs/metrics.md,
 docs/configuration.md, the rules, rule tests, runbooks, dashboard JSON, deploy manifests) are
 not lists kept by hand: tests/test_generated.py fails when one is stale.
@@ -229,22 +229,45 @@ def test_every_offline_tool_module_has_its_subcommand():
     assert TOOLS["rules"][0] == "fleetcanary.rules.build" and callable(rules.add_arguments) and callable(rules.main)
 
 
-# ------------------------------------------------------------------ alert families (alerts/build.py)
+# ------------------------------------------------------------------ judged figures and their alerts (alerts/build.py)
 
-def test_every_alert_family_has_its_runbook_text_and_healthy_value():
+def test_every_judged_figure_has_its_alerts_runbook_text_and_test_values():
+    """fleetcanary.judge.figures FIGURES (what the exporter judges) and alerts/build.py FIGURES (what the rules
+    alert on) name the same figures in the same order and agree on direction, history, fast path and driver; every
+    figure has its runbook text and the healthy value and series labels of its promtool tests."""
+    from fleetcanary.judge.figures import FIGURES as JUDGED
+
     build = load_script(ROOT / "alerts/build.py", "fleetcanary_alerts_build")
     build_tests = load_script(ROOT / "alerts/build_tests.py", "fleetcanary_alerts_build_tests")
     runbooks = load_script(ROOT / "alerts/runbooks.py", "fleetcanary_alerts_runbooks")
-    keys = [f.key for f in build.FAMILIES]
-    assert len(keys) >= 10, keys
-    problems = []
-    for where, table in (("alerts/runbooks.py FAMILY_CHECKS", runbooks.FAMILY_CHECKS),
-                         ("alerts/build_tests.py HEALTHY", build_tests.HEALTHY)):
-        problems += [f"{where}: no entry for family `{k}`" for k in keys if k not in table]
-        problems += [f"{where}: `{k}` is no family of alerts/build.py FAMILIES" for k in table if k not in keys]
-    problems += [f"alerts/build_tests.py ENTITY_VALUES: no value for the label `{label}` (family `{f.key}`)"
-                 for f in build.FAMILIES for label in f.entity
-                 if label != "node" and label not in build_tests.ENTITY_VALUES]
+    judged = {f.key: f for f in JUDGED}
+    rules = {f.key: f for f in build.FIGURES}
+    assert len(judged) >= 9, sorted(judged)
+    problems = [f"alerts/build.py FIGURES: no FigureRules for the judged figure `{k}` (exporter/judge/figures.py)"
+                for k in judged if k not in rules]
+    problems += [f"alerts/build.py FIGURES: `{k}` is no judged figure of exporter/judge/figures.py FIGURES"
+                 for k in rules if k not in judged]
+    if not problems and list(rules) != list(judged):
+        problems.append(f"alerts/build.py FIGURES: not in the order of exporter/judge/figures.py ({list(judged)})")
+    for k in judged.keys() & rules.keys():
+        for attr in ("higher_is_better", "history", "fast"):
+            if getattr(judged[k], attr) != getattr(rules[k], attr):
+                problems.append(f"alerts/build.py FIGURES: `{k}` {attr}={getattr(rules[k], attr)}, "
+                                f"exporter/judge/figures.py says {getattr(judged[k], attr)}")
+        # the judge keeps a GPU figure's series per driver (exporter/judge/store.py), no other
+        if rules[k].per_driver != (judged[k].model_field == "gpu_model"):
+            problems.append(f"alerts/build.py FIGURES: `{k}` per_driver={rules[k].per_driver}, but the judge keeps "
+                            f"it per driver only if it is a GPU figure (model_field={judged[k].model_field!r})")
+    problems += [f"alerts/runbooks.py FAMILY_CHECKS: no entry for figure `{k}`" for k in rules
+                 if k not in runbooks.FAMILY_CHECKS]
+    problems += [f"alerts/build_tests.py HEALTHY: no entry for figure `{k}`" for k in judged
+                 if k not in build_tests.HEALTHY]
+    problems += [f"alerts/build_tests.py HEALTHY: `{k}` is no judged figure" for k in build_tests.HEALTHY
+                 if k not in judged]
+    problems += [f"alerts/build_tests.py ENTITY_VALUES: no value for the label `{label}` (figure `{f.key}`)"
+                 for f in JUDGED for label in f.series if label not in build_tests.ENTITY_VALUES]
+    problems += [f"alerts/build_tests.py MODELS: no model for model_field `{f.model_field}` (figure `{f.key}`)"
+                 for f in JUDGED if f.model_field not in build_tests.MODELS]
     assert_no_problems(problems)
 
 

@@ -1,52 +1,48 @@
 """The shipped rules on VictoriaMetrics' vmalert and on Prometheus, fed the same series: the same alerts fire
 on both, the expected ones, and none on a healthy node.
 
-One exporter stand-in on 127.0.0.1 serves a small fleet, a path per node; a real Prometheus and a real
-single-node VictoriaMetrics scrape it with the same scrape config (the node label comes from it, as in a
-real fleet), Prometheus evaluates the rule files itself and a real vmalert evaluates them against
-VictoriaMetrics (datasource, remote write and remote read). The rule files are alerts/*.yml as they ship:
-no interval, `for` or expression is scaled, so only alerts with `for: 0m` in groups without an interval
-of their own (evaluated every second here, on both engines) can fire within the test's minute.
+One exporter stand-in on 127.0.0.1 serves a small fleet, a path per node (tests/support/fleet_exporter.py); a
+real Prometheus and a real single-node VictoriaMetrics scrape it with the same scrape config (the node label
+comes from it, as in a real fleet), Prometheus evaluates the rule files itself and a real vmalert evaluates them
+against VictoriaMetrics (datasource, remote write and remote read).
 
-The scenario is data: fleet() says what each node exports and which (alert, gpu) it must raise; change
-it when the metrics or the rules change. run_fleet() compares the engines on whatever rule files it is
-given.
+vmalert 1.79 (Debian bookworm's `victoria-metrics`) loads the shipped files unchanged (no keep_firing_for, no
+self-hold through ALERTS: test_shipped_rules_load_unchanged_on_vmalert). The engines are compared on the same
+rules rendered by alerts/build.py with build(scale=SCALE) and the hard-failure interval of the peer groups:
+every group evaluates each second and every `for` is a 300th (15 minutes: 3 s), so the peer and own-history
+alerts fire within the test's minute; expressions, labels and windows are the shipped ones.
 
-vmalert 1.79 (Debian bookworm's `victoria-metrics`) refuses `keep_firing_for`, which Prometheus 2.42
-accepts: test_shipped_rules_load_unchanged_on_vmalert records that, and the engines are compared on
-copies without that one field (tests/support/vmalert.py: vmalert_rule_files), which changes when a firing
-alert resolves, never whether or when it fires.
+The scenario is data: fleet() says what each node exports and which (alert, gpu, path) it must raise; change
+it when the metrics or the rules change. run_fleet() compares the engines on whatever rule files it is given.
 """
 from __future__ import annotations
 
-from http.server import BaseHTTPRequestHandler
+from dataclasses import replace
 from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.support.helpers import wait_for
+from tests.support.fleet_exporter import FleetExporter, Member, build_tests, judged_pages
+from tests.support.helpers import load_script, wait_for
 from tests.support.prometheus import Prometheus
-from tests.support.servers import ServerThread
-from tests.support.vmalert import (
-    UNSUPPORTED_RULE_FIELDS,
-    VictoriaMetrics,
-    VMAlert,
-    dry_run,
-    evaluations,
-    firing,
-    refused_fields,
-    vmalert_rule_files,
-)
+from tests.support.vmalert import VictoriaMetrics, VMAlert, assert_loads, dry_run, evaluations, firing
 
 ROOT = Path(__file__).resolve().parent.parent
+build = load_script(ROOT / "alerts" / "build.py", "fleetcanary_alerts_build")
 RULE_FILES = [ROOT / "alerts" / "fleetcanary.rules.yml", ROOT / "alerts" / "fleetcanary.alerts.yml"]
-# Only a hang reaches it: on a quiet machine both engines fire everything within seconds of starting.
-DEADLINE = 90.0
+SCALE = 1 / 300
+# The peer groups' interval for every group: scaled, each group evaluates every second.
+SETTINGS = replace(build.SETTINGS, hard_interval=build.SETTINGS.interval)
+# Only a hang reaches it: on a quiet machine both engines fire everything within half a minute of starting.
+DEADLINE = 120.0
 GPUS = ("0", "1")
 LINKS = ("0", "1")
+KEYS = ("alertname", "node", "gpu", "path")
+# Judged figures in the scenario: one per GPU and higher-is-better, one per node and lower-is-better.
+JUDGED = ("gpu_memory_bandwidth", "storage_first_byte")
+DEGRADED, DEGRADED_GPU = "node-6", "1"
 
-Alert = tuple[str, str, str]  # (alertname, node, gpu); gpu "" for a node-level alert
+Alert = tuple[str, str, str, str]  # (alertname, node, gpu, path); gpu "" for a node-level alert, path "" for a hard one
 
 
 def healthy(node: str) -> dict[str, float]:
@@ -76,80 +72,86 @@ def healthy(node: str) -> dict[str, float]:
     return s
 
 
-def fleet() -> dict[str, tuple[dict[str, float], set[tuple[str, str]]]]:
-    """node -> (its exposition, the (alertname, gpu) it must raise). Six nodes: two healthy, four with one
-    hard failure each (a lost GPU also leaves the node short of GPUs)."""
-    faults: dict[str, tuple[dict[str, float], set[tuple[str, str]]]] = {
+def judged(nodes: list[str]) -> tuple[dict[str, dict[str, float]], set[tuple[str, str, str, str]]]:
+    """The judge's statistics of JUDGED on `nodes` (each GPU of GPUS for a per-GPU figure), one peer group of them
+    all; DEGRADED's GPU DEGRADED_GPU (and its node-level figure) 30% worse on every statistic. Returns (node -> its
+    series, the alerts it must raise as (node, alertname, gpu, path)): the peer change, level and fast paths,
+    regression and drift; not the fast path on its own history (it has peers)."""
+    figures = {f.key: f for f in build_tests.figures()}
+    members, want = {}, set()
+    for key in JUDGED:
+        f = figures[key]
+        bad = {k: build_tests.off(f, 0.3) for k in ("median", "newest", "change", "drift")}
+        gpus = GPUS if build_tests.judged_figure(f).gpu else ("",)
+        members[key] = [Member(n, gpu=g, **(bad if (n, g) in ((DEGRADED, DEGRADED_GPU), (DEGRADED, "")) else {}))
+                        for n in nodes for g in gpus]
+        want |= {(DEGRADED, build_tests.name(f, path), DEGRADED_GPU if gpus != ("",) else "", path)
+                 for path in ("change", "level", "fast", "regression", "drift")}
+    return judged_pages(members), want
+
+
+def fleet() -> dict[str, tuple[dict[str, float], set[tuple[str, str, str]]]]:
+    """node -> (its exposition, the (alertname, gpu, path) it must raise). Seven nodes, one peer group: two
+    healthy, four with one hard failure each (a lost GPU also leaves the node short of GPUs), one whose GPU
+    memory bandwidth and storage latency are 30% worse than its peers' and than its own best day."""
+    faults: dict[str, tuple[dict[str, float], set[tuple[str, str, str]]]] = {
         "node-1": ({}, set()),
         "node-2": ({'fleetcanary_gpu_lost{gpu="1"}': 1, "fleetcanary_gpus_healthy": 1},
-                   {("FleetCanaryGPULost", "1"), ("FleetCanaryGPUsMissing", "")}),
-        "node-3": ({'fleetcanary_gpu_pcie_link_width{gpu="0"}': 8}, {("FleetCanaryPCIeLinkWidthDegraded", "0")}),
-        "node-4": ({'fleetcanary_gpu_nvlink_up{gpu="0",link="1"}': 0}, {("FleetCanaryNVLinkDown", "0")}),
-        "node-5": ({'fleetcanary_gpu_remapped_rows_failed{gpu="1"}': 1}, {("FleetCanaryGPURowRemapFailed", "1")}),
-        "node-6": ({}, set()),
+                   {("FleetCanaryGPULost", "1", ""), ("FleetCanaryGPUsMissing", "", "")}),
+        "node-3": ({'fleetcanary_gpu_pcie_link_width{gpu="0"}': 8}, {("FleetCanaryPCIeLinkWidthDegraded", "0", "")}),
+        "node-4": ({'fleetcanary_gpu_nvlink_up{gpu="0",link="1"}': 0}, {("FleetCanaryNVLinkDown", "0", "")}),
+        "node-5": ({'fleetcanary_gpu_remapped_rows_failed{gpu="1"}': 1}, {("FleetCanaryGPURowRemapFailed", "1", "")}),
+        DEGRADED: ({}, set()),
+        "node-7": ({}, set()),
     }
+    pages, want = judged(list(faults))
     out = {}
     for node, (changes, alerts) in faults.items():
         series = healthy(node)
         assert changes.keys() <= series.keys(), f"{node}: a fault on a series the node does not export"
-        out[node] = ({**series, **changes}, alerts)
+        out[node] = ({**series, **changes, **pages[node]},
+                     alerts | {(name, gpu, path) for n, name, gpu, path in want if n == node})
     return out
 
 
-class FleetExporter(ServerThread):
-    """Serves each node's exposition at /nodes/NODE/metrics."""
-
-    def __init__(self, expositions: dict[str, dict[str, float]]) -> None:
-        pages = {f"/nodes/{node}/metrics": "".join(f"{s} {v!r}\n" for s, v in series.items()).encode()
-                 for node, series in expositions.items()}
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                page = pages.get(self.path)
-                self.send_response(200 if page is not None else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(page or b"")))
-                self.end_headers()
-                self.wfile.write(page or b"")
-
-            def log_message(self, *args):
-                pass
-
-        super().__init__(Handler)
-        self.nodes = list(expositions)
-
-    def scrape_configs(self) -> list[dict]:
-        """One job, a target per node: the node label and the path come from the target's labels."""
-        return [{"job_name": "fleetcanary", "scrape_interval": "1s",
-                 "static_configs": [{"targets": [self.address],
-                                     "labels": {"node": n, "__metrics_path__": f"/nodes/{n}/metrics"}}
-                                    for n in self.nodes]}]
+def scaled_rules(workdir: Path) -> list[Path]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in build.render(scale=SCALE, settings=SETTINGS).items():
+        paths.append(workdir / name)
+        paths[-1].write_text(text)
+    return paths
 
 
-def evaluated_again(url: str, groups: set[str], times: int):
-    """A predicate: every group in ``groups`` has done ``times`` more evaluations than when this was called."""
-    start = evaluations(url)
-    return lambda: all(evaluations(url).get(g, 0) >= start.get(g, 0) + times for g in groups)
+def evaluated(url: str, groups: set[str], times: int) -> bool:
+    """Every group in ``groups`` has done ``times`` evaluations on the engine at ``url``."""
+    done = evaluations(url)
+    return all(done.get(g, 0) >= times for g in groups)
 
 
 def run_fleet(tmp_path: Path, rule_files: list[Path], nodes: dict) -> tuple[set[Alert], set[Alert], set[Alert]]:
     """Serve ``nodes`` (fleet()'s shape) to Prometheus and to VictoriaMetrics, evaluate ``rule_files`` on
-    Prometheus and on vmalert until each fires at least what is expected, then twice more; (expected,
-    fired on Prometheus, fired on vmalert), all as (alertname, node, gpu)."""
-    want = {(name, node, gpu) for node, (_, alerts) in nodes.items() for name, gpu in alerts}
-    vm_rules, _ = vmalert_rule_files(rule_files, tmp_path / "vmalert-rules")
+    Prometheus and on vmalert until each fires at least what is expected and has evaluated every group for the
+    longest `for` and a few more times; (expected, fired on Prometheus, fired on vmalert), all as (alertname,
+    node, gpu, path)."""
+    want = {(name, node, gpu, path) for node, (_, alerts) in nodes.items() for name, gpu, path in alerts}
+    assert_loads(rule_files)
+    docs = [yaml.safe_load(p.read_text()) for p in rule_files]
+    groups = {g["name"] for d in docs for g in d["groups"]}
+    assert {build.seconds(g["interval"]) for d in docs for g in d["groups"]} == {1}, "every group each second"
+    longest_for = max(build.seconds(r.get("for", "0s")) for d in docs for g in d["groups"] for r in g["rules"])
     exporter = FleetExporter({node: series for node, (series, _) in nodes.items()})
     started: list = [exporter]
     try:
         started.append(prom := Prometheus(tmp_path / "prometheus", [], rule_files=[str(p) for p in rule_files],
                                           scrape_configs=exporter.scrape_configs()))
         started.append(vm := VictoriaMetrics(tmp_path / "vm", scrape_configs=exporter.scrape_configs()))
-        started.append(vma := VMAlert(tmp_path / "vmalert", vm.url, vm_rules))
+        started.append(vma := VMAlert(tmp_path / "vmalert", vm.url, rule_files))
         engines = {"prometheus": prom.url, "vmalert": vma.url}
         fired: dict[str, set[Alert]] = {}
 
         def all_fired(engine: str) -> bool:
-            fired[engine] = firing(engines[engine])
+            fired[engine] = firing(engines[engine], KEYS)
             return want <= fired[engine]
 
         for engine in engines:
@@ -158,14 +160,13 @@ def run_fleet(tmp_path: Path, rule_files: list[Path], nodes: dict) -> tuple[set[
             except AssertionError as e:
                 raise AssertionError(f"{e}; never fired: {sorted(want - fired.get(engine, set()))}; "
                                      f"fired: {sorted(fired.get(engine, set()))}") from None
-        # Whatever else the per-second groups would raise has had time to fire: each engine evaluates every
-        # group without its own interval twice more (a group with `interval: 1m` may not have run at all).
-        per_second = {g["name"] for p in rule_files for g in yaml.safe_load(p.read_text())["groups"]
-                      if "interval" not in g}
-        for engine, url in engines.items():
-            wait_for(evaluated_again(url, per_second, 2), timeout=DEADLINE, what=f"two more evaluations on {engine}")
-            fired[engine] = firing(url)
-        return want, fired["prometheus"], fired["vmalert"]
+        # Whatever else would fire has had time to: the series are the same from the first scrape, so an alert
+        # fires at the latest once every group has evaluated for the longest `for` (in evaluations, a second
+        # each) after its inputs, recorded a few evaluations in, exist.
+        enough = longest_for + 5
+        wait_for(lambda: all(evaluated(url, groups, enough) for url in engines.values()), timeout=DEADLINE,
+                 what=f"{enough} evaluations of every group on both engines")
+        return want, firing(prom.url, KEYS), firing(vma.url, KEYS)
     finally:
         for s in reversed(started):
             s.stop()
@@ -173,17 +174,30 @@ def run_fleet(tmp_path: Path, rule_files: list[Path], nodes: dict) -> tuple[set[
 
 def test_shipped_rules_load_unchanged_on_vmalert():
     r = dry_run(RULE_FILES)
-    refused = refused_fields(r.stdout + r.stderr)
-    if r.returncode != 0 and refused and refused <= set(UNSUPPORTED_RULE_FIELDS):
-        pytest.xfail(f"this vmalert refuses {sorted(refused)} (Prometheus 2.42 accepts it); the engines are "
-                     f"compared without it")
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
 
 
+def test_rules_with_a_deployers_settings_load_on_vmalert(tmp_path):
+    """The settings of tests/test_alerts.py's override (a selector, a peer label, pool shards) load too."""
+    s = replace(build.SETTINGS, selector='job="fc"', peer_labels=("cluster",), pools=("a", "b"))
+    paths = []
+    for name, text in build.render(settings=s).items():
+        paths.append(tmp_path / name)
+        paths[-1].write_text(text)
+    assert_loads(paths)
+
+
+def test_the_scenario_judges_every_peer_path_on_one_node():
+    alerts = {a for _, (_, want) in fleet().items() for a in want}
+    assert {path for _, _, path in alerts} == {"", "change", "level", "fast", "regression", "drift"}
+    assert {gpu for _, gpu, path in alerts if path} == {DEGRADED_GPU, ""}
+
+
 def test_same_alerts_fire_on_vmalert_and_prometheus(tmp_path):
-    want, on_prometheus, on_vmalert = run_fleet(tmp_path, RULE_FILES, fleet())
+    want, on_prometheus, on_vmalert = run_fleet(tmp_path, scaled_rules(tmp_path / "rules"), fleet())
     assert on_prometheus == want, f"Prometheus: extra {sorted(on_prometheus - want)}"
     assert on_vmalert == on_prometheus, (f"only on vmalert: {sorted(on_vmalert - on_prometheus)}; "
                                          f"only on Prometheus: {sorted(on_prometheus - on_vmalert)}")
     healthy_nodes = {node for node, (_, alerts) in fleet().items() if not alerts}
-    assert healthy_nodes and not {a for a in on_vmalert | on_prometheus if a[1] in healthy_nodes}
+    assert healthy_nodes == {"node-1", "node-7"}
+    assert not {a for a in on_vmalert | on_prometheus if a[1] in healthy_nodes}

@@ -13,7 +13,6 @@ otherwise, as for prometheus (tests/support/helpers.py: require_binary).
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
@@ -24,10 +23,6 @@ import yaml
 from .helpers import StopWaiting, free_port, http_get, require_binary, wait_for
 from .servers import ServerThread
 
-# Rule fields this vmalert (1.79, Debian bookworm) refuses as unknown although Prometheus 2.42 accepts them.
-# vmalert_rule_files() drops only these, and only when -dryRun names them as the reason it refuses a file.
-UNSUPPORTED_RULE_FIELDS = ("keep_firing_for",)
-
 
 def dry_run(rule_files: list[Path | str]) -> subprocess.CompletedProcess:
     """`vmalert -dryRun` over ``rule_files``: parses them and validates every expression with MetricsQL and
@@ -37,37 +32,11 @@ def dry_run(rule_files: list[Path | str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def refused_fields(output: str) -> set[str]:
-    """The rule fields a -dryRun output refuses as unknown (`unknown fields in rule: keep_firing_for`)."""
-    return {f.strip() for m in re.findall(r"unknown fields in rule: ([\w, ]+)", output) for f in m.split(",")}
-
-
-def vmalert_rule_files(rule_files: list[Path], workdir: Path) -> tuple[list[Path], list[tuple[str, str]]]:
-    """The rule files vmalert is given: ``rule_files`` themselves when -dryRun accepts them; otherwise copies
-    without the UNSUPPORTED_RULE_FIELDS it refused (nothing else changes), and the (alert, field) pairs
-    dropped. Fails on any other refusal, with vmalert's words."""
+def assert_loads(rule_files: list[Path | str]) -> None:
+    """vmalert accepts ``rule_files`` as they are; else fail with its words."""
     r = dry_run(rule_files)
-    if r.returncode == 0:
-        return list(rule_files), []
-    out = r.stdout + r.stderr
-    refused = refused_fields(out)
-    if not refused or not refused <= set(UNSUPPORTED_RULE_FIELDS):
-        raise AssertionError(f"vmalert -dryRun refuses {[str(p) for p in rule_files]}:\n{out[-4000:]}")
-    workdir.mkdir(parents=True, exist_ok=True)
-    copies, dropped = [], []
-    for p in rule_files:
-        doc = yaml.safe_load(Path(p).read_text())
-        for g in doc.get("groups") or []:
-            for rule in g.get("rules") or []:
-                for field in sorted(refused & rule.keys()):
-                    del rule[field]
-                    dropped.append((rule.get("alert") or rule.get("record"), field))
-        copies.append(workdir / Path(p).name)
-        copies[-1].write_text(yaml.safe_dump(doc, sort_keys=False))
-    r = dry_run(copies)
-    assert r.returncode == 0, (f"vmalert -dryRun still refuses the copies without {sorted(refused)}:\n"
+    assert r.returncode == 0, (f"vmalert -dryRun refuses {[str(p) for p in rule_files]}:\n"
                                f"{(r.stdout + r.stderr)[-4000:]}")
-    return copies, dropped
 
 
 def _stop(proc: subprocess.Popen) -> None:
