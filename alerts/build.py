@@ -44,7 +44,11 @@ except ImportError:  # pragma: no cover - a checkout without the editable instal
     import rules_fabric
     import rules_nic
 
+from fleetcanary.judge import figures as judged
+
 HERE = Path(__file__).resolve().parent
+RATIO = 'printf "%.3f"'  # template format of a ratio (change): 0.943, not humanize's 943m
+CURRENT = ", baseline='current_driver'"
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 GROUP = ("pool", "model", "driver_version", "figure", "series")   # what peers share (plus Settings.peer_labels)
 CHANGE_GROUP = ("baseline", "baseline_driver")                     # ... and, for changes, the baseline they divide by
@@ -150,15 +154,18 @@ def query(metric: str, figure: str, extra: str = "", fmt: str = "humanize") -> s
             f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}none{{{{ end }}}}")
 
 
-def peer_query(metric: str, figure: str, extra: str = "") -> str:
-    """A template that reads one statistic of the alerted series' peer group."""
-    q = (f"{metric}{{pool='%s', model='%s', driver_version='%s', figure='{figure}', series='%s'{extra}}}")
-    return (f'{{{{ with query (printf "{q}" $labels.pool $labels.model $labels.driver_version $labels.series) }}}}'
-            f"{{{{ . | first | value | humanize }}}}{{{{ else }}}}none{{{{ end }}}}")
+def peer_query(s: Settings, metric: str, figure: str, extra: str = "", fmt: str = "humanize") -> str:
+    """A template that reads one statistic of the alerted series' peer group (its peer labels included)."""
+    labels = [*s.peer_labels, "pool", "model", "driver_version"]
+    q = ", ".join(f"{k}='%s'" for k in labels) + f", figure='{figure}', series='%s'{extra}"
+    args = " ".join(f"$labels.{k}" for k in [*labels, "series"])
+    return (f'{{{{ with query (printf "{metric}{{{q}}}" {args}) }}}}'
+            f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}none{{{{ end }}}}")
 
 
 def what(f: FigureRules) -> str:
-    return (f"{f.title} of {{{{ $labels.node }}}}" + " GPU {{ $labels.gpu }} ({{ $labels.series }})")
+    gpu = " GPU {{ $labels.gpu }}" if judged.BY_KEY[f.key].gpu else ""
+    return f"{f.title} of {{{{ $labels.node }}}}{gpu}" + " ({{ $labels.series }})"
 
 
 def peers_words() -> str:
@@ -174,13 +181,15 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
         g = by(s, *extra)
         src = f"fleetcanary_judge_{stat}{sel(s, pool)}"
         med = f"pool:fleetcanary_judge_{stat}:peer_median"
+        nodes = f"pool:fleetcanary_judge_{stat}:peer_nodes"
         out += [
             {"record": med, "expr": f"quantile by ({g}) (0.5, {src})"},
+            {"record": nodes, "expr": f"count by ({g}) (count by ({g}, node) ({src}))"},
             {"record": f"pool:fleetcanary_judge_{stat}:peer_mad",
-             "expr": f"# the median absolute deviation of the peers' ratios (each member over the peers' median)\n"
-                     f"quantile by ({g}) (0.5,\n  abs({src} / on({g}) group_left {med}{rsel(pool)} - 1)\n)"},
-            {"record": f"pool:fleetcanary_judge_{stat}:peer_nodes",
-             "expr": f"count by ({g}) (count by ({g}, node) ({src}))"},
+             "expr": f"# the median absolute deviation of the peers' ratios (each member over the peers' median),\n"
+                     f"# only where at least {s.min_peers} nodes report: an alert that compares with it needs them\n"
+                     f"quantile by ({g}) (0.5,\n  abs({src} / on({g}) group_left {med} - 1)\n)\n"
+                     f"and on({g}) ({nodes} >= {s.min_peers})"},
         ]
     return out
 
@@ -193,24 +202,24 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
     g = by(s, *extra)
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_{stat}{sel(s, fm, pool)}\n"
-             f"    / on({g}) group_left pool:fleetcanary_judge_{stat}:peer_median{rsel(fm, pool)}")
+             f"    / on({g}) group_left pool:fleetcanary_judge_{stat}:peer_median{rsel(fm)}")
     what_ = ("its change against its own baseline (the best day on driver {{ $labels.baseline_driver }}, "
              "baseline={{ $labels.baseline }})" if path == "change" else "its figure")
     expr = (f"# {f.title}: {what_.split(' (', 1)[0]} over the median of its peers'\n"
             f"{worse(f, ratio)}\n"
             f"# worse by the floor and by more than {k:g} MADs of the peers' ratios\n"
             f"  > {floor:g}\n"
-            f"  > on({g}) group_left() ({k:g} * pool:fleetcanary_judge_{stat}:peer_mad{rsel(fm, pool)})\n"
-            f"# with enough peer nodes\n"
-            f"and on({g}) (pool:fleetcanary_judge_{stat}:peer_nodes{rsel(fm, pool)} >= {s.min_peers})")
+            f"#   (the MAD is recorded only where at least {s.min_peers} peer nodes report)\n"
+            f"  > on({g}) group_left() ({k:g} * pool:fleetcanary_judge_{stat}:peer_mad{rsel(fm)})")
     word = "slower than" if not f.higher_is_better else "below"
     base = ", baseline='%s', baseline_driver='%s'" if path == "change" else ""
-    peer = peer_query(f"pool:fleetcanary_judge_{stat}:peer_median", f.key, base)
+    peer = peer_query(s, f"pool:fleetcanary_judge_{stat}:peer_median", f.key, base,
+                      RATIO if path == "change" else "humanize")
     if base:  # the baseline labels of the alerted series
         peer = peer.replace("$labels.series)", "$labels.series $labels.baseline $labels.baseline_driver)")
     desc = (f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {word} {peers_words()}: path {path}, "
             f"{what_}. Figure (median of 5 runs): {query('fleetcanary_judge_median', f.key)}; own change "
-            f"against its best day: {query('fleetcanary_judge_change', f.key, ', baseline=' + repr('current_driver'))}"
+            f"against its best day: {query('fleetcanary_judge_change', f.key, CURRENT, RATIO)}"
             f"; peers' median {'change' if path == 'change' else 'figure'}: {peer}.")
     name = f"FleetCanary{f.alert}{'SlowerThanPeers' if not f.higher_is_better else 'BelowPeers'}"
     return {"alert": name, "expr": expr, "for": c.t(max(f.interval_minutes, 15)),
@@ -222,12 +231,11 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
     g = by(s)
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_newest{sel(s, fm, pool)}\n"
-             f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm, pool)}")
+             f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm)}")
     expr = (f"# {f.title}: the best of the newest 3 runs over the peers' median figure\n"
             f"{worse(f, ratio)}\n"
             f"  > {s.fast_floor:g}\n"
-            f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm, pool)})\n"
-            f"and on({g}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm, pool)} >= {s.min_peers})")
+            f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm)})")
     word = "far slower than" if not f.higher_is_better else "far below"
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if not f.higher_is_better else 'FarBelowPeers'}"
     desc = (f"Each of the newest 3 runs of the {what(f)} is {{{{ $value | humanizePercentage }}}} or more {word} "
@@ -255,7 +263,7 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                     "expr": f"# {f.title}: its confirmed figure against its own best day, where peers are too few\n"
                             f"{worse(f, cur)} > {s.fast_floor:g}\n"
                             f"# silent where the peer fast path judges (as many nodes with a median)\n"
-                            f"unless on({by(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm, pool)} >= "
+                            f"unless on({by(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm)} >= "
                             f"{s.min_peers})",
                     "labels": {"severity": "critical", "figure": f.key, "path": "own_fast"},
                     "annotations": annotations(
@@ -332,8 +340,13 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           "30m", "warning", "A busy GPU's PCIe link runs below its maximum generation",
           "GPU {{ $labels.gpu }} on {{ $labels.node }} is at PCIe Gen{{ $value }} while not idle (idle GPUs "
           "lower the generation to save power; those are left out)."),
-        a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_up == 0", "0m", "critical", "An NVLink is down",
-          "NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive."),
+        # per GPU: links active against links present (per link only with gpu_health's per_link)
+        a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_links_up < fleetcanary_gpu_nvlink_links", "0m", "critical",
+          "An NVLink is down",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} has {{ $value }} of its "
+          """{{ with query (printf "fleetcanary_gpu_nvlink_links{node='%s', gpu='%s'}" $labels.node $labels.gpu) }}"""
+          "{{ . | first | value }}{{ else }}?{{ end }} NVLink links active; `nvidia-smi nvlink -s` names the "
+          "inactive ones."),
         a("FleetCanaryGPUCriticalXid", "increase(fleetcanary_gpu_xid_errors_total[75m]) > 0", "0m", "critical",
           "A GPU reported a critical XID", "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID "
           "{{ $labels.xid }} in the last 75 minutes."),
@@ -398,7 +411,8 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
         a("FleetCanaryInferenceOutputChanged", "fleetcanary_inference_output_stable == 0", "30m", "info",
           "Greedy output changed", "The temperature-0 output of {{ $labels.target }} differs from the first one seen "
           "for this model (a quantization, kernel or sampling change?)."),
-        a("FleetCanaryExporterDown", 'up{job="fleetcanary"} == 0', "5m", "warning", "fleetcanary is not scraped",
+        a("FleetCanaryExporterDown", "up{" + (s.selector or 'job="fleetcanary"') + "} == 0",
+          "5m", "warning", "fleetcanary is not scraped",
           "Prometheus cannot scrape fleetcanary on {{ $labels.node }}."),
         a("FleetCanaryConfigReloadFailed", "fleetcanary_config_last_reload_successful == 0", "5m", "warning",
           "fleetcanary kept its old config", "The config reload on {{ $labels.node }} failed; the previous config "
@@ -526,12 +540,30 @@ def load_settings(path: str | None) -> Settings:
     if set(data) - known:
         raise SystemExit(f"rules settings {path}: unknown keys {sorted(set(data) - known)}; "
                          f"known: {', '.join(sorted(known))}")
-    for key in ("peer_labels", "pools"):
-        if key in data:
-            data[key] = tuple(data[key])
-    unknown = set(data.get("figures", {})) - {f.key for f in FIGURES}
+    for key, value in data.items():
+        default = getattr(SETTINGS, key)
+        if isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise SystemExit(f"rules settings {path}: {key} must be a list of names, not {value!r}")
+            data[key] = tuple(value)
+        elif isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise SystemExit(f"rules settings {path}: {key} must be a mapping, not {value!r}")
+        elif not isinstance(value, type(default)) and not (
+                isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
+            raise SystemExit(f"rules settings {path}: {key} must be a {type(default).__name__}, not {value!r}")
+    figures = {f.key: f for f in FIGURES}
+    unknown = set(data.get("figures", {})) - set(figures)
     if unknown:
-        raise SystemExit(f"rules settings {path}: unknown figures {sorted(unknown)}")
+        raise SystemExit(f"rules settings {path}: unknown figures {sorted(unknown)}; known: {', '.join(figures)}")
+    settable = {"floor", "k_mad", "history_floor", "interval_minutes"}
+    for key, over in data.get("figures", {}).items():
+        if not isinstance(over, dict) or set(over) - settable:
+            raise SystemExit(f"rules settings {path}: figures.{key} may set {', '.join(sorted(settable))}, "
+                             f"not {sorted(set(over) - settable) if isinstance(over, dict) else over!r}")
+        for k, v in over.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise SystemExit(f"rules settings {path}: figures.{key}.{k} must be a non-negative number, not {v!r}")
     return replace(SETTINGS, **copy.deepcopy(data))
 
 

@@ -218,7 +218,7 @@ def humanize_percentage(v: float) -> str:
 
 
 QUERY = re.compile(r'\{\{ with query \(printf "([^"]*)" ((?:\$labels\.\w+ ?)+)\) \}\}'
-                   r"\{\{ \. \| first \| value \| humanize \}\}\{\{ else \}\}none\{\{ end \}\}")
+                   r'\{\{ \. \| first \| value \| (humanize|printf "%\.3f") \}\}\{\{ else \}\}none\{\{ end \}\}')
 
 
 def expand(text: str, labels: dict[str, str], value: float, fleet: Fleet) -> str:
@@ -226,7 +226,9 @@ def expand(text: str, labels: dict[str, str], value: float, fleet: Fleet) -> str
     def query(m: re.Match) -> str:
         args = [labels.get(a.removeprefix("$labels."), "") for a in m.group(2).split()]
         v = fleet.query(m.group(1) % tuple(args))
-        return "none" if v is None else humanize(v)
+        if v is None:
+            return "none"
+        return humanize(v) if m.group(3) == "humanize" else f"{v:.3f}"
 
     text = QUERY.sub(query, text)
     text = text.replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
@@ -429,9 +431,11 @@ def figure_file(cases: list[dict]) -> str:
 
 
 # --------------------------------------------------------------------------- hard failures
-def _render(text: str, labels: dict[str, str], value: str) -> str:
+def _render(text: str, labels: dict[str, str], value: str, queries: dict[str, str] | None = None) -> str:
     import re
 
+    for metric, v in (queries or {}).items():  # a description's `query` of a case's constant series
+        text = re.sub(r'\{\{ with query \(printf "' + metric + r'\{[^"]*" [^)]*\) \}\}.*?\{\{ end \}\}', v, text)
     text = re.sub(r"\{\{ \$value[^}]*\}\}", value, text)
     return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), text)
 
@@ -444,18 +448,18 @@ def _alert(name: str) -> dict:
     raise KeyError(name)
 
 
-def exp(name: str, labels: dict[str, str], value: str) -> dict:
+def exp(name: str, labels: dict[str, str], value: str, queries: dict[str, str] | None = None) -> dict:
     a = _alert(name)
-    ann = {k: _render(v, labels, value) for k, v in a["annotations"].items()}
+    ann = {k: _render(v, labels, value, queries) for k, v in a["annotations"].items()}
     return {"exp_labels": {**a["labels"], **labels}, "exp_annotations": ann}
 
 
 def case(name: str, series: list[tuple[str, str]], silent_at: str | None, fire_at: str, labels: dict[str, str],
-         value: str) -> dict:
+         value: str, queries: dict[str, str] | None = None) -> dict:
     checks = []
     if silent_at:
         checks.append({"eval_time": silent_at, "alertname": name, "exp_alerts": []})
-    checks.append({"eval_time": fire_at, "alertname": name, "exp_alerts": [exp(name, labels, value)]})
+    checks.append({"eval_time": fire_at, "alertname": name, "exp_alerts": [exp(name, labels, value, queries)]})
     return {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
             "alert_rule_test": checks}
 
@@ -506,8 +510,9 @@ def hard_cases() -> list[dict]:
                [(f'fleetcanary_gpu_pcie_link_generation{{{n}, gpu="1"}}', "1x40"),
                 (f'fleetcanary_gpu_pcie_link_generation_max{{{n}, gpu="1"}}', "5x40"),
                 (f'fleetcanary_gpu_clock_throttle_active{{{n}, gpu="1", reason="gpu_idle"}}', "1x40")], "35m"),
-        case("FleetCanaryNVLinkDown", [(f'fleetcanary_gpu_nvlink_up{{{n}, gpu="5", link="7"}}', "1 0x30")], "0m", "1m",
-             {"node": "n1", "gpu": "5", "link": "7"}, "0"),
+        case("FleetCanaryNVLinkDown", [(f'fleetcanary_gpu_nvlink_links_up{{{n}, gpu="5"}}', "18 17x30"),
+                                       (f'fleetcanary_gpu_nvlink_links{{{n}, gpu="5"}}', "18x31")], "0m", "1m",
+             {"node": "n1", "gpu": "5"}, "17", {"fleetcanary_gpu_nvlink_links": "18"}),
         case("FleetCanaryGPUCriticalXid", [(f'fleetcanary_gpu_xid_errors_total{{{n}, gpu="6", xid="79"}}',
                                             "0x10 1x50")], "9m", "12m", {"node": "n1", "gpu": "6", "xid": "79"},
              "1.0714285714285714"),

@@ -74,8 +74,12 @@ HARD = {
                                               "`nvidia-smi -q -d PCIE` under load; BIOS PCIe settings; AER errors.",
                                               "Signal-integrity problems forcing a lower speed, a BIOS setting, a "
                                               "riser limiting the generation."),
-    "FleetCanaryNVLinkDown": ("An NVLink of the GPU is inactive.", "`nvidia-smi nvlink -s` and `-e`; fabric manager "
-                              "status (`systemctl status nvidia-fabricmanager`).",
+    "FleetCanaryNVLinkDown": ("Fewer of the GPU's NVLink links are active than it has (the exporter publishes the "
+                              "counts per GPU; the description says how many of how many).",
+                              "`nvidia-smi nvlink -s` on the node for which link is inactive (or the gpu_health "
+                              "record at `/results`, its `nvlinks` per GPU; per-link series with gpu_health's "
+                              "`per_link: true`) and `-e` for its error counters; fabric manager status "
+                              "(`systemctl status nvidia-fabricmanager`).",
                               "A failed link or NVSwitch port, fabric manager not running, a GPU needing a reset."),
     "FleetCanaryGPUCriticalXid": ("The GPU reported a critical XID during the probe's event watch.",
                                   "`dmesg | grep -i xid`; NVIDIA's XID catalogue for the code; drain if it repeats.",
