@@ -190,11 +190,7 @@ def test_an_override_puts_its_matcher_on_every_raw_selector_and_its_labels_in_ev
 
 @pytest.mark.parametrize("settings", [
     "default",
-    pytest.param("override", marks=pytest.mark.xfail(strict=True, reason=(
-        "alerts/build.py: with the override the change path's expression is up to 666 characters: the pool "
-        "shard's matcher repeats on the three recorded selectors (the on() lists already match the pool) beside "
-        "three on() lists of 8 labels; folding the `and on(...) (peer_nodes >= min_peers)` gate into the "
-        "recorded MAD would remove a line"))),
+    "override",
 ])
 def test_every_alert_expression_reads_in_one_go(settings, override):
     """At most MAX_EXPR characters without its comment lines, for the shipped rules and for the override."""
@@ -209,12 +205,9 @@ def test_every_alert_expression_reads_in_one_go(settings, override):
     ("figures: {gpu_warp_speed: {floor: 0.1}}\n", "unknown figures ['gpu_warp_speed']"),
     ("- a list\n", "not a mapping"),
     ("selector: [unclosed\n", "settings.yml"),
-    pytest.param("figures: {gpu_memory_bandwidth: {flor: 0.1}}\n", "flor", marks=pytest.mark.xfail(strict=True, reason=(
-        "alerts/build.py load_settings: an unknown key of a figure is not checked; build() raises a TypeError "
-        "traceback from dataclasses.replace"))),
-    pytest.param("peer_labels: cluster\n", "peer_labels", marks=pytest.mark.xfail(strict=True, reason=(
-        "alerts/build.py load_settings: a string for a list setting is split into characters by tuple(): "
-        "peers grouped by c, l, u, s, t, e, r"))),
+    ("figures: {gpu_memory_bandwidth: {flor: 0.1}}\n", "flor"),
+    ("peer_labels: cluster\n", "peer_labels must be a list"),
+    ("min_peers: five\n", "min_peers must be a int"),
 ])
 def test_a_bad_settings_file_exits_non_zero_with_one_line(tmp_path, text, words):
     r = render_with(tmp_path, text)
