@@ -46,9 +46,6 @@ FAMILY_CHECKS = {
                         "steps are launch-bound).",
                         "A slow or throttled GPU, CPU contention or a lower CPU frequency (kernel launches), a changed "
                         "torch or driver, another tenant on the GPU."),
-    "inference_ttft": ("The canary's `/results` record for the target; the serving engine's queue and KV-cache "
-                       "metrics; whether the slow node sits behind a different endpoint replica or network path.",
-                       "An overloaded replica, a cold prefix cache, a network path with loss, a proxy in the path."),
 }
 
 HARD = {
