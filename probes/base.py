@@ -86,6 +86,11 @@ class MetricSpec:
     # counter only: the value is the device's own running total (ECC errors, NVLink
     # replays), set as read, rather than an increment added to the exporter's total.
     cumulative: bool = False
+    # counter only: which of its series the exporter publishes at 0. None: all of them. Otherwise those
+    # whose labels match one of these label sets (an alert reads them with increase(), which misses the
+    # first event of a series born above 0), and every other series only while it is above 0: a device
+    # counter that stays at 0 on a healthy node is not a series there.
+    zero_published: tuple[tuple[tuple[str, str], ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.startswith("fleetcanary_"):
@@ -94,6 +99,14 @@ class MetricSpec:
             raise ValueError(f"counter {self.name} must end with _total")
         if self.type == "histogram" and not self.buckets:
             raise ValueError(f"histogram {self.name} needs buckets")
+        if self.zero_published is not None and self.type != "counter":
+            raise ValueError(f"{self.name}: zero_published applies to counters")
+
+    def published(self, labels: dict[str, str], value: float) -> bool:
+        """Whether the exporter publishes this series of the metric at `value` (zero_published)."""
+        if self.zero_published is None or value != 0:
+            return True
+        return any(all(labels.get(k) == v for k, v in match) for match in self.zero_published)
 
 
 @dataclass

@@ -60,22 +60,23 @@ PROBE_LAST_RUN = _m("fleetcanary_probe_last_run_timestamp_seconds", "gauge",
 PROBE_LAST_SUCCESS = _m("fleetcanary_probe_last_success_timestamp_seconds", "gauge",
                         "Unix time the probe last finished a successful run.", ("probe",))
 PROBE_RUNS = _m("fleetcanary_probe_runs_total", "counter",
-                "Probe runs by outcome: success, failure, timeout, crash, skipped.", ("probe", "outcome"))
+                "Probe runs by outcome: success, failure and skipped from 0, timeout and crash once they happen.",
+                ("probe", "outcome"))
 PROBE_SKIPS = _m("fleetcanary_probe_skips_total", "counter", "Skipped probe runs by reason.", ("probe", "reason"))
 PROBE_FAILURES = _m("fleetcanary_probe_failures_total", "counter",
                     "Failed probe runs by the probe's failure reason.", ("probe", "reason"))
 PROBE_CRASHES = _m("fleetcanary_probe_crashes_total", "counter",
                    "Crashed probe runs by reason: " + ", ".join(CRASH_REASONS) + ".", ("probe", "reason"))
-PROBE_ENABLED = _m("fleetcanary_probe_enabled", "gauge", "1 if the probe is enabled in the running config.",
-                   ("probe",))
+PROBE_ENABLED = _m("fleetcanary_probe_enabled", "gauge", "1 if the probe is enabled in the running config; 0 for "
+                   "one that is off, which has no other fleetcanary_probe_* series.", ("probe",))
 PROBE_INTERVAL = _m("fleetcanary_probe_interval_seconds", "gauge",
                     "The probe's configured interval; staleness alerts use it.", ("probe",))
 PROBE_CONFIRMATIONS = _m("fleetcanary_probe_confirmation_runs_total", "counter",
                          "Extra runs started a few minutes after a run in which a figure the alerts' fast path judges "
-                         "jumped (confirm_change); counted in runs_total too. Probes with such figures only.",
-                         ("probe",))
+                         "jumped (confirm_change); counted in runs_total too. Probes with such figures only, once "
+                         "above 0.", ("probe",))
 PROBE_INVALID = _m("fleetcanary_probe_invalid_samples_total", "counter",
-                   "Samples a probe returned that its metric specs do not declare; dropped.", ("probe",))
+                   "Samples a probe returned that its metric specs do not declare; dropped. Once above 0.", ("probe",))
 GPU_PROBE_SECONDS = _m("fleetcanary_gpu_probe_seconds_total", "counter",
                        "GPU time spent by invasive probes, per GPU, seconds.", ("gpu",))
 CONFIG_RELOAD_OK = _m("fleetcanary_config_last_reload_successful", "gauge",
@@ -114,6 +115,11 @@ DECLARED_AT_ZERO: frozenset[tuple[str, str, str]] = frozenset({
     ("failures", "collectives", "wrong_result"),    # FleetCanaryCollectiveWrongResult
 })
 
+# Outcomes of fleetcanary_probe_runs_total published from 0 for an enabled probe: the rules and dashboards
+# read them with increase() (FleetCanaryProbeStale's skipped, the success ratio, fabric's partner ratio).
+# timeout and crash appear once they happen; FleetCanaryProbeFailing sums failure, timeout and crash.
+RUNS_FROM_ZERO = ("success", "failure", "skipped")
+
 # Every exporter metric, in exposition order; docs/metrics.md lists them.
 EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
     *(v for v in globals().values() if isinstance(v, ExporterMetric)),
@@ -137,10 +143,13 @@ class _StateCollector:
             st = s.state[name]
             cls = s.probes[name]
             enabled.add_metric([name], 1.0 if name in s.enabled else 0.0)
+            if name not in s.enabled:
+                continue  # a probe that is off: its enabled 0 and nothing else (~10 series each)
             if name in s.intervals:
                 interval.add_metric([name], s.intervals[name])
             for outcome, n in st.runs.items():
-                runs.add_metric([name, outcome], n)
+                if n or outcome in RUNS_FROM_ZERO:
+                    runs.add_metric([name, outcome], n)
             # A reason appears once it has happened (a zero for every probe and reason is ~300 series a node),
             # but for those the rules read with increase(), declared at 0 so that they see the first one.
             for fam, kind, reasons, counts in ((skips, "skips", SKIP_REASONS, st.skips),
@@ -149,8 +158,9 @@ class _StateCollector:
                 for reason in reasons:
                     if counts.get(reason, 0) or (kind, name, reason) in DECLARED_AT_ZERO:
                         fam.add_metric([name, reason], counts.get(reason, 0))
-            invalid.add_metric([name], st.invalid_samples)
-            if cls.confirm_metrics:
+            if st.invalid_samples:
+                invalid.add_metric([name], st.invalid_samples)
+            if st.confirmations:  # once there is one: a share of runs_total, no rule reads it
                 confirmations.add_metric([name], st.confirmations)
             if st.last is not None:
                 success.add_metric([name], 1.0 if st.last.outcome == "success" else 0.0)
@@ -173,7 +183,8 @@ class _StateCollector:
                 elif spec.type == "counter":
                     fam = CounterMetricFamily(spec.name.removesuffix("_total"), help_text, labels=list(spec.labels))
                     for key, v in s.counters.get(spec.name, {}).items():
-                        fam.add_metric([v2 for _, v2 in key], v)
+                        if spec.published(dict(key), v):  # zero_published: some series only while above 0
+                            fam.add_metric([v2 for _, v2 in key], v)
                 else:
                     fam = HistogramMetricFamily(spec.name, help_text, labels=list(spec.labels))
                     for key, h in s.histograms.get(spec.name, {}).items():

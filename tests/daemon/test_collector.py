@@ -1,5 +1,7 @@
 """The exporter's own reason counters: a reason appears once it has happened, except those a rule reads with
-increase(), which start at 0 (a series born at 1 hides its first event from increase())."""
+increase(), which start at 0 (a series born at 1 hides its first event from increase()). The same for run outcomes,
+invalid samples, confirmation runs and the device counters a probe declares zero_published; a probe that is off
+has its enabled 0 and nothing else."""
 import re
 from pathlib import Path
 
@@ -7,7 +9,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetcanary.core.record import CRASH_REASONS, RunRecord
-from fleetcanary.daemon.collector import DECLARED_AT_ZERO
+from fleetcanary.daemon.collector import DECLARED_AT_ZERO, RUNS_FROM_ZERO
 from fleetcanary.daemon.kube import ERROR_REASONS, OPERATIONS, Snapshot
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.probes import PROBES
@@ -34,15 +36,20 @@ def test_reasons_appear_once_they_happen_and_the_rules_reasons_start_at_zero():
     assert reasons(store, "fleetcanary_probe_skips_total") == {("fabric", "peer_unavailable"): 0}
     assert reasons(store, "fleetcanary_probe_failures_total") == {("collectives", "wrong_result"): 0}
     assert reasons(store, "fleetcanary_probe_crashes_total") == {}
-    # every outcome of every probe from the start: the probe-health alerts read them with increase()
+    # success, failure and skipped of every probe from the start: the rules and dashboards read them with
+    # increase(); timeout and crash once they happen (ProbeFailing sums them with failure)
     runs = {(dict(k[1])["probe"], dict(k[1])["outcome"]): v for k, v in series(store).items()
             if k[0] == "fleetcanary_probe_runs_total"}
-    assert len(runs) == 5 * len(PROBES) and set(runs.values()) == {0}
+    assert set(runs) == {(p, o) for p in PROBES for o in RUNS_FROM_ZERO} and set(runs.values()) == {0}
+    assert set(RUNS_FROM_ZERO) == {"success", "failure", "skipped"}
     store.apply(RunRecord("storage", "skipped", "not_configured"))
     store.apply(RunRecord("storage", "skipped", "not_configured"))
     store.apply(RunRecord("gpu_p2p", "failure", "verification_failed"))
     store.apply(RunRecord("gpu_health", "crash", "oom_killed"))
     store.apply(RunRecord("fabric", "skipped", "peer_unavailable"))
+    runs = {(dict(k[1])["probe"], dict(k[1])["outcome"]): v for k, v in series(store).items()
+            if k[0] == "fleetcanary_probe_runs_total"}
+    assert runs[("gpu_health", "crash")] == 1 and ("gpu_health", "timeout") not in runs
     assert reasons(store, "fleetcanary_probe_skips_total") == {("fabric", "peer_unavailable"): 1,
                                                                ("storage", "not_configured"): 2}
     assert reasons(store, "fleetcanary_probe_failures_total") == {("collectives", "wrong_result"): 0,
@@ -83,3 +90,92 @@ def test_every_reason_the_rules_read_starts_at_zero():
         assert probe in PROBES
         assert reason in {"skips": SKIP_REASONS, "crashes": CRASH_REASONS,
                           "failures": PROBES[probe].all_failure_reasons()}[kind]
+
+
+def probe_series(store, probe: str) -> dict[str, float]:
+    return {k[0]: v for k, v in series(store).items()
+            if k[0].startswith("fleetcanary_probe_") and dict(k[1]).get("probe") == probe}
+
+
+def test_a_probe_that_is_off_has_its_enabled_0_and_nothing_else():
+    store = ResultStore(dict(PROBES), [p for p in PROBES if p != "fabric"])
+    store.set_enabled([p for p in PROBES if p != "fabric"], dict.fromkeys(PROBES, 60.0), {})
+    assert probe_series(store, "fabric") == {"fleetcanary_probe_enabled": 0}
+    assert set(probe_series(store, "gpu_health")) == {"fleetcanary_probe_enabled", "fleetcanary_probe_interval_seconds",
+                                                      "fleetcanary_probe_runs_total"}
+    # the declared-at-zero skip of fabric (its partner-availability rules) only while fabric is on
+    assert reasons(store, "fleetcanary_probe_skips_total") == {}
+    store.set_enabled(list(PROBES), dict.fromkeys(PROBES, 60.0), {})
+    assert reasons(store, "fleetcanary_probe_skips_total") == {("fabric", "peer_unavailable"): 0}
+
+
+def test_invalid_samples_and_confirmation_runs_appear_once_they_happen():
+    store = ResultStore(dict(PROBES), list(PROBES))
+    store.rerender()
+    names = {k[0] for k in series(store)}
+    assert "fleetcanary_probe_invalid_samples_total" not in names
+    assert "fleetcanary_probe_confirmation_runs_total" not in names
+    store.apply(RunRecord("host_memory_bandwidth", "success", samples=[{"metric": "fleetcanary_nope", "value": 1}]))
+    store.apply(RunRecord("host_memory_bandwidth", "success", trigger="confirmation"))
+    assert probe_series(store, "host_memory_bandwidth")["fleetcanary_probe_invalid_samples_total"] == 1
+    assert probe_series(store, "host_memory_bandwidth")["fleetcanary_probe_confirmation_runs_total"] == 1
+    assert "fleetcanary_probe_invalid_samples_total" not in probe_series(store, "gpu_health")
+
+
+def test_a_zero_published_counter_shows_its_zeros_only_where_declared():
+    """ECC: the uncorrected volatile count from 0 (the alert reads its increase()), the others once above 0, and
+    a counter that drops back to 0 (a driver reload) has no series until it counts again."""
+    store = ResultStore(dict(PROBES), list(PROBES))
+
+    def ecc(**counts):
+        return RunRecord("gpu_health", "success", samples=[
+            {"metric": "fleetcanary_gpu_ecc_errors_total", "value": v,
+             "labels": {"gpu": "0", "type": key.split("_")[0], "counter": key.split("_")[1]}}
+            for key, v in counts.items()])
+
+    def exposed():
+        return {(dict(k[1])["type"], dict(k[1])["counter"]): v for k, v in series(store).items()
+                if k[0] == "fleetcanary_gpu_ecc_errors_total"}
+
+    store.apply(ecc(uncorrected_volatile=0, corrected_volatile=0, corrected_aggregate=3, uncorrected_aggregate=0))
+    assert exposed() == {("uncorrected", "volatile"): 0, ("corrected", "aggregate"): 3}
+    store.apply(ecc(uncorrected_volatile=0, corrected_volatile=2, corrected_aggregate=5, uncorrected_aggregate=0))
+    assert exposed() == {("uncorrected", "volatile"): 0, ("corrected", "volatile"): 2, ("corrected", "aggregate"): 5}
+    store.apply(ecc(uncorrected_volatile=0, corrected_volatile=0, corrected_aggregate=5, uncorrected_aggregate=0))
+    assert exposed() == {("uncorrected", "volatile"): 0, ("corrected", "aggregate"): 5}
+    spec = PROBES["gpu_health"].spec("fleetcanary_gpu_ecc_errors_total")
+    assert spec.published({"type": "uncorrected", "counter": "volatile"}, 0)
+    assert not spec.published({"type": "uncorrected", "counter": "aggregate"}, 0)
+    assert PROBES["gpu_health"].spec("fleetcanary_gpu_xid_errors_total").zero_published is None  # every series
+
+
+# Counters a rule reads also at label values published only once above 0, and why missing a series' first
+# count is acceptable there.
+LATE_READS_ACCEPTED = {
+    "fleetcanary_rdma_port_errors_total": "the rising-errors alert wants more than 10 an hour (100 for transmit "
+                                          "discards): a series born above 0 delays it by that first count at most",
+}
+
+
+def test_every_zero_published_series_a_rule_reads_with_increase_starts_at_zero():
+    """A counter the exporter publishes only once above 0 (MetricSpec.zero_published): every label set a rule
+    selects must be published from 0, or be accepted above; regex matchers count each alternative."""
+    specs = {spec.name: spec for cls in PROBES.values() for spec in cls.metrics if spec.zero_published is not None}
+    late = set()
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                for name, sel in re.findall(r"(fleetcanary_\w+_total)(\{[^}]*\})?", rule["expr"]):
+                    if name not in specs:
+                        continue
+                    matchers = re.findall(r'(\w+)\s*(=~|=)\s*"([^"]*)"', sel)
+                    fixed = {k: v for k, op, v in matchers if op == "="}
+                    choices = [(k, v.split("|")) for k, op, v in matchers if op == "=~"] or [("", [""])]
+                    for label, values in choices:
+                        for v in values:
+                            pinned = {**fixed, label: v} if label else fixed
+                            if not specs[name].published(pinned, 0):
+                                late.add((name, tuple(sorted(pinned.items()))))
+    assert {name for name, _ in late} <= set(LATE_READS_ACCEPTED), late
+    assert ("fleetcanary_rdma_port_errors_total", (("counter", "symbol_error"),)) in late  # the check sees them
+    assert not [lab for name, lab in late if ("counter", "link_downed") in lab]  # the flap alert fires on any

@@ -91,8 +91,8 @@ def test_the_daemon_runs_one_confirmation_after_a_drop_and_one_after_the_recover
     def runs() -> float:
         return value(metrics(), "fleetcanary_probe_runs_total", probe="level", outcome="success") or 0
 
-    def confirmations() -> float:
-        return value(metrics(), "fleetcanary_probe_confirmation_runs_total", probe="level")
+    def confirmations() -> float:  # published once there is one
+        return value(metrics(), "fleetcanary_probe_confirmation_runs_total", probe="level") or 0.0
 
     with FakeClock() as clock:
         d = Daemon(configmod.load(p, probe_map=probe_map, env={}), config_path=str(p), probe_map=probe_map,

@@ -46,7 +46,8 @@ def test_failed_run_clears_values_and_skip_keeps_them():
     assert v["fleetcanary_test_fault_value[('mode', 'm')]"] == 3.0
     assert v["fleetcanary_probe_skips_total[('probe', 'ok'), ('reason', 'gpu_busy')]"] == 1.0
     assert "fleetcanary_probe_skips_total[('probe', 'ok'), ('reason', 'budget')]" not in v  # once it happens
-    assert v["fleetcanary_probe_runs_total[('outcome', 'crash'), ('probe', 'ok')]"] == 0.0  # every outcome from 0
+    assert v["fleetcanary_probe_runs_total[('outcome', 'failure'), ('probe', 'ok')]"] == 0.0  # from 0 ...
+    assert "fleetcanary_probe_runs_total[('outcome', 'crash'), ('probe', 'ok')]" not in v  # ... crash once it happens
     assert v["fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]"] == 1001.0
     store.apply(RunRecord("ok", "timeout", "deadline", started_at=3000.0, wall_seconds=5.0))
     v = parse(store)
