@@ -11,9 +11,17 @@ Current PCIe generation drops at idle on most GPUs (link power management), so t
 generation is a fact to compare under load; the width does not drop at idle and a
 narrower width than the maximum is a real downtrain.
 
-NVLink error counters are summed over each GPU's links by default (4 series per GPU, not
-4 x 18: an HGX node's 576 per-link series are read by no rule); ``per_link`` publishes
-them per link. Link state stays per link: the NVLink-down alert names the link.
+What an 8-GPU node publishes is kept to what the alerts read (docs/metrics.md, "Series per
+node"); the run record (/results) keeps every reading:
+- NVLink: per GPU, the links present and the links active (the NVLink-down alert fires when
+  fewer are active, and says how many of how many); the error counters summed over each GPU's
+  links (4 series per GPU, not 4 x 18: an HGX node's 576 per-link series are read by no rule).
+  ``per_link`` publishes the state and the error counters per link as well.
+- Throttle reasons: only those active now (value 1); a reason that is not active has no series.
+- ECC: the uncorrected volatile count always (the alert reads its increase() from 0); the other
+  type and counter combinations, the remapped-row counts and the NVLink error sums while above 0.
+- Faults as 0/1 (a GPU lost, a row remap pending or failed): only the 1s; the alerts read == 1.
+- Persistence mode, MIG mode and the power limit change rarely: labels of fleetcanary_gpu_info.
 """
 from __future__ import annotations
 
@@ -33,9 +41,10 @@ class Config(ProbeConfig):
     expected_gpus: int | None = Field(
         None, ge=0, description="GPUs this node should have. None: gpu.expected_count, then the node label.")
     per_link: bool = Field(
-        False, description="Opt-in: NVLink error counters per link (fleetcanary_gpu_nvlink_errors_total with its link "
-        "label: 18 links x 4 counters per H100/H200, 576 series on an 8-GPU node). Off: one series per GPU and "
-        "counter, summed over its links, with the link label empty (Prometheus drops it).")
+        False, description="Opt-in: NVLink state and error counters per link (fleetcanary_gpu_nvlink_up, and "
+        "fleetcanary_gpu_nvlink_errors_total with its link label: 18 links x 5 series per H100/H200, 720 series on "
+        "an 8-GPU node). Off: the links active and present per GPU, and one error series per GPU and counter, "
+        "summed over its links, with the link label empty (Prometheus drops it).")
 
 
 def _num(v) -> float | None:
@@ -64,15 +73,18 @@ class GpuHealth(Probe):
     default_interval_seconds = 60.0
     default_timeout_seconds = 30.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
-        MetricSpec(P + "info", "gauge", "GPU identity from NVML; value 1.", "info",
-                   ("gpu", "uuid", "model", "pci_bus_id", "serial", "vbios")),
+        MetricSpec(P + "info", "gauge", "GPU identity and its rarely changed settings from NVML: persistence mode "
+                   "and MIG mode (enabled, disabled; unknown, or unsupported for MIG, where NVML gives none) and the "
+                   "enforced power limit in watts; value 1.", "info",
+                   ("gpu", "uuid", "model", "pci_bus_id", "serial", "vbios", "persistence_mode", "mig_mode",
+                    "power_limit_watts")),
         MetricSpec("fleetcanary_gpus_visible", "gauge", "GPUs NVML enumerates on this node, lost ones included.",
                    "count"),
         MetricSpec("fleetcanary_gpus_healthy", "gauge", "GPUs NVML can query (not lost).", "count"),
         MetricSpec("fleetcanary_gpus_expected", "gauge",
                    "GPUs this node should have, from config or the node label; absent when unknown.", "count"),
-        MetricSpec(P + "lost", "gauge", "1 if NVML enumerates the GPU but cannot query it (fell off the bus).",
-                   "boolean", ("gpu",)),
+        MetricSpec(P + "lost", "gauge", "1 if NVML enumerates the GPU but cannot query it (fell off the bus); a GPU "
+                   "that answers has no series (fleetcanary_gpu_info has it).", "boolean", ("gpu",)),
         MetricSpec(P + "pcie_link_generation", "gauge", "Current PCIe link generation (drops at idle on most GPUs).",
                    "count", ("gpu",)),
         MetricSpec(P + "pcie_link_generation_max", "gauge", "Maximum PCIe link generation of the GPU and its slot.",
@@ -80,30 +92,33 @@ class GpuHealth(Probe):
         MetricSpec(P + "pcie_link_width", "gauge", "Current PCIe link width (lanes).", "count", ("gpu",)),
         MetricSpec(P + "pcie_link_width_max", "gauge", "Maximum PCIe link width (lanes).", "count", ("gpu",)),
         MetricSpec(P + "clock_throttle_active", "gauge",
-                   "1 if the clock throttle (clocks event) reason is active now, per reason from a fixed set.",
-                   "boolean", ("gpu", "reason")),
+                   "1 for each clock throttle (clocks event) reason active now; a reason that is not active has no "
+                   "series.", "boolean", ("gpu", "reason")),
         MetricSpec(P + "ecc_errors_total", "counter",
-                   "ECC errors as counted by the device; counter volatile (since driver load) or aggregate (lifetime).",
-                   "total", ("gpu", "type", "counter"), cumulative=True),
-        MetricSpec(P + "remapped_rows_total", "counter", "Rows remapped by the device, by cause.", "total",
-                   ("gpu", "cause"), cumulative=True),
-        MetricSpec(P + "remapped_rows_pending", "gauge", "1 if a row remapping awaits a GPU reset.", "boolean",
+                   "ECC errors as counted by the device; counter volatile (since driver load) or aggregate (lifetime). "
+                   "Uncorrected volatile from 0; the others while above 0.",
+                   "total", ("gpu", "type", "counter"), cumulative=True,
+                   zero_published=((("type", "uncorrected"), ("counter", "volatile")),)),
+        MetricSpec(P + "remapped_rows_total", "counter", "Rows remapped by the device, by cause; while above 0.",
+                   "total", ("gpu", "cause"), cumulative=True, zero_published=()),
+        MetricSpec(P + "remapped_rows_pending", "gauge", "1 if a row remapping awaits a GPU reset; no series "
+                   "while none does.", "boolean", ("gpu",)),
+        MetricSpec(P + "remapped_rows_failed", "gauge", "1 if a row remapping failed, the GPU needs service; no "
+                   "series while none has.", "boolean", ("gpu",)),
+        MetricSpec(P + "nvlink_links_up", "gauge", "NVLink links of the GPU that are active.", "count", ("gpu",)),
+        MetricSpec(P + "nvlink_links", "gauge", "NVLink links the GPU has (present, active or not).", "count",
                    ("gpu",)),
-        MetricSpec(P + "remapped_rows_failed", "gauge", "1 if a row remapping failed; the GPU needs service.",
-                   "boolean", ("gpu",)),
-        MetricSpec(P + "nvlink_up", "gauge", "1 if the NVLink link is active.", "boolean", ("gpu", "link")),
+        MetricSpec(P + "nvlink_up", "gauge", "1 if the NVLink link is active; with per_link only.", "boolean",
+                   ("gpu", "link")),
         MetricSpec(P + "nvlink_errors_total", "counter",
                    "NVLink error counters as counted by the device: by default summed over the GPU's links (link "
                    "empty; a GPU's sum is left out of a run that could not read the counter on every link), per "
-                   "link with per_link.", "total", ("gpu", "link", "counter"), cumulative=True),
+                   "link with per_link; each while above 0.", "total", ("gpu", "link", "counter"), cumulative=True,
+                   zero_published=()),
         MetricSpec(P + "xid_errors_total", "counter", "Critical XID events caught during this exporter's event waits.",
                    "total", ("gpu", "xid")),
         MetricSpec(P + "xid_watch_seconds_total", "counter", "Seconds spent waiting for XID events: the XID coverage.",
                    "seconds"),
-        MetricSpec(P + "persistence_mode", "gauge", "1 if persistence mode is enabled.", "boolean", ("gpu",)),
-        MetricSpec(P + "mig_mode", "gauge", "1 if MIG mode is enabled; absent where MIG is unsupported.",
-                   "boolean", ("gpu",)),
-        MetricSpec(P + "power_limit_watts", "gauge", "Enforced power limit.", "watts", ("gpu",)),
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
@@ -125,14 +140,16 @@ class GpuHealth(Probe):
             gpus = []
             for g in handles:
                 gi = str(g.index)
-                add(P + "lost", {"gpu": gi}, 1 if g.lost else 0)
                 if g.lost:
+                    add(P + "lost", {"gpu": gi}, 1)
                     gpus.append({"index": g.index, "lost": True, "error": g.error})
                     continue
                 ident = session.identity(g)
+                pm, mig, power = session.persistence_mode(g), session.mig_mode(g), session.power_limit_watts(g)
                 add(P + "info", {"gpu": gi, "uuid": ident["uuid"], "model": ident["model"],
                                  "pci_bus_id": ident["pci_bus_id"], "serial": ident["serial"],
-                                 "vbios": ident["vbios"]}, 1)
+                                 "vbios": ident["vbios"], "persistence_mode": pm, "mig_mode": mig,
+                                 "power_limit_watts": f"{power:g}" if _num(power) is not None else nvml.UNKNOWN}, 1)
                 pcie = session.pcie(g)
                 for key, metric in (("gen_current", "pcie_link_generation"), ("gen_max", "pcie_link_generation_max"),
                                     ("width_current", "pcie_link_width"), ("width_max", "pcie_link_width_max")):
@@ -141,7 +158,8 @@ class GpuHealth(Probe):
                 reasons = session.throttle_reasons(g)
                 if isinstance(reasons, list):
                     for r in nvml.THROTTLE_REASONS.values():
-                        add(P + "clock_throttle_active", {"gpu": gi, "reason": r}, 1 if r in reasons else 0)
+                        if r in reasons:
+                            add(P + "clock_throttle_active", {"gpu": gi, "reason": r}, 1)
                 ecc = session.ecc_errors(g)
                 for key, v in ecc.items():
                     if _num(v) is not None:
@@ -151,22 +169,18 @@ class GpuHealth(Probe):
                 if _num(rows["pending"]) is not None:
                     add(P + "remapped_rows_total", {"gpu": gi, "cause": "correctable"}, rows["correctable"])
                     add(P + "remapped_rows_total", {"gpu": gi, "cause": "uncorrectable"}, rows["uncorrectable"])
-                    add(P + "remapped_rows_pending", {"gpu": gi}, rows["pending"])
-                    add(P + "remapped_rows_failed", {"gpu": gi}, rows["failed"])
+                    for key in ("pending", "failed"):  # the alerts read == 1; 0 is no series
+                        if rows[key]:
+                            add(P + f"remapped_rows_{key}", {"gpu": gi}, 1)
                 links = session.nvlinks(g)
-                for link in links:
-                    add(P + "nvlink_up", {"gpu": gi, "link": str(link["link"])}, link["up"])
+                if links:  # a GPU without NVLink (PCIe cards, a VM) has no series
+                    add(P + "nvlink_links_up", {"gpu": gi}, sum(1 for link in links if link["up"]))
+                    add(P + "nvlink_links", {"gpu": gi}, len(links))
+                if config.per_link:
+                    for link in links:
+                        add(P + "nvlink_up", {"gpu": gi, "link": str(link["link"])}, link["up"])
                 for labels, v in _nvlink_errors(gi, links, config.per_link):
                     add(P + "nvlink_errors_total", labels, v)
-                pm = session.persistence_mode(g)
-                if pm != nvml.UNKNOWN:
-                    add(P + "persistence_mode", {"gpu": gi}, 1 if pm == "enabled" else 0)
-                mig = session.mig_mode(g)
-                if mig in ("enabled", "disabled"):
-                    add(P + "mig_mode", {"gpu": gi}, 1 if mig == "enabled" else 0)
-                power = session.power_limit_watts(g)
-                if _num(power) is not None:
-                    add(P + "power_limit_watts", {"gpu": gi}, power)
                 gpus.append({**ident, "pcie": pcie, "throttle_reasons": reasons, "ecc": ecc, "remapped_rows": rows,
                              "nvlinks": links, "persistence_mode": pm, "mig_mode": mig, "power_limit_watts": power})
 

@@ -83,13 +83,14 @@ models:
     - {{metric: fleetcanary_gpu_pcie_link_width, equals: 16}}
     - {{metric: fleetcanary_gpu_pcie_link_generation_max, equals: 5}}
     - {{metric: fleetcanary_gpus_visible, min: 8}}
-    - {{metric: fleetcanary_gpu_nvlink_up, min: 1}}
+    - {{metric: fleetcanary_gpu_nvlink_links_up, min: 18}}
 """
 
 
 @pytest.mark.parametrize("fixture,passed,failing", [
     ("h100_8gpu_healthy.json", True, []),
-    ("h100_8gpu_degraded.json", False, ["fleetcanary_gpu_pcie_link_width gpu=2", "fleetcanary_gpu_nvlink_up"]),
+    ("h100_8gpu_degraded.json", False,
+     ["fleetcanary_gpu_pcie_link_width gpu=2", "fleetcanary_gpu_nvlink_links_up gpu=5"]),
 ])
 def test_pcie_and_nvlink_expectations_per_gpu(cfg, tmp_path, fixture, passed, failing):
     out = tmp_path / "o.txt"

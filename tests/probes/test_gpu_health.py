@@ -31,37 +31,40 @@ def test_degraded_h100_node_shows_every_fault(tmp_path, monkeypatch):
     assert value(r, P + "pcie_link_width", gpu="2") == 8 and value(r, P + "pcie_link_width_max", gpu="2") == 16
     assert value(r, P + "pcie_link_width", gpu="1") == 16
     assert value(r, P + "pcie_link_generation", gpu="2") == 5 and value(r, P + "pcie_link_generation_max", gpu="2") == 5
-    # NVLink 7 of GPU 5 is down, with its error counters; the rest are up. State per link, the error
-    # counters per GPU by default: each summed over the GPU's links, the link label empty
-    assert value(r, P + "nvlink_up", gpu="5", link="7") == 0
-    assert value(r, P + "nvlink_up", gpu="5", link="6") == 1
+    # NVLink 7 of GPU 5 is down, with its error counters; the rest are up. Per GPU by default: the links
+    # active and present, the error counters each summed over the GPU's links, the link label empty
+    assert value(r, P + "nvlink_links_up", gpu="5") == 17 and value(r, P + "nvlink_links", gpu="5") == 18
+    assert value(r, P + "nvlink_links_up", gpu="4") == 18 and value(r, P + "nvlink_links", gpu="4") == 18
+    assert not [k for k in samples(r) if k[0] == P + "nvlink_up"]  # per link with per_link only
     assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="crc_flit") == 88211
     assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="replay") == 1423
-    assert value(r, P + "nvlink_errors_total", gpu="4", link="", counter="replay") == 0
-    assert sum(1 for k in samples(r) if k[0] == P + "nvlink_up") == 8 * 18
+    assert value(r, P + "nvlink_errors_total", gpu="4", link="", counter="replay") == 0  # the exporter hides it
     assert sum(1 for k in samples(r) if k[0] == P + "nvlink_errors_total") == 8 * 4
-    # throttling on GPU 3, idle-only elsewhere
+    # throttling on GPU 3, idle-only elsewhere: the active reasons only
     assert value(r, P + "clock_throttle_active", gpu="3", reason="hw_slowdown") == 1
     assert value(r, P + "clock_throttle_active", gpu="3", reason="sw_thermal_slowdown") == 1
-    assert value(r, P + "clock_throttle_active", gpu="0", reason="hw_slowdown") == 0
+    assert value(r, P + "clock_throttle_active", gpu="0", reason="hw_slowdown") is None
     assert value(r, P + "clock_throttle_active", gpu="0", reason="gpu_idle") == 1
-    assert sum(1 for k in samples(r) if k[0] == P + "clock_throttle_active") == 8 * len(THROTTLE_REASONS)
-    # ECC and the pending remapped row on GPU 6
+    assert {v for k, v in samples(r).items() if k[0] == P + "clock_throttle_active"} == {1.0}
+    assert sum(1 for k in samples(r) if k[0] == P + "clock_throttle_active") < 8 * len(THROTTLE_REASONS)
+    # ECC and the pending remapped row on GPU 6 (the probe reads every counter; the exporter publishes
+    # the zeros it must, test_health_metrics_render_in_the_exposition_from_a_worker)
     assert value(r, P + "ecc_errors_total", gpu="6", type="uncorrected", counter="volatile") == 1
     assert value(r, P + "ecc_errors_total", gpu="0", type="corrected", counter="aggregate") == 3
     assert value(r, P + "remapped_rows_pending", gpu="6") == 1
     assert value(r, P + "remapped_rows_total", gpu="6", cause="uncorrectable") == 1
-    assert value(r, P + "remapped_rows_failed", gpu="6") == 0
-    assert value(r, P + "remapped_rows_pending", gpu="0") == 0
+    assert value(r, P + "remapped_rows_failed", gpu="6") is None  # 0: no series
+    assert value(r, P + "remapped_rows_pending", gpu="0") is None
+    assert value(r, P + "lost", gpu="0") is None  # a GPU that answers
     # critical XIDs caught by the event wait
     assert value(r, P + "xid_errors_total", gpu="6", xid="63") == 1
     assert value(r, P + "xid_errors_total", gpu="6", xid="94") == 1
     assert 0 <= value(r, P + "xid_watch_seconds_total") <= 1.0
     assert [e["xid"] for e in r.extra["critical_xid_events"]] == [63, 94]
-    # modes and power
-    assert value(r, P + "persistence_mode", gpu="4") == 1
-    assert value(r, P + "mig_mode", gpu="4") == 0
-    assert value(r, P + "power_limit_watts", gpu="4") == 700
+    # modes and power: labels of the GPU's info series
+    info = next(dict(k[1]) for k in samples(r) if k[0] == P + "info" and dict(k[1])["gpu"] == "4")
+    assert (info["persistence_mode"], info["mig_mode"], info["power_limit_watts"]) == ("enabled", "disabled", "700")
+    assert not [k for k in samples(r) if k[0] in (P + "persistence_mode", P + "mig_mode", P + "power_limit_watts")]
     assert all(s.labels.get("gpu") != "" for s in r.samples)
     assert r.touched == {"gpus": list(range(8)), "invasive": False}
 
@@ -83,8 +86,10 @@ def test_nvlink_errors_sum_over_links_and_per_link_is_opt_in(tmp_path, monkeypat
     assert value(r, P + "nvlink_errors_total", gpu="5", link="6", counter="replay") == 7
     assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="replay") is None
     assert sum(1 for k in samples(r) if k[0] == P + "nvlink_errors_total") == 8 * 18 * 4
-    # the state is per link either way
+    # the state per link too, beside the per-GPU counts the alert reads
     assert sum(1 for k in samples(r) if k[0] == P + "nvlink_up") == 8 * 18
+    assert value(r, P + "nvlink_up", gpu="5", link="7") == 0 and value(r, P + "nvlink_up", gpu="5", link="6") == 1
+    assert value(r, P + "nvlink_links_up", gpu="5") == 17 and value(r, P + "nvlink_links", gpu="5") == 18
 
 
 def test_a_gpu_sum_is_left_out_when_a_link_missed_its_read():
@@ -102,7 +107,7 @@ def test_gpu_fell_off_the_bus(tmp_path, monkeypatch):
     fake(monkeypatch, "h100_8gpu_gpu_lost")
     r = run(tmp_path, expected_gpus=8)
     assert value(r, P + "lost", gpu="4") == 1
-    assert value(r, P + "lost", gpu="3") == 0
+    assert value(r, P + "lost", gpu="3") is None  # a GPU that answers has no series
     assert value(r, "fleetcanary_gpus_visible") == 8
     assert value(r, "fleetcanary_gpus_healthy") == 7
     assert value(r, "fleetcanary_gpus_expected") == 8
@@ -149,6 +154,15 @@ def test_health_metrics_render_in_the_exposition_from_a_worker(tmp_path):
     text = store.exposition.decode()
     assert 'fleetcanary_gpu_nvlink_errors_total{counter="crc_flit",gpu="5",link=""} 88211.0' in text
     assert 'link="7"' not in text.split("fleetcanary_gpu_nvlink_errors_total", 1)[1].split("# HELP", 1)[0]
+    # device counters at 0 are no series, but for the uncorrected volatile ECC count the alert reads from 0
+    assert 'fleetcanary_gpu_nvlink_errors_total{counter="replay",gpu="4",link=""}' not in text
+    assert 'fleetcanary_gpu_ecc_errors_total{counter="volatile",gpu="0",type="uncorrected"} 0.0' in text
+    assert 'fleetcanary_gpu_ecc_errors_total{counter="volatile",gpu="6",type="uncorrected"} 1.0' in text
+    assert 'fleetcanary_gpu_ecc_errors_total{counter="volatile",gpu="0",type="corrected"}' not in text
+    assert 'fleetcanary_gpu_ecc_errors_total{counter="aggregate",gpu="0",type="corrected"} 3.0' in text
+    assert 'fleetcanary_gpu_remapped_rows_total{cause="uncorrectable",gpu="6"} 1.0' in text
+    assert 'fleetcanary_gpu_remapped_rows_total{cause="correctable",gpu="6"}' not in text
+    assert 'fleetcanary_gpu_nvlink_links_up{gpu="5"} 17.0' in text
     assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 2.0' in text  # events add up across runs
     assert out.environment["gpu_model"] == "NVIDIA H100 80GB HBM3" and out.environment["gpu_count"] == 8
     assert out.environment["driver_version"] == "550.90.07" and out.environment["cuda_driver_version"] == "12.4"
@@ -161,9 +175,9 @@ def test_recorded_h200_facts_replay(tmp_path, monkeypatch):
     r = run(tmp_path, expected_gpus=1)
     assert value(r, "fleetcanary_gpus_visible") == 1 and value(r, "fleetcanary_gpus_healthy") == 1
     assert value(r, P + "pcie_link_generation", gpu="0") == 5 and value(r, P + "pcie_link_width", gpu="0") == 16
-    assert not [k for k in samples(r) if k[0] == P + "nvlink_up"]
+    assert not [k for k in samples(r) if k[0] in (P + "nvlink_up", P + "nvlink_links_up", P + "nvlink_links")]
     assert value(r, P + "clock_throttle_active", gpu="0", reason="gpu_idle") == 1
-    assert value(r, P + "remapped_rows_pending", gpu="0") == 0
-    assert value(r, P + "power_limit_watts", gpu="0") == 700
+    assert value(r, P + "remapped_rows_pending", gpu="0") is None
     info = next(dict(k[1]) for k in samples(r) if k[0] == P + "info")
     assert info["model"] == "NVIDIA H200" and info["pci_bus_id"] == "00000000:00:06.0"
+    assert info["power_limit_watts"] == "700"

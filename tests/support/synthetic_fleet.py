@@ -94,9 +94,8 @@ def write(path: Path, end: int) -> tuple[int, int]:
                 add("fleetcanary_gpu_memory_bandwidth_bytes_per_second", "gauge", {**gl, "direction": d}, noisy(H2D))
             for key, v in (("generation", 5), ("generation_max", 5), ("width", 16), ("width_max", 16)):
                 add(f"fleetcanary_gpu_pcie_link_{key}", "gauge", gl, const(v))
-            for link in range(18):
-                up = 0 if (n, g, link) == (2, 1, 7) else 1
-                add("fleetcanary_gpu_nvlink_up", "gauge", {**gl, "link": str(link)}, const(up))
+            add("fleetcanary_gpu_nvlink_links_up", "gauge", gl, const(17 if (n, g) == (2, 1) else 18))
+            add("fleetcanary_gpu_nvlink_links", "gauge", gl, const(18))
             add("fleetcanary_gpu_nvlink_errors_total", "counter", {**gl, "link": "0", "counter": "replay"},
                 [k // 12 for k in range(steps)])
             add("fleetcanary_gpu_xid_errors_total", "counter", {**gl, "xid": "79"}, const(0))
@@ -144,7 +143,7 @@ def write(path: Path, end: int) -> tuple[int, int]:
                     noisy(bus))
     _fabric(add, ts, steps)
     add("ALERTS", "gauge", {"alertname": "FleetCanaryNVLinkDown", "alertstate": "firing", "severity": "critical",
-                            "node": NODES[2], "gpu": "1", "link": "7"}, const(1))
+                            "node": NODES[2], "gpu": "1"}, const(1))
     with open(path, "w") as f:
         for name, (kind, lines) in fams.items():
             base = name[:-len("_total")] if kind == "counter" else name
