@@ -4,14 +4,19 @@ Every port under <sysfs_root>/class/infiniband and every configured interface un
 <sysfs_root>/class/net.
 
 Non-invasive (reads a few hundred small files, sends nothing), so it runs on every node every
-minute. Per RDMA port: up (ACTIVE and LinkUp), rate and width against the expected rate and the
-IBTA error counters (what the alerts read); opt-in, the logical and physical state as 0/1 series
+minute. Per RDMA port: its identity (link layer, and its device's HCA type, firmware and board),
+up (ACTIVE and LinkUp), rate and width against the expected rate and the IBTA error counters
+(what the alerts read); a port that is expected but absent (present 0) and a port with
+saturated counters have a series for that, a healthy port none; opt-in, the logical and physical state as 0/1 series
 per state (``port_states``) and a bounded set of driver hardware counters (``hw_counters``), which
 no rule reads and which cost 13 and 13 series a port; per interface: operational state, speed,
 MTU, carrier changes, errors and drops. Ports expected but absent are reported
 (present 0), files that cannot be read or parsed are counted and named in the record; neither
 stops the run. Counters are the kernel's running totals, published as cumulative counters:
-rules use increase()/rate() on them.
+rules use increase()/rate() on them. Of the IBTA error counters, link_downed is published from 0
+(the flap alert fires on any increase, and increase() misses the first event of a series born
+above 0); the others only while above 0 (8 ports x 7 counters that stay at 0 on a healthy node;
+their alerts want 10 or 100 an hour).
 
 Reading the error counters of an InfiniBand port makes the kernel query the HCA's performance
 management agent; it neither resets them nor disturbs traffic.
@@ -111,12 +116,12 @@ class NicHealth(Probe):
     default_interval_seconds = 60.0
     default_timeout_seconds = 30.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
-        MetricSpec("fleetcanary_rdma_device_info", "gauge", "RDMA device identity from sysfs; value 1.", "info",
-                   ("device", "hca_type", "fw_ver", "board_id")),
-        MetricSpec(R + "info", "gauge", "RDMA port identity: its link layer (InfiniBand, or Ethernet for RoCE); "
-                   "value 1.", "info", DP + ("link_layer",)),
-        MetricSpec(R + "present", "gauge", "1 if the port exists; 0 for an expected port that does not.",
-                   "boolean", DP),
+        MetricSpec(R + "info", "gauge", "RDMA port identity, one series per port that exists: its link layer "
+                   "(InfiniBand, or Ethernet for RoCE) and its device's HCA type, firmware version and board id "
+                   "(empty where the driver has none); value 1.", "info",
+                   DP + ("link_layer", "hca_type", "fw_ver", "board_id")),
+        MetricSpec(R + "present", "gauge", "0 for a port in expected_ports that does not exist; a port that exists "
+                   "has no series (fleetcanary_rdma_port_info has it).", "boolean", DP),
         MetricSpec(R + "expected", "gauge", "1 if the port is in expected_ports, 0 if present but not listed; "
                    "absent when no list is configured.", "boolean", DP),
         MetricSpec(R + "up", "gauge", "1 if the port is ACTIVE with physical state LinkUp.", "boolean", DP),
@@ -131,13 +136,15 @@ class NicHealth(Probe):
                    "bytes_per_second", DP),
         MetricSpec(R + "rate_below_expected", "gauge", "1 if an up port trained below its expected rate "
                    "(a downtrained link: fewer lanes or a lower speed).", "boolean", DP),
-        MetricSpec(R + "errors_total", "counter", "IBTA port error counters as the HCA counts them (counters/).",
-                   "total", DP + ("counter",), cumulative=True),
+        MetricSpec(R + "errors_total", "counter", "IBTA port error counters as the HCA counts them (counters/): "
+                   "link_downed from 0 (the flap alert reads any increase), the others while above 0.",
+                   "total", DP + ("counter",), cumulative=True, zero_published=((("counter", "link_downed"),),)),
         MetricSpec(R + "hw_events_total", "counter", "Driver hardware counters of the port (hw_counters/): "
                    "receive drops, transport retries and timeouts, ICRC errors, congestion notifications; with "
                    "hw_counters only.", "total", DP + ("counter",), cumulative=True),
         MetricSpec(R + "counters_saturated", "gauge", "Error counters of the port stuck at their maximum (they "
-                   "saturate, so new errors no longer show until they are cleared).", "count", DP),
+                   "saturate, so new errors no longer show until they are cleared); no series while none is.",
+                   "count", DP),
         MetricSpec("fleetcanary_rdma_ports_present", "gauge", "RDMA ports found on this node.", "count"),
         MetricSpec("fleetcanary_rdma_ports_up", "gauge", "RDMA ports ACTIVE and LinkUp on this node.", "count"),
         MetricSpec("fleetcanary_rdma_ports_expected", "gauge", "RDMA ports this node should have, from config; "
@@ -176,11 +183,10 @@ class NicHealth(Probe):
         def add(m: str, labels: dict, v: float) -> None:
             samples.append(Sample(m, labels, float(v)))
 
-        for dev in sorted({p.device for p in ports}):
-            add("fleetcanary_rdma_device_info", {"device": dev, **sysfs.device_info(root, dev)}, 1)
+        devices = {dev: sysfs.device_info(root, dev) for dev in sorted({p.device for p in ports})}
         present = {f"{p.device}/{p.port}" for p in ports}
         for p in ports:
-            self._port(config, p, add, expected)
+            self._port(config, p, add, expected, devices[p.device])
         missing = [k for k in expected if k not in present]
         for key in missing:
             dev, port = key.split("/")
@@ -202,14 +208,12 @@ class NicHealth(Probe):
                    "interfaces": [i.to_dict() for i in interfaces], "problems": problems.items})
 
     @staticmethod
-    def _port(config: Config, p: sysfs.Port, add, expected: list[str]) -> None:
+    def _port(config: Config, p: sysfs.Port, add, expected: list[str], device: dict[str, str]) -> None:
         dp = {"device": p.device, "port": p.port}
         key = f"{p.device}/{p.port}"
-        add(R + "present", dp, 1)
         if expected:
             add(R + "expected", dp, 1 if key in expected else 0)
-        if p.link_layer:
-            add(R + "info", {**dp, "link_layer": p.link_layer[:32]}, 1)
+        add(R + "info", {**dp, "link_layer": (p.link_layer or "")[:32], **device}, 1)
         if config.port_states:
             for metric, value, names in ((R + "state", p.state, STATES),
                                          (R + "physical_state", p.phys_state, PHYS_STATES)):
@@ -233,7 +237,7 @@ class NicHealth(Probe):
         if config.hw_counters:
             for name, v in p.hw_counters.items():
                 add(R + "hw_events_total", {**dp, "counter": name}, v)
-        if p.counters:
+        if p.saturated:  # the alert reads > 0
             add(R + "counters_saturated", dp, len(p.saturated))
 
     @staticmethod

@@ -44,6 +44,12 @@ def port(result, metric, device, p="1", **labels):
     return value(result, metric, device=device, port=p, **labels)
 
 
+def info(result, device, p="1") -> dict | None:
+    """The labels of the port's info series (its identity and its device's), or None."""
+    return next((dict(k[1]) for k in values(result) if k[0] == R + "info" and dict(k[1])["device"] == device
+                 and dict(k[1])["port"] == p), None)
+
+
 NDR_EXPECTED = ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_3/1", "mlx5_4/1", "mlx5_6/1"]
 
 
@@ -51,7 +57,7 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
     r = run(tmp_path, "ndr_node", expected_ports=NDR_EXPECTED, expected_rate_gbps=400,
             port_rates_gbps={"mlx5_4/1": 200}, interfaces=["eth0", "ens1f0np0"], port_states=True, hw_counters=True)
     # an NDR InfiniBand port, healthy
-    assert port(r, R + "info", "mlx5_0", link_layer="InfiniBand") == 1
+    assert info(r, "mlx5_0")["link_layer"] == "InfiniBand"
     assert port(r, R + "up", "mlx5_0") == 1
     assert port(r, R + "state", "mlx5_0", state="active") == 1 and port(r, R + "state", "mlx5_0", state="down") == 0
     assert port(r, R + "physical_state", "mlx5_0", state="link_up") == 1
@@ -59,8 +65,8 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
     assert port(r, R + "link_width", "mlx5_0") == 4
     assert port(r, R + "expected_rate_bytes_per_second", "mlx5_0") == 400 * GB
     assert port(r, R + "rate_below_expected", "mlx5_0") == 0
-    assert port(r, R + "errors_total", "mlx5_0", counter="symbol_error") == 0
-    assert port(r, R + "counters_saturated", "mlx5_0") == 0
+    assert port(r, R + "errors_total", "mlx5_0", counter="symbol_error") == 0  # read; the exporter hides a 0
+    assert port(r, R + "counters_saturated", "mlx5_0") is None  # none saturated: no series
     # the downtrained port: NDR speed on 2 lanes is 200 Gb/s
     assert port(r, R + "rate_bytes_per_second", "mlx5_2") == 200 * GB
     assert port(r, R + "link_width", "mlx5_2") == 2
@@ -75,14 +81,14 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
                         "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
                         "excessive_buffer_overrun_errors"}  # the data and packet counters stay out
     # the RoCE port: link layer Ethernet, its own expected rate, hardware counters from a fixed set
-    assert port(r, R + "info", "mlx5_4", link_layer="Ethernet") == 1
+    assert info(r, "mlx5_4")["link_layer"] == "Ethernet"
     assert port(r, R + "rate_bytes_per_second", "mlx5_4") == 200 * GB
     assert port(r, R + "rate_below_expected", "mlx5_4") == 0
     assert port(r, R + "hw_events_total", "mlx5_4", counter="out_of_buffer") == 12
     assert port(r, R + "hw_events_total", "mlx5_4", counter="np_cnp_sent") == 4711
     assert port(r, R + "hw_events_total", "mlx5_4", counter="rx_write_requests") is None
-    assert value(r, "fleetcanary_rdma_device_info", device="mlx5_4", hca_type="MT4125", fw_ver="22.39.1002",
-                 board_id="MT_0000000359") == 1
+    assert info(r, "mlx5_4") == {"device": "mlx5_4", "port": "1", "link_layer": "Ethernet", "hca_type": "MT4125",
+                                 "fw_ver": "22.39.1002", "board_id": "MT_0000000359"}  # the device's identity too
     # the port without a cable: down, polling, and no rate judgement while down
     assert port(r, R + "up", "mlx5_5") == 0
     assert port(r, R + "physical_state", "mlx5_5", state="polling") == 1
@@ -90,7 +96,10 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
     assert port(r, R + "expected", "mlx5_5") == 0  # present, not in the list
     # the expected port that is not there
     assert port(r, R + "present", "mlx5_6") == 0 and port(r, R + "expected", "mlx5_6") == 1
-    assert port(r, R + "present", "mlx5_0") == 1 and port(r, R + "expected", "mlx5_0") == 1
+    assert info(r, "mlx5_6") is None
+    # a port that exists has its info series, and no present series (only an absent one is a finding)
+    assert port(r, R + "present", "mlx5_0") is None and port(r, R + "expected", "mlx5_0") == 1
+    assert not [k for k in values(r) if k[0] == R + "present" and dict(k[1])["device"] != "mlx5_6"]
     assert r.extra["missing_ports"] == ["mlx5_6/1"]
     assert value(r, "fleetcanary_rdma_ports_present") == 6
     assert value(r, "fleetcanary_rdma_ports_up") == 5
@@ -135,8 +144,9 @@ def test_by_default_states_and_hardware_counters_stay_in_the_record(tmp_path):
     r = run(tmp_path, "ndr_node", expected_rate_gbps=400, port_rates_gbps={"mlx5_4/1": 200})
     metrics = {k[0] for k in values(r)}
     assert not metrics & {R + "state", R + "physical_state", R + "hw_events_total"}
-    assert {R + "up", R + "present", R + "rate_bytes_per_second", R + "rate_below_expected", R + "errors_total",
+    assert {R + "up", R + "rate_bytes_per_second", R + "rate_below_expected", R + "errors_total",
             R + "counters_saturated", R + "info"} <= metrics
+    assert "fleetcanary_rdma_device_info" not in metrics  # folded into the port's info series
     assert port(r, R + "up", "mlx5_5") == 0 and port(r, R + "errors_total", "mlx5_1", counter="link_downed") == 3
     assert len([k for k in values(r) if k[0] == R + "errors_total"]) == 6 * 8
     rec = {f"{p['device']}/{p['port']}": p for p in r.extra["ports"]}
@@ -173,7 +183,10 @@ def test_rising_error_counters_between_two_runs_through_a_worker(tmp_path):
     assert out.outcome == "success", out
     store.apply(out)
     first = store.exposition.decode()
+    # link_downed from 0 (the flap alert reads any increase()); the other counters once above 0
     assert 'fleetcanary_rdma_port_errors_total{counter="link_downed",device="mlx5_0",port="1"} 0.0' in first
+    assert 'fleetcanary_rdma_port_errors_total{counter="symbol_error",device="mlx5_0",port="1"}' not in first
+    assert 'fleetcanary_rdma_port_errors_total{counter="port_rcv_errors",device="mlx5_1",port="1"} 41.0' in first
     counters = root / "class/infiniband/mlx5_0/ports/1/counters"
     (counters / "link_downed").write_text("1\n")
     (counters / "symbol_error").write_text("25\n")
@@ -217,7 +230,7 @@ def test_damaged_and_missing_files_are_counted_and_named_never_a_crash(tmp_path)
     # what could be read is still published; what could not is absent, not a guess
     assert port(r, R + "physical_state", "mlx5_0", state="link_up") == 1
     assert port(r, R + "up", "mlx5_0") is None and port(r, R + "rate_bytes_per_second", "mlx5_0") is None
-    assert port(r, R + "info", "mlx5_0", link_layer="InfiniBand") is None
+    assert info(r, "mlx5_0")["link_layer"] == ""  # the port is there; its link layer could not be read
     assert port(r, R + "errors_total", "mlx5_0", counter="port_rcv_errors") == 0
     assert port(r, R + "errors_total", "mlx5_0", counter="symbol_error") is None
     assert value(r, "fleetcanary_rdma_ports_present") == 1
