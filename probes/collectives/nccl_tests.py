@@ -79,10 +79,13 @@ def parse_json(text: str) -> dict[str, Any]:
             "nccl_version": doc.get("nccl_version")}
 
 
-def to_result(parsed: dict[str, dict[str, Any]], sizes: list[int], ranks: int, gate=None) -> ProbeResult:
-    """Metrics and record from parsed outputs per collective. Wrong results fail the probe."""
+def to_result(parsed: dict[str, dict[str, Any]], sizes: list[int], ranks: int, gate=None,
+              detail: bool = False) -> ProbeResult:
+    """Metrics and record from parsed outputs per collective (algorithm bandwidth and latency as series with
+    `detail` only). Wrong results fail the probe."""
 
-    res = ProbeResult(parameters={"backend": "nccl", "runner": "nccl-tests", "world": ranks, "sizes": sizes},
+    res = ProbeResult(parameters={"backend": "nccl", "runner": "nccl-tests", "world": ranks, "sizes": sizes,
+                                  "detail": detail},
                       touched={"ranks": ranks, "invasive": True, **(gate.record() if gate else {})})
     wrong = []
     wanted = set(sizes)
@@ -102,8 +105,9 @@ def to_result(parsed: dict[str, dict[str, Any]], sizes: list[int], ranks: int, g
             alg = Figure(f"{coll}_algbw", "bytes_per_second", [op["algbw_gbps"] * 1e9], labels)
             bus = Figure(f"{coll}_busbw", "bytes_per_second", [op["busbw_gbps"] * 1e9], labels)
             res.figures += [bus, alg, lat]
-            res.samples += [Sample(LAT, labels, lat.median), Sample(ALGBW, labels, alg.median),
-                            Sample(BUSBW, labels, bus.median)]
+            res.samples.append(Sample(BUSBW, labels, bus.median))
+            if detail:
+                res.samples += [Sample(LAT, labels, lat.median), Sample(ALGBW, labels, alg.median)]
     if wrong:
         raise ProbeError("wrong_result", "; ".join(wrong[:5]))
     res.extra = {"nccl_tests": parsed}
@@ -134,4 +138,4 @@ def run(config, ctx, ranks: int, gate) -> ProbeResult:
                     parsed[coll] = parse_json(f.read())
             else:
                 parsed[coll] = parse_text(out.stdout)
-    return to_result(parsed, sizes, ranks, gate)
+    return to_result(parsed, sizes, ranks, gate, config.detail)

@@ -10,6 +10,9 @@ Definitions follow nccl-tests (doc/PERFORMANCE.md there):
   maximum over ranks); the median over iterations is published and all kept.
 - algbw = size / time; busbw = algbw x factor, factor 2(n-1)/n for all_reduce,
   (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast.
+- published: the bus bandwidth per collective and size (what the fleet compares); the
+  algorithm bandwidth and the time per operation are in the run record, and series only
+  with ``detail`` (they follow from busbw by constant factors of the collective and rank count).
 - correctness: after timing, every rank fills its input with a rank- and
   index-dependent integer pattern, runs the collective once more and compares every
   output element with the exact expected value. Any wrong element fails the probe
@@ -60,10 +63,10 @@ class Collectives(Probe):
         MetricSpec(BUSBW, "gauge", "Collective bus bandwidth (nccl-tests busbw: algbw x 2(n-1)/n for all_reduce, "
                    "x (n-1)/n for all_gather, reduce_scatter, all_to_all), median over iterations.",
                    "bytes_per_second", LABELS),
-        MetricSpec(ALGBW, "gauge", "Collective algorithm bandwidth: size / time per operation, median over iterations.",
-                   "bytes_per_second", LABELS),
-        MetricSpec(LAT, "gauge", "Time per collective operation on the slowest rank, median over iterations.",
-                   "seconds", LABELS),
+        MetricSpec(ALGBW, "gauge", "Collective algorithm bandwidth: size / time per operation, median over iterations; "
+                   "with detail only.", "bytes_per_second", LABELS),
+        MetricSpec(LAT, "gauge", "Time per collective operation on the slowest rank, median over iterations; with "
+                   "detail only.", "seconds", LABELS),
     )
 
     # ------------------------------------------------------------------ run
@@ -82,7 +85,7 @@ class Collectives(Probe):
                 "warmup": config.warmup_iterations, "iterations": config.iterations, "timeout": coll_timeout,
                 "port": _free_port()}
         per_rank, topo = _launch_ranks(spec, config.topology_dump and backend == "nccl", ctx)
-        return self._reduce(per_rank, spec, topo, gate)
+        return self._reduce(per_rank, spec, topo, gate, config.detail)
 
     @staticmethod
     def _plan(config: Config, ctx: ProbeContext):
@@ -106,11 +109,11 @@ class Collectives(Probe):
         return "nccl", len(gpus.handles), gpus.gate
 
     @staticmethod
-    def _reduce(per_rank: list[dict], spec: dict, topo: str | None, gate) -> ProbeResult:
+    def _reduce(per_rank: list[dict], spec: dict, topo: str | None, gate, detail: bool = False) -> ProbeResult:
         n = spec["world"]
         backend = spec["backend"]
-        res = ProbeResult(parameters={k: spec[k] for k in ("backend", "world", "collectives", "sizes", "warmup",
-                                                           "iterations", "timeout")},
+        res = ProbeResult(parameters={**{k: spec[k] for k in ("backend", "world", "collectives", "sizes", "warmup",
+                                                              "iterations", "timeout")}, "detail": detail},
                           touched={"ranks": n, "invasive": backend == "nccl", **(gate.record() if gate else {})})
         wrong = []
         sweep = []
@@ -136,8 +139,9 @@ class Collectives(Probe):
             sweep.append({"collective": coll, "size_bytes": size, "bytes": nbytes, "count": entry["count"],
                           "bus_factor": factor, "time_seconds": iters, "per_rank_time_seconds":
                           [r["results"][i]["times"] for r in per_rank]})
-            res.samples += [Sample(LAT, labels, lat.median), Sample(ALGBW, labels, alg.median),
-                            Sample(BUSBW, labels, bus.median)]
+            res.samples.append(Sample(BUSBW, labels, bus.median))
+            if detail:
+                res.samples += [Sample(LAT, labels, lat.median), Sample(ALGBW, labels, alg.median)]
         if wrong:
             raise ProbeError("wrong_result", "; ".join(wrong[:5]))
         gpu_seconds = {}

@@ -46,3 +46,8 @@ class Config(GpuProbeConfig):
     nccl_tests_dir: str | None = Field(
         None, description="A directory with nccl-tests binaries (all_reduce_perf, ...): run those instead.")
     topology_dump: bool = Field(True, description="Keep the topology NCCL chose (NCCL_TOPO_DUMP_FILE) in the record.")
+    detail: bool = Field(
+        False, description="Opt-in: the algorithm bandwidth and the time per operation as series beside the bus "
+        "bandwidth (fleetcanary_collective_algorithm_bandwidth_bytes_per_second, "
+        "fleetcanary_collective_latency_seconds: 48 series at the default collectives and sizes). Off: both in the "
+        "run record's figures only.")

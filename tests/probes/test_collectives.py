@@ -26,15 +26,23 @@ def run_worker(tmp_path, p, timeout=60.0, env=None):
     return run_job(Collectives, p, tmp_path, timeout, kill_grace_seconds=1.0, env=env)
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_gloo_sweep_every_collective_consistent_with_nccl_tests_formulas(tmp_path, ranks):
-    out = run_worker(tmp_path, params(ranks))
+@pytest.mark.parametrize("ranks, detail", [(2, True), (4, False)])
+def test_gloo_sweep_every_collective_consistent_with_nccl_tests_formulas(tmp_path, ranks, detail):
+    """Bus bandwidth is published; algorithm bandwidth and latency as series with detail only, in the run
+    record's figures either way."""
+    out = run_worker(tmp_path, params(ranks, detail=detail))
     assert out.outcome == "success", (out.reason, out.detail)
     by = {}
     for s in out.samples:
         lab = s["labels"]
         assert lab["ranks"] == str(ranks) and lab["backend"] == "gloo"
         by[(s["metric"], lab["collective"], int(lab["size_bytes"]))] = s["value"]
+    assert {m for m, _, _ in by} == ({LAT, ALGBW, BUSBW} if detail else {BUSBW})
+    if not detail:  # the same figures from the record
+        kinds = {"latency": LAT, "algbw": ALGBW, "busbw": BUSBW}
+        for f in out.result["figures"]:
+            kind = kinds[f["name"].rsplit("_", 1)[1]]
+            by.setdefault((kind, f["labels"]["collective"], int(f["labels"]["size_bytes"])), f["median"])
     sweep = {(e["collective"], e["size_bytes"]): e for e in out.result["extra"]["sweep"]}
     for coll in COLLECTIVES:
         for size in SIZES:
@@ -145,6 +153,8 @@ def test_nccl_tests_results_become_the_same_metrics():
               "reduce_scatter": nccl_tests.parse_json((FIX / "reduce_scatter_perf_8xH100.json").read_text()),
               "all_to_all": nccl_tests.parse_text((FIX / "alltoall_perf_unchecked.txt").read_text())}
     r = nccl_tests.to_result(parsed, [8, 1048576, 67108864], ranks=8)
+    assert {s.metric for s in r.samples} == {BUSBW}  # algbw and latency with detail only
+    r = nccl_tests.to_result(parsed, [8, 1048576, 67108864], ranks=8, detail=True)
     vals = {(s.metric, s.labels["collective"], s.labels["size_bytes"]): s.value for s in r.samples}
     assert vals[(BUSBW, "all_reduce", "67108864")] == pytest.approx(305.44e9)
     assert vals[(LAT, "all_reduce", "8")] == pytest.approx(18.42e-6)
