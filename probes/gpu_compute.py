@@ -86,9 +86,9 @@ class GpuCompute(Probe):
                    "product over its CUDA-event time, median of the timed repeats.",
                    "flops_per_second", ("gpu", "dtype")),
         MetricSpec(SDC_METRIC, "gauge",
-                   "Silent-data-corruption canary verdict per GPU, 1 for the current status (match, mismatch, "
-                   "no_consensus, unjudged) and 0 for the others: the checksum of deterministic products against "
-                   "the golden that a majority of the same model's GPUs agreed on.",
+                   "Silent-data-corruption canary verdict per GPU, 1 on its current status (match, mismatch, "
+                   "no_consensus, unjudged; the other statuses have no series): the checksum of deterministic "
+                   "products against the golden that a majority of the same model's GPUs agreed on.",
                    "boolean", ("gpu", "status")),
     )
 
@@ -169,9 +169,8 @@ class GpuCompute(Probe):
         v = sdc.judge(checksums, golden, source, config.sdc_min_consensus)
         if v.established:
             store.put(key, v.golden, identity, sorted(checksums), [g for g, s in v.status.items() if s == "match"])
-        for gpu, st in v.status.items():
-            for s in SDC_STATUSES:
-                res.samples.append(Sample(SDC_METRIC, {"gpu": gpu, "status": s}, 1.0 if s == st else 0.0))
+        for gpu, st in v.status.items():  # the current status only: the others have no series
+            res.samples.append(Sample(SDC_METRIC, {"gpu": gpu, "status": st}, 1.0))
         res.extra["sdc"] = {"key": key, "identity": identity, **v.record()}
         if v.wrong:
             raise ProbeError("wrong_result", f"GPU(s) {', '.join(v.wrong)}: SDC canary checksum differs from the "
