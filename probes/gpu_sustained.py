@@ -12,14 +12,15 @@ every GPU in turn, each chunk between CUDA events, at most two chunks in flight 
 A thread in the worker reads each GPU's SM and memory clocks, power, temperature and
 throttle reasons every ``sample_interval_seconds`` (probes/lib/load_trace.py).
 
-Published per GPU: sustained throughput (median chunk rate over the last
-``tail_fraction`` of the burn), its ratio to the initial throughput (median over the first
-``initial_seconds`` after the first two chunks), the clocks and power over the tail, the
-hottest temperature, seconds in each throttle reason, and the share of the burn spent in a
-slowdown (thermal, power brake, HW slowdown; the power cap is excluded because a healthy
-GPU reaches it under a full burn too). A GPU whose ratio or slowdown
-throttling differs from its peers' is the one with a failing fan, bad thermal contact or a
-power brake. Nothing about the GPU's clocks, power limit or modes is changed.
+Published per GPU: the ratio of the sustained throughput (median chunk rate over the last
+``tail_fraction`` of the burn) to the initial throughput (median over the first
+``initial_seconds`` after the first two chunks), the hottest temperature, the seconds in each
+throttle reason that was active at all, and the share of the burn spent in a slowdown (thermal,
+power brake, HW slowdown; the power cap is excluded because a healthy GPU reaches it under a
+full burn too). A GPU whose ratio or slowdown throttling differs from its peers' is the one
+with a failing fan, bad thermal contact or a power brake. The sustained throughput itself, the
+clocks and power over the tail and the burn's length are in the run record (/results), and
+series only with ``detail``. Nothing about the GPU's clocks, power limit or modes is changed.
 
 If a compute process appears on a burning GPU (a job started), the burn stops at once and
 the run skips with gpu_busy.
@@ -80,6 +81,11 @@ class Config(GpuDeviceConfig):
     initial_seconds: float = Field(2.0, gt=0, description="Window at the start whose chunks give the initial rate.")
     tail_fraction: float = Field(0.25, gt=0, le=0.5, description="Share of the burn at its end that gives the "
                                  "sustained rate, clocks and power.")
+    detail: bool = Field(
+        False, description="Opt-in: the sustained throughput, the SM and memory clocks and the board power over the "
+        "burn's tail and the burn's length as series (fleetcanary_gpu_sustained_flops_per_second, _clock_hertz, "
+        "_power_watts, _burn_seconds: 5 series per GPU, 40 on an 8-GPU node). Off: in the run record only; the "
+        "throughput ratio, slowdown share, temperature and throttle seconds are published either way.")
 
     @model_validator(mode="after")
     def _windows(self) -> Config:
@@ -98,20 +104,22 @@ class GpuSustained(Probe):
     default_timeout_seconds = 180.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec(THROUGHPUT, "gauge", "Matmul throughput at the end of the sustained burn (median chunk rate over "
-                   "its last quarter), 2 n^3 FLOP per product.", "flops_per_second", ("gpu", "dtype")),
+                   "its last quarter), 2 n^3 FLOP per product; with detail only.", "flops_per_second",
+                   ("gpu", "dtype")),
         MetricSpec(RATIO, "gauge", "Sustained throughput over the initial throughput of the same burn (1 = no "
                    "slowdown under load).", "ratio", ("gpu",)),
-        MetricSpec(CLOCK, "gauge", "SM and memory clock over the burn's last quarter (median of the NVML samples).",
-                   "hertz", ("gpu", "clock")),
-        MetricSpec(POWER, "gauge", "Board power over the burn's last quarter (median of the NVML samples).",
-                   "watts", ("gpu",)),
+        MetricSpec(CLOCK, "gauge", "SM and memory clock over the burn's last quarter (median of the NVML samples); "
+                   "with detail only.", "hertz", ("gpu", "clock")),
+        MetricSpec(POWER, "gauge", "Board power over the burn's last quarter (median of the NVML samples); with "
+                   "detail only.", "watts", ("gpu",)),
         MetricSpec(TEMP, "gauge", "Hottest GPU temperature seen during the burn.", "celsius", ("gpu",)),
         MetricSpec(THROTTLE, "gauge", "Seconds of the burn each throttle (clocks event) reason was active, from "
-                   "NVML samples; reasons overlap.", "seconds", ("gpu", "reason")),
+                   "NVML samples; reasons overlap. A reason never active in the burn has no series.", "seconds",
+                   ("gpu", "reason")),
         MetricSpec(SLOWDOWN, "gauge", "Share of the burn with a thermal, power-brake or hardware slowdown reason "
                    "active. The power cap is left out: a full-load burn reaches it on healthy GPUs too (see "
                    "throttle_seconds and the sustained ratio).", "ratio", ("gpu",)),
-        MetricSpec(BURN, "gauge", "Length of the last burn.", "seconds", ("gpu",)),
+        MetricSpec(BURN, "gauge", "Length of the last burn; with detail only.", "seconds", ("gpu",)),
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
@@ -167,6 +175,7 @@ class GpuSustained(Probe):
                                       "per_chunk": config.per_chunk, "burn_seconds": config.burn_seconds,
                                       "sample_interval_seconds": config.sample_interval_seconds,
                                       "initial_seconds": config.initial_seconds, "tail_fraction": config.tail_fraction,
+                                      "detail": config.detail,
                                       "flop_counting": "2 n^3 per product",
                                       "timer": "cuda events" if kind == "cuda" else "perf_counter"},
                           touched={"gpus": indices, "invasive": True, **(gate.record() if gate else {})})
@@ -184,20 +193,23 @@ class GpuSustained(Probe):
             first = Figure("initial", "flops_per_second", initial, labels={"gpu": g, "dtype": config.dtype})
             ratio = sustained.median / first.median
             res.figures += [sustained, first, Figure("sustained_ratio", "ratio", [ratio], labels={"gpu": g})]
-            res.samples += [figure_sample(sustained, THROUGHPUT), Sample(RATIO, {"gpu": g}, ratio),
-                            Sample(BURN, {"gpu": g}, burn)]
+            res.samples.append(Sample(RATIO, {"gpu": g}, ratio))
+            if config.detail:
+                res.samples += [figure_sample(sustained, THROUGHPUT), Sample(BURN, {"gpu": g}, burn)]
             trace = traces.get(i if kind == "cuda" else (handles[0].index if handles else -1), [])
             acc = load_trace.account(trace, burn, tail_from) if trace else None
             if acc:
                 for reason, secs in acc["throttle_seconds"].items():
-                    res.samples.append(Sample(THROTTLE, {"gpu": g, "reason": reason}, secs))
+                    if secs > 0:  # a reason the burn never saw is not a series (9 reasons a GPU)
+                        res.samples.append(Sample(THROTTLE, {"gpu": g, "reason": reason}, secs))
                 if acc["slowdown_ratio"] is not None:
                     res.samples.append(Sample(SLOWDOWN, {"gpu": g}, acc["slowdown_ratio"]))
-                for clock, key in (("sm", "sm_mhz_tail"), ("memory", "mem_mhz_tail")):
-                    if acc[key] is not None:
-                        res.samples.append(Sample(CLOCK, {"gpu": g, "clock": clock}, acc[key] * 1e6))
-                if acc["power_w_tail"] is not None:
-                    res.samples.append(Sample(POWER, {"gpu": g}, acc["power_w_tail"]))
+                if config.detail:
+                    for clock, key in (("sm", "sm_mhz_tail"), ("memory", "mem_mhz_tail")):
+                        if acc[key] is not None:
+                            res.samples.append(Sample(CLOCK, {"gpu": g, "clock": clock}, acc[key] * 1e6))
+                    if acc["power_w_tail"] is not None:
+                        res.samples.append(Sample(POWER, {"gpu": g}, acc["power_w_tail"]))
                 if acc["temp_c_max"] is not None:
                     res.samples.append(Sample(TEMP, {"gpu": g}, acc["temp_c_max"]))
             res.gpu_seconds[g] = burn

@@ -84,7 +84,7 @@ def test_the_sampler_thread_walks_the_trace_in_order_for_every_gpu(monkeypatch):
 
 def test_cpu_burn_publishes_throughput_ratio_and_the_trace_accounting(tmp_path, monkeypatch):
     facts = json.loads(fake(monkeypatch, "h100_8gpu_sustained_trace").read_text())
-    r = GpuSustained().run(Config(**TINY), ctx(tmp_path))
+    r = GpuSustained().run(Config(**{**TINY, "burn_seconds": 1.4}, detail=True), ctx(tmp_path))  # to the power cap
     figs = {f.name: f for f in r.figures}
     assert figs["sustained"].median > 0 and figs["initial"].median > 0
     assert value(r, RATIO, gpu="0") == pytest.approx(figs["sustained"].median / figs["initial"].median)
@@ -94,13 +94,27 @@ def test_cpu_burn_publishes_throughput_ratio_and_the_trace_accounting(tmp_path, 
     rec = r.extra["per_gpu"]["0"]
     sm = [row[1] for row in rec["trace"]]
     assert sm and sm == [x["sm"] for x in facts["devices"][0]["sequence"]][:len(sm)]
-    for reason in nvml.THROTTLE_REASONS.values():
-        secs = value(r, THROTTLE, gpu="0", reason=reason)
-        assert secs is not None and 0.0 <= secs <= burn
+    seen = rec["accounting"]["throttle_seconds"]
+    assert set(seen) == set(nvml.THROTTLE_REASONS.values())  # every reason in the record
+    for reason, secs in seen.items():  # a series for each reason active in the burn
+        assert 0.0 <= secs <= burn and value(r, THROTTLE, gpu="0", reason=reason) == (secs if secs > 0 else None)
+    assert any(secs > 0 for secs in seen.values()) and any(secs == 0 for secs in seen.values())
     assert value(r, SLOWDOWN, gpu="0") == 0.0  # GPU 0 of the trace never overheats
     assert value(r, CLOCK, gpu="0", clock="memory") == 2619e6
     assert value(r, TEMP, gpu="0") == max(row[4] for row in rec["trace"])
     assert r.gpu_seconds["0"] == burn
+
+
+def test_by_default_the_burn_publishes_what_peers_are_judged_on_and_keeps_the_rest_in_the_record(tmp_path,
+                                                                                                 monkeypatch):
+    """Ratio, slowdown, temperature and throttle seconds as series; throughput, clocks, power and the burn's
+    length (detail) in the run record only."""
+    fake(monkeypatch, "h100_8gpu_sustained_trace")
+    r = GpuSustained().run(Config(**TINY), ctx(tmp_path))
+    assert {RATIO, SLOWDOWN, TEMP} <= {s.metric for s in r.samples} <= {RATIO, SLOWDOWN, TEMP, THROTTLE}
+    assert r.parameters["detail"] is False
+    acc = r.extra["per_gpu"]["0"]["accounting"]
+    assert acc["sm_mhz_tail"] and acc["power_w_tail"] and {f.name for f in r.figures} >= {"sustained", "initial"}
 
 
 def test_cpu_burn_without_nvml_still_gives_the_ratio(tmp_path, monkeypatch):
