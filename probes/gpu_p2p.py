@@ -7,10 +7,14 @@ bytes counted once. Bidirectional (optional): src->dst and dst->src at once on t
 streams, bytes counted twice. The matrix shows what nvbandwidth's
 device_to_device_memcpy_read/write show, in the fleet's metrics.
 
-The bandwidth matrix is what the alerts judge (56 series on 8 GPUs). Peer access and the
-link type of each pair are in the run record; as series (two more matrices, 112 series on
-8 GPUs, which no rule reads) only with ``topology``, as the bidirectional matrix only with
-``bidirectional``.
+Published by default: each source GPU's slowest link, the lowest bandwidth of its copies to
+the other GPUs, under the matrix's metric with dst_gpu empty (Prometheus drops the label; 8
+series on 8 GPUs, not 56): one bad link moves it, and it is the figure the node judges
+(fleetcanary.judge.figures folds a matrix the same way, so its statistics are the same with
+either form). The matrix itself (which link) is in the run record, and as series only with
+``pairs``. Peer access and the link type of each pair are in the run record; as series (two
+more matrices, 112 series on 8 GPUs, which no rule reads) only with ``topology``, as the
+bidirectional matrix only with ``bidirectional``.
 """
 from __future__ import annotations
 
@@ -51,6 +55,11 @@ class Config(GpuDeviceConfig):
         False, description="Opt-in: also measure both directions at once "
         "(fleetcanary_gpu_p2p_bidirectional_bandwidth_bytes_per_second: one series per pair, 28 on 8 GPUs, and "
         "the GPU time of those copies).")
+    pairs: bool = Field(
+        False, description="Opt-in: the bandwidth of every ordered pair as series "
+        "(fleetcanary_gpu_p2p_bandwidth_bytes_per_second with its dst_gpu label: 56 series on 8 GPUs). Off: one "
+        "series per source GPU, its slowest link, with dst_gpu empty (Prometheus drops it); the matrix is in the "
+        "run record.")
     topology: bool = Field(
         False, description="Opt-in: peer access and link type of every ordered pair as series "
         "(fleetcanary_gpu_p2p_access, fleetcanary_gpu_p2p_link_info: 112 series on 8 GPUs). Off: both are in "
@@ -67,8 +76,9 @@ class GpuP2P(Probe):
     default_timeout_seconds = 300.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec(BW, "gauge",
-                   "Peer copy bandwidth from src_gpu to dst_gpu, median of the repeats; bytes counted once.",
-                   "bytes_per_second", ("src_gpu", "dst_gpu")),
+                   "Peer copy bandwidth from src_gpu to dst_gpu, median of the repeats; bytes counted once. By "
+                   "default per source GPU, its slowest link (the lowest over its destinations; dst_gpu empty); "
+                   "per pair with pairs.", "bytes_per_second", ("src_gpu", "dst_gpu")),
         MetricSpec(BIDI, "gauge", "Bandwidth of simultaneous copies both ways between the pair; bytes of both counted.",
                    "bytes_per_second", ("src_gpu", "dst_gpu")),
         MetricSpec(ACCESS, "gauge", "1 if src_gpu can access dst_gpu's memory directly (peer access); with "
@@ -94,7 +104,7 @@ class GpuP2P(Probe):
             raise ProbeSkipped("single_gpu", "torch sees fewer than two CUDA devices")
         res = ProbeResult(parameters={"device": kind, "bytes": config.bytes, "warmup": config.warmup,
                                       "repeats": config.repeats, "bidirectional": config.bidirectional,
-                                      "topology": config.topology,
+                                      "pairs": config.pairs, "topology": config.topology,
                                       "timer": "perf_counter around synchronize of both devices"},
                           touched={"gpus": indices, "invasive": True, **gpus.record()})
         dev = (lambda i: torch.device("cuda", i)) if kind == "cuda" else (lambda i: torch.device("cpu"))
@@ -125,7 +135,8 @@ class GpuP2P(Probe):
                 labels = {"src_gpu": str(a), "dst_gpu": str(b)}
                 fig = Figure("p2p", "bytes_per_second", [config.bytes / t for t in times], labels)
                 res.figures.append(fig)
-                res.samples.append(Sample(BW, labels, fig.median))
+                if config.pairs:
+                    res.samples.append(Sample(BW, labels, fig.median))
                 link = links.get((a, b), nvml.UNKNOWN)
                 if config.topology:
                     res.samples.append(Sample(ACCESS, labels, 1.0 if access else 0.0))
@@ -135,6 +146,11 @@ class GpuP2P(Probe):
                     fig2 = self._bidirectional(torch, kind, bufs, recv, a, b, config, sync, gpu_seconds)
                     res.figures.append(fig2)
                     res.samples.append(Sample(BIDI, labels, fig2.median))
+        if not config.pairs:  # each source GPU's slowest link, as the judge folds the matrix
+            for a in indices:
+                row = [f.median for f in res.figures if f.name == "p2p" and f.labels["src_gpu"] == str(a)]
+                if row:
+                    res.samples.append(Sample(BW, {"src_gpu": str(a), "dst_gpu": ""}, min(row)))
         res.gpu_seconds = gpu_seconds
         res.extra["matrix"] = matrix
         return res
