@@ -45,7 +45,9 @@ panels = [
           [(f"sum by (node) (increase(fleetcanary_history_write_errors_total{{{N}}}[1h]))", "{{node}} history"),
            (f"sum by (node, kind) (increase(fleetcanary_judge_store_errors_total{{{N}}}[1h]))",
             "{{node}} figure store {{kind}}"),
-           (f"sum by (node, probe) (increase(fleetcanary_probe_invalid_samples_total{{{N}}}[1h]))",
+           # invalid samples appear once there is one: 0 for each enabled probe until then
+           (f"sum by (node, probe) (increase(fleetcanary_probe_invalid_samples_total{{{N}}}[1h])) "
+            f"or sum by (node, probe) (0 * fleetcanary_probe_interval_seconds{{{N}}})",
             "{{node}} {{probe}} invalid")], w=12),
     panel("timeseries", "Figure store size",
           "Size of each node's figure store (STATE_DIR/judge/figures.jsonl): every judged figure of the last 15 "
@@ -60,7 +62,9 @@ panels = [
           "runs, so the alerts' fast path can confirm a large drop within about one interval "
           "(docs/alerting.md). Good: a few percent (junk runs and real drops); a probe near 100% has a figure "
           "too noisy for its confirm_change.", "percentunit",
-          [(f"sum by (probe) (increase(fleetcanary_probe_confirmation_runs_total{{{N}}}[1h])) / sum by (probe) "
+          # a probe's confirmation counter appears with its first confirmation: 0 until then
+          [(f"(sum by (probe) (increase(fleetcanary_probe_confirmation_runs_total{{{N}}}[1h])) "
+            f"or 0 * sum by (probe) (increase(fleetcanary_probe_runs_total{{{N}}}[1h]))) / sum by (probe) "
             f"(increase(fleetcanary_probe_runs_total{{{N}}}[1h]))", "{{probe}}")], w=12),
 ]
 

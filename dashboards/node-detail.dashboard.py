@@ -125,8 +125,10 @@ panels = [
           "every GPU near the pool median (~50-55 GB/s on PCIe Gen5 x16); one GPU at half is a x8 link or a "
           "wrong NUMA placement.", "Bps", band("h2d|d2h"), w=12),
     panel("table", "P2P bandwidth matrix (source rows, destination columns)",
-          "Unidirectional peer copy bandwidth for every ordered GPU pair, last run. Good: a uniform matrix "
-          "(NVSwitch: every pair alike); one low row or column is one GPU's links, one low cell one path.", "Bps",
+          "Unidirectional peer copy bandwidth for every ordered GPU pair, last run, with gpu_p2p's pairs: true; "
+          "by default one column, each source GPU's slowest link (the run record at /results has the matrix). "
+          "Good: a uniform matrix (NVSwitch: every pair alike); one low row or column is one GPU's links, one "
+          "low cell one path.", "Bps",
           [instant(f"fleetcanary_gpu_p2p_bandwidth_bytes_per_second{{{N}}}")], w=12, h=9, transformations=MATRIX),
     panel("timeseries", "P2P: each GPU's slowest link against the peers",
           "The judged P2P figure is each source GPU's slowest link (one bad link moves it): its median of 5 runs "
@@ -148,8 +150,8 @@ panels = [
     panel("timeseries", "NVLink links up per GPU",
           "Active NVLink links per GPU, and the links the GPU has. Good: up equals total on every GPU "
           "(18 on H100/H200 SXM).", "none",
-          [(f"sum by (gpu) (fleetcanary_gpu_nvlink_up{{{N}}})", "GPU {{gpu}} up"),
-           (f"count by (gpu) (fleetcanary_gpu_nvlink_up{{{N}}})", "GPU {{gpu}} total")], w=12),
+          [(f"fleetcanary_gpu_nvlink_links_up{{{N}}}", "GPU {{gpu}} up"),
+           (f"fleetcanary_gpu_nvlink_links{{{N}}}", "GPU {{gpu}} total")], w=12),
     panel("timeseries", "NVLink error counters (per hour)",
           "Increase of NVLink CRC, replay, recovery and ECC counters per GPU. Good: zero; replays that keep "
           "climbing come before a link goes down.", "none",
@@ -247,15 +249,17 @@ panels = [
             "* on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info "
             f"* on(node) group_left(pool) node:fleetcanary_pool:info)) {MINE}", "pool median")], w=12),
     panel("timeseries", "Sustained burn: clocks over its last quarter",
-          "Median SM and memory clock per GPU over the last quarter of the burn (NVML every 100 ms). "
-          "Good: SM clocks alike on every GPU of the node; one GPU hundreds of MHz lower is throttling.",
+          "Median SM and memory clock per GPU over the last quarter of the burn (NVML every 100 ms), with "
+          "gpu_sustained's detail: true (else in the run record at /results). Good: SM clocks alike on every "
+          "GPU of the node; one GPU hundreds of MHz lower is throttling.",
           "hertz", [(f"fleetcanary_gpu_sustained_clock_hertz{{{N}}}", "GPU {{gpu}} {{clock}}")], w=12),
     panel("timeseries", "Sustained burn: hottest temperature",
           "The hottest GPU temperature seen during the burn. Good: every GPU within a few degrees of the "
           "others and well below its slowdown temperature; one far hotter has a cooling fault.", "celsius",
           [(f"fleetcanary_gpu_sustained_temperature_celsius{{{N}}}", "GPU {{gpu}}")], w=8),
     panel("timeseries", "Sustained burn: board power",
-          "Median board power over the burn's last quarter. Good: every GPU near its power limit and near "
+          "Median board power over the burn's last quarter, with gpu_sustained's detail: true (else in the run "
+          "record at /results). Good: every GPU near its power limit and near "
           "the others; one far lower at lower clocks is power-braked.", "watt",
           [(f"fleetcanary_gpu_sustained_power_watts{{{N}}}", "GPU {{gpu}}")], w=8),
     panel("timeseries", "Sustained burn: seconds in each throttle reason",
