@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""Series per node: what one 8-GPU node with 8 InfiniBand ports exposes at the default config, by family.
+"""Series per node: what one 8-GPU node with 8 InfiniBand ports exposes at the default config, by family, and
+what it costs Prometheus in all.
 
 The real daemon (`python -m fleetcanary run`, as tests/support/daemon.py starts it) on the node that
 harness/series_budget.py describes (fake NVML of an HGX H100 node, a sysfs tree of 8 NDR ports, every probe
 at its defaults but for what this machine needs to run it), until every enabled probe has run once; then
 its /metrics counted by family, with the families the CPU cannot show in full counted as the GPU node has
-them (the harness says how).
+them (the harness says how). The whole node adds the judge's statistics at steady state (the node's judged
+series fed to a figure store at the default intervals until each has a baseline) and the series the shipped
+recording rules add per node (peer records shared by a pool of 10 alike nodes); the harness says how.
 
     python benchmarks/series_budget.py [--params '{"gpu_health": {"per_link": true}}'] [--out FILE]
     python benchmarks/series_budget.py --docs    # docs/metrics.md's "Series per node" from the JSON
 
 Prints a table and writes benchmarks/results/series_budget.json (--out elsewhere for other --params); exits 1
-over the budget. tests/test_series_budget.py builds the same exposition in its own process and compares it
-with the docs table; scripts/docgen.py keeps that section when it regenerates the rest of docs/metrics.md.
+when the exposition without the judge's statistics is over its budget (400). tests/test_series_budget.py builds
+the same exposition in its own process and compares it with the docs table; scripts/docgen.py keeps that section
+when it regenerates the rest of docs/metrics.md.
 """
 from __future__ import annotations
 
@@ -101,6 +105,11 @@ def table(result: dict) -> str:
     lines.append(f"{'total':<{w}}  {result['series']:6d}  ({result['series_measured']})")
     lines.append(f"{'total without ' + JUDGE_PREFIX + '*':<{w}}  {result['series_without_judge']:6d}"
                  f"  budget {result['budget']}")
+    lines += ["", f"{JUDGE_PREFIX}* at steady state ({result['steady_days']} days of runs):"]
+    lines += [f"  {f:<{w - 2}}  {n:6d}" for f, n in result["judge_steady"].items() if n]
+    lines += [f"recorded per node (peer records over a pool of {result['pool_nodes']}):"]
+    lines += [f"  {r:<{w - 2}}  {n:6g}" for r, n in result["recorded"].items()]
+    lines.append(f"{'total per node':<{w}}  {result['total_per_node']:6g}  budget {result['node_budget']}")
     return "\n".join(lines)
 
 

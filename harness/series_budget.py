@@ -12,11 +12,22 @@ way), train_step runs 2 steps (its 4 series do not depend on them), and nic_heal
 (`sysfs_root`). Probes that need targets (storage, object_storage, inference) have none at the defaults and
 skip; fabric is off by default. A histogram's buckets, sum and count each count as a series.
 
-What the CPU cannot show is counted from the measured labels as the node has it (gpu_node()):
+What the CPU cannot show is counted from the measured labels as the node has it (node_series(), gpu_node()):
 - gpu_bandwidth and gpu_sustained measure one device on the CPU; a GPU node measures all 8;
-- gpu_sustained's power and temperature come from NVML samples the fake does not have (one per GPU);
+- gpu_sustained's temperature (and, with detail, power) comes from NVML samples the fake does not have (one per GPU);
 - gpu_compute times tf32 and fp8 on an H100, which the CPU lacks;
 - collectives on gloo leaves out sizes over gloo_max_bytes; NCCL on the node runs every default size.
+
+The whole node in Prometheus (total_per_node()) adds to that exposition:
+- the judge's statistics at steady state (steady_judge()): the one run per probe gives warming series only, so
+  the node's judged series (the GPU node's label sets of each judged figure) are fed to a fresh figure store at
+  every judged probe's default interval for STEADY_DAYS days, with a baseline and a drift for every series, and
+  the fleetcanary_judge_* families counted then;
+- the recorded series (recorded_per_node()): every recording rule of alerts/fleetcanary.rules.yml and
+  alerts/fleetcanary.alerts.yml counted from its first `by (...)` and its first input series: a rule that keeps
+  `node` (or aggregates nothing) has one series per distinct by-label set of the node's input; a rule without
+  `node` has one per pool and is shared by the pool's nodes, POOL_NODES of them, of the same model and driver
+  (so the pool's label sets are the node's).
 
 The fixtures are read as data files; nothing here imports tests/ or benchmarks/ (tests/test_layout.py).
 """
@@ -36,9 +47,12 @@ FAKE_NVML = ROOT / "tests/fixtures/nvml/h100_8gpu_healthy.json"
 PORT_TEMPLATE = ROOT / "tests/fixtures/sysfs/ndr_node/class/infiniband/mlx5_0"
 DOC = ROOT / "docs/metrics.md"
 GPUS, IB_PORTS = 8, 8
-# At most 800 series a node in Prometheus, scraped and recorded; of that, the judge statistics
-# (fleetcanary_judge_*) have their own share and everything else at most BUDGET.
-BUDGET, JUDGE_PREFIX = 400, "fleetcanary_judge_"
+# At most NODE_BUDGET series a node in Prometheus, scraped and recorded; of that, the judge statistics
+# (fleetcanary_judge_*) and the recorded series have their own share and everything else at most BUDGET.
+BUDGET, NODE_BUDGET, JUDGE_PREFIX = 400, 800, "fleetcanary_judge_"
+RULE_FILES = (ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml")
+POOL_NODES = 10     # nodes sharing a pool's (per pool, model and driver) recorded series
+STEADY_DAYS = 6     # runs fed to the judge: 5 daily burns for its median, 3+ complete days for every baseline
 
 # Work sizes only: no label depends on them. Each probe runs once (long intervals); the "gpu" exclusive
 # class runs them one after another.
@@ -57,7 +71,10 @@ CPU_PARAMS: dict[str, dict] = {
                    "loss_tolerance": 0.1},
 }
 ONE_DEVICE_ON_CPU = ("gpu_bandwidth", "gpu_sustained")
-NVML_SAMPLED = ("fleetcanary_gpu_sustained_power_watts", "fleetcanary_gpu_sustained_temperature_celsius")
+BURN_RAN = "fleetcanary_gpu_sustained_throughput_ratio"  # published by every burn
+# families gpu_sustained samples from NVML on each burning GPU -> the param that publishes them ("" always)
+NVML_SAMPLED = {"fleetcanary_gpu_sustained_temperature_celsius": "",
+                "fleetcanary_gpu_sustained_power_watts": "detail"}
 MATMUL = "fleetcanary_gpu_matmul_flops_per_second"
 COLLECTIVE_FAMILIES = ("fleetcanary_collective_bus_bandwidth_bytes_per_second",
                        "fleetcanary_collective_algorithm_bandwidth_bytes_per_second",
@@ -133,38 +150,151 @@ def in_process_exposition(work: Path, params: dict[str, dict] | None = None) -> 
     return daemon.server.metrics_body(False).decode(), dict(sorted(ran.items()))
 
 
-def gpu_node(fams: dict[str, list[dict[str, str]]], params: dict[str, dict] | None = None) -> dict[str, dict]:
-    """family -> {"measured", "gpu_node", "why"} for the families an 8-GPU node has more of than the CPU run."""
+def node_series(fams: dict[str, list[dict[str, str]]],
+                params: dict[str, dict] | None = None) -> tuple[dict[str, list[dict[str, str]]], dict[str, str]]:
+    """family -> the label sets of its series as an 8-GPU node has them, and family -> why it differs from the
+    CPU run (module docstring)."""
     from fleetcanary.probes import PROBES
 
     cfg = {n: PROBES[n].Config.model_validate({**CPU_PARAMS.get(n, {}), **(params or {}).get(n, {})})
            for n in ("gpu_compute", "collectives")}
-    out: dict[str, dict] = {}
-
-    def gap(family: str, node: int, why: str) -> None:
-        measured = len(fams.get(family, []))
-        if node != measured:
-            out[family] = {"measured": measured, "gpu_node": node, "why": why}
-
+    sustained = PROBES["gpu_sustained"].Config.model_validate((params or {}).get("gpu_sustained", {}))
+    out = {f: list(labs) for f, labs in fams.items()}
+    why: dict[str, str] = {}
     for probe in ONE_DEVICE_ON_CPU:
         for spec in PROBES[probe].metrics:
             seen = fams.get(spec.name, [])
             if seen and len({lab.get("gpu") for lab in seen}) == 1:
-                gap(spec.name, GPUS * len(seen), f"{probe} measures one device on the CPU, all {GPUS} GPUs on a node")
-    if fams.get("fleetcanary_gpu_sustained_burn_seconds"):  # the burn ran: the node samples these on each GPU
-        for name in NVML_SAMPLED:
-            gap(name, max(len(fams.get(name, [])), GPUS), "NVML samples of each burning GPU (not in the fake)")
+                out[spec.name] = [{**lab, "gpu": str(g)} for g in range(GPUS) for lab in seen]
+                why[spec.name] = f"{probe} measures one device on the CPU, all {GPUS} GPUs on a node"
+    if fams.get(BURN_RAN):  # the burn ran: the node samples these on each GPU
+        for name, param in NVML_SAMPLED.items():
+            if (not param or getattr(sustained, param)) and len(fams.get(name, [])) < GPUS:
+                out[name] = [{"gpu": str(g)} for g in range(GPUS)]
+                why[name] = "NVML samples of each burning GPU (not in the fake)"
     matmul = fams.get(MATMUL, [])
     if matmul:
-        gpus = {lab["gpu"] for lab in matmul}
-        gap(MATMUL, len(gpus) * len(cfg["gpu_compute"].dtypes),
-            "every default dtype on an H100 (the CPU has no tf32 or fp8)")
-    sizes = cfg["collectives"].sizes_bytes
+        gpus = sorted({lab["gpu"] for lab in matmul}, key=int)
+        out[MATMUL] = [{**matmul[0], "gpu": g, "dtype": d} for g in gpus for d in cfg["gpu_compute"].dtypes]
+        why[MATMUL] = "every default dtype on an H100 (the CPU has no tf32 or fp8)"
     for name in COLLECTIVE_FAMILIES:
         seen = fams.get(name, [])
         if seen:
-            collectives = {lab["collective"] for lab in seen}
-            gap(name, len(collectives) * len(sizes), "every default size with NCCL (gloo stops at gloo_max_bytes)")
+            first = {lab["collective"]: lab for lab in reversed(seen)}
+            out[name] = [{**first[c], "size_bytes": str(size)} for c in dict.fromkeys(lab["collective"] for lab in seen)
+                         for size in cfg["collectives"].sizes_bytes]
+            why[name] = "every default size with NCCL (gloo stops at gloo_max_bytes)"
+    return out, why
+
+
+def gpu_node(fams: dict[str, list[dict[str, str]]], params: dict[str, dict] | None = None) -> dict[str, dict]:
+    """family -> {"measured", "gpu_node", "why"} for the families an 8-GPU node has more of than the CPU run."""
+    node, why = node_series(fams, params)
+    return {f: {"measured": len(fams.get(f, [])), "gpu_node": len(node[f]), "why": why[f]}
+            for f in why if len(node[f]) != len(fams.get(f, []))}
+
+
+# ------------------------------------------------------------------------------ the whole node in Prometheus
+def steady_judge(node: dict[str, list[dict[str, str]]], days: float = STEADY_DAYS,
+                 start: float = 1_750_032_000.0) -> dict[str, list[dict[str, str]]]:
+    """fleetcanary_judge_* family -> its label sets at steady state: every judged series of the node (its
+    label sets in `node`, each value steady with a little run noise) fed to a fresh in-memory figure store at
+    its probe's default interval for `days` days (from a UTC midnight), counted at the end."""
+    import json
+    import random
+
+    from fleetcanary.core.record import RunRecord
+    from fleetcanary.judge import figures as figmod
+    from fleetcanary.judge.exposition import families as judge_families
+    from fleetcanary.judge.exposition import hold_for
+    from fleetcanary.judge.store import FigureStore
+    from fleetcanary.probes import PROBES
+
+    facts = json.loads(FAKE_NVML.read_text())
+    env = {"driver_version": facts["driver_version"], "gpu_model": facts["devices"][0]["name"],
+           "cpu_model": "budget CPU"}
+    rng = random.Random(26)
+    store = FigureStore(None)
+    runs = []
+    for probe, figs in figmod.BY_PROBE.items():
+        samples = [{"metric": f.metric, "labels": lab} for f in figs for lab in node.get(f.metric, [])]
+        if samples:
+            interval = PROBES[probe].default_interval_seconds
+            runs += [(start + (k + 1) * interval, probe, samples) for k in range(int(days * 86400 // interval))]
+    for t, probe, samples in sorted(runs, key=lambda r: r[:2]):
+        store.observe(RunRecord(probe, "success", started_at=t - 1, wall_seconds=1, environment=env,
+                                samples=[{**s, "value": 1.0 + rng.gauss(0, 0.002)} for s in samples]))
+    end = max(t for t, _, _ in runs)
+
+    def hold(probe: str) -> float:
+        return hold_for(PROBES[probe].default_interval_seconds, PROBES[probe].default_timeout_seconds)
+
+    out: dict[str, list[dict[str, str]]] = {}
+    for fam in judge_families(store, {"pool": "budget-pool"}, end, hold):
+        out[fam.name + ("_total" if fam.type == "counter" else "")] = [s.labels for s in fam.samples]
+    return out
+
+
+_KEYWORDS = {"by", "on", "ignoring", "without", "group_left", "group_right", "and", "or", "unless", "bool",
+             "offset"}
+_SCRAPE_LABELS = {"job", "instance", "node", "cluster"}  # added by Prometheus, not in the exposition
+
+
+def _rule_shape(expr: str) -> tuple[tuple[str, ...] | None, str, list[tuple[str, str, str]]]:
+    """(the labels of its first `by (...)`, le left out, or None; its first input series; that input's
+    matchers as (label, op, value))."""
+    import re
+
+    expr = "\n".join(line for line in expr.splitlines() if not line.lstrip().startswith("#"))
+    by = re.search(r"\bby\s*\(([^)]*)\)", expr)
+    labels = tuple(x.strip() for x in by.group(1).split(",") if x.strip() and x.strip() != "le") if by else None
+    bare = re.sub(r"\b(by|on|ignoring|without|group_left|group_right)\s*\([^)]*\)", " ", expr)
+    bare = re.sub(r"\[[^\]]*\]", " ", bare)
+    for m in re.finditer(r"(?<![\w.:])([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?", bare):
+        if m.group(1) in _KEYWORDS or bare[m.end():].lstrip().startswith("("):
+            continue
+        matchers = re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', m.group(2) or "")
+        return labels, m.group(1), matchers
+    return labels, "", []
+
+
+def _matches(lab: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    import re
+
+    for name, op, value in matchers:
+        if name in _SCRAPE_LABELS:
+            continue
+        v = lab.get(name, "")
+        ok = {"=": v == value, "!=": v != value, "=~": re.fullmatch(value, v) is not None,
+              "!~": re.fullmatch(value, v) is None}[op]
+        if not ok:
+            return False
+    return True
+
+
+def recorded_per_node(node: dict[str, list[dict[str, str]]],
+                      rule_files: tuple[Path, ...] = RULE_FILES) -> dict[str, float]:
+    """record -> the series it adds per node (module docstring), for a node whose series (raw and judged) are
+    `node`; the rules in file order, so a rule reads what the rules before it recorded."""
+    have = {f: list(labs) for f, labs in node.items()}
+    out: dict[str, float] = {}
+    for path in rule_files:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "record" not in rule:
+                    continue
+                by, name, matchers = _rule_shape(rule["expr"])
+                seen = have.get(name)
+                if seen is None:  # a histogram's _bucket, _sum or _count
+                    seen = have.get(name.rsplit("_", 1)[0], []) if name.endswith(("_bucket", "_sum", "_count")) else []
+                inputs = [lab for lab in seen if _matches(lab, matchers)]
+                if by is None:
+                    made = inputs
+                else:
+                    made = [dict(t) for t in dict.fromkeys(tuple((k, lab.get(k, "")) for k in by) for lab in inputs)]
+                have[rule["record"]] = made
+                per_pool = by is not None and "node" not in by
+                out[rule["record"]] = out.get(rule["record"], 0.0) + len(made) / (POOL_NODES if per_pool else 1)
     return out
 
 
@@ -173,12 +303,25 @@ def summarize(fams: dict[str, list[dict[str, str]]], ran: dict, params: dict | N
     gaps = gpu_node(fams, params)
     node = {f: gaps[f]["gpu_node"] if f in gaps else n for f, n in measured.items()}
     judge = sum(n for f, n in node.items() if f.startswith(JUDGE_PREFIX))
+    raw = node_series(fams, params)[0]
+    steady = steady_judge(raw)
+    recorded = recorded_per_node({**{f: labs for f, labs in raw.items() if not f.startswith(JUDGE_PREFIX)},
+                                  **steady})
+    judge_steady = {f: len(labs) for f, labs in steady.items()}
+    total = sum(node.values()) - judge + sum(judge_steady.values()) + sum(recorded.values())
     return {"node": f"{GPUS} GPUs (fake NVML {FAKE_NVML.name}), {IB_PORTS} InfiniBand ports",
             "params": params or {}, "probe_outcomes": ran,
             "series_measured": sum(measured.values()), "series": sum(node.values()), "judge_series": judge,
             "series_without_judge": sum(node.values()) - judge, "budget": BUDGET,
             "by_family": dict(sorted(((f, n) for f, n in node.items() if n), key=lambda kv: (-kv[1], kv[0]))),
-            "gpu_node_gaps": gaps, "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
+            "gpu_node_gaps": gaps,
+            "judge_steady_series": sum(judge_steady.values()),
+            "judge_steady": dict(sorted(judge_steady.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "recorded_series": round(sum(recorded.values()), 1),
+            "recorded": {r: round(n, 2) for r, n in sorted(recorded.items(), key=lambda kv: (-kv[1], kv[0])) if n},
+            "pool_nodes": POOL_NODES, "steady_days": STEADY_DAYS,
+            "total_per_node": round(total, 1), "node_budget": NODE_BUDGET,
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}}
 
 
 # ------------------------------------------------------------------------------ docs/metrics.md
@@ -203,9 +346,9 @@ def doc_section(result: dict) -> str:
            "is off). Measured by `python benchmarks/series_budget.py` (benchmarks/results/series_budget.json), "
            "which writes this section with `--docs`; `tests/test_series_budget.py` measures it again and fails "
            "when a family's count differs from this table.", "",
-           "The budget: at most 800 series per node in Prometheus, scraped and recorded. Of that, everything but "
-           f"the `{JUDGE_PREFIX}*` statistics is to stay within {result['budget']}; this node exposes "
-           f"**{result['series_without_judge']}**.", "",
+           f"The budget: at most {result['node_budget']} series per node in Prometheus, scraped and recorded. Of "
+           f"that, everything but the `{JUDGE_PREFIX}*` statistics and the recorded series is to stay within "
+           f"{result['budget']}; this node exposes **{result['series_without_judge']}**.", "",
            "Families marked * are counted as the GPU node has them: the measurement runs the GPU probes on the "
            "CPU, which measures one device, no tf32 or fp8, and collectives only up to gloo's size limit "
            "(benchmarks/series_budget.py says how each is counted).", "",
@@ -213,18 +356,46 @@ def doc_section(result: dict) -> str:
     out += [f"| `{f}`{' *' if f in gaps else ''} | {n} |" for f, n in result["by_family"].items()
             if not f.startswith(JUDGE_PREFIX)]
     out += [f"| total | {result['series_without_judge']} |", "",
-            "A reason label (`fleetcanary_probe_skips_total`, `..._failures_total`, `..._crashes_total`, "
+            "The whole node in Prometheus: the exposition above, the judge's statistics once every judged series "
+            f"has a baseline (its runs fed to the judge at the default intervals for {result['steady_days']} "
+            "days: they publish little while a series warms up), and the series the recording rules of "
+            "alerts/fleetcanary.rules.yml and alerts/fleetcanary.alerts.yml add per node (counted from each "
+            "rule's `by` labels over the node's series; a rule without `node` in them has one series per pool, "
+            f"model and driver, shared here by a pool of {result['pool_nodes']} alike nodes).", "",
+            "| part | series |", "| --- | ---: |",
+            f"| exposition without the judge's statistics | {result['series_without_judge']} |"]
+    out += [f"| judge: `{f}` | {n} |" for f, n in result["judge_steady"].items() if n]
+    out += [f"| recorded: `{r}` | {n:g} |" for r, n in result["recorded"].items()]
+    out += [f"| total per node | **{result['total_per_node']:g}** (budget {result['node_budget']}) |", "",
+            "What is left out while it is 0 (the run record at `/results` keeps every reading):", "",
+            "- A reason label (`fleetcanary_probe_skips_total`, `..._failures_total`, `..._crashes_total`, "
             "`fleetcanary_kubernetes_api_errors_total`) appears once its count is above 0, except the reasons an "
             "alert or recording rule reads with `increase()` (`fabric`'s `peer_unavailable` skips, `collectives`' "
             "`wrong_result` failures), which start at 0: `increase()` misses the first event of a series born at "
-            "1. `fleetcanary_probe_runs_total` has every outcome from the start, for the probe-health alerts.", "",
+            "1. `fleetcanary_probe_runs_total` has success, failure and skipped from the start, for the "
+            "probe-health alerts and the dashboards; timeout and crash, `fleetcanary_probe_invalid_samples_total` "
+            "and `fleetcanary_probe_confirmation_runs_total` once above 0. A probe that is off has its "
+            "`fleetcanary_probe_enabled` 0 and no other `fleetcanary_probe_*` series.",
+            "- Device counters a healthy node keeps at 0 (`MetricSpec.zero_published`): the ECC counts but the "
+            "uncorrected volatile one (its alert reads `increase()` from 0), the remapped rows, the NVLink error "
+            "sums, the RDMA port error counters but `link_downed` (its alert fires on any increase). A counter "
+            "that drops back to 0 (a driver reload, `perfquery -R`) has no series until it counts again; "
+            "`increase()` over the gap sees the reset.",
+            "- States as 0/1 series publish their 1s only: the throttle reasons active now, the SDC verdict's "
+            "current status, a GPU lost, a row remap pending or failed, an RDMA port expected but absent, an RDMA "
+            "port's saturated counters; the alerts read them with `== 1`, `> 0` or `max_over_time`, which absence "
+            "satisfies. The sustained burn's throttle reasons with seconds above 0.",
+            "- Facts that change rarely are labels of an info series: persistence mode, MIG mode and the power "
+            "limit of `fleetcanary_gpu_info`; an RDMA device's HCA type, firmware and board of "
+            "`fleetcanary_rdma_port_info`.", "",
             "Opt-in detail (read by no rule): set the param under the probe's `params` in the config file. A "
             "param that changes the labels of a counter (`per_link`) leaves the counter's other form exported "
             "until the exporter restarts.", "",
             "| probe | param | what it adds |", "| --- | --- | --- |"]
     out += [f"| `{name}` | `{field}: true` | {desc.replace('|', '/')} |" for name, field, desc in opt_ins()]
     out += ["", "For example:", "", "```yaml", "probes:", "  gpu_health:", "    params:", "      per_link: true",
-            "  nic_health:", "    params:", "      port_states: true", "      hw_counters: true", "```", ""]
+            "  gpu_p2p:", "    params:", "      pairs: true", "  nic_health:", "    params:", "      port_states: true",
+            "      hw_counters: true", "```", ""]
     return "\n".join(out)
 
 

@@ -1,5 +1,6 @@
-"""The series budget (DESIGN.md, "Metrics"): what an 8-GPU node with 8 InfiniBand ports exposes at the default
-config, counted family by family against docs/metrics.md's "Series per node" table.
+"""The series budget (issue 26, item 3): what an 8-GPU node with 8 InfiniBand ports costs Prometheus at the default
+config, counted family by family against docs/metrics.md's "Series per node" table, within 400 series for the
+exposition without the judge's statistics and 800 for the whole node.
 
 The exposition is the daemon's own: its store, collector and HTTP body, with every default probe's job built as
 the daemon builds it and executed in this process as the worker executes it (harness/series_budget.py,
@@ -7,6 +8,15 @@ in_process_exposition), on the fake NVML of an HGX H100 node and a sysfs tree of
 torch work runs on the CPU, and the families the CPU cannot show in full are counted as the node has them (the
 harness says how). `python benchmarks/series_budget.py` measures the same through a real `fleetcanary run`, and
 `--docs` rewrites the table.
+
+The whole node adds to that exposition (harness/series_budget.py, summarize):
+- the judge's statistics at steady state: one run per probe gives warming series only, so the node's judged series
+  are fed to a fresh figure store at the default intervals for STEADY_DAYS days (a baseline and a drift for every
+  series, five daily burns) and the fleetcanary_judge_* families counted then;
+- the recorded series, counted from the shipped rule files: a rule adds one series per distinct label set of its
+  first `by (...)` over the node's input series; a rule whose `by` keeps `node` (or that aggregates nothing) counts
+  whole for the node, one without `node` (per pool, model and driver) is shared by a pool of POOL_NODES nodes of the
+  same model and driver, so the node counts 1/POOL_NODES of it.
 """
 import pytest
 
@@ -42,34 +52,88 @@ def test_each_family_costs_what_docs_metrics_md_says(node):
     assert sum(doc.values()) == result["series_without_judge"]
     section = sb.DOC.read_text().split(sb.SECTION, 1)[1]
     assert f"exposes **{result['series_without_judge']}**" in section
+    assert f"| total per node | **{result['total_per_node']:g}** (budget {sb.NODE_BUDGET}) |" in section, RERUN
     for probe, param, _ in sb.opt_ins():  # every opt-in is documented with the table
         assert f"| `{probe}` | `{param}: true` |" in section, (probe, param)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26, item 3: 1052 series at the defaults after the per-link, per-port, "
-                   "P2P-topology and zero-reason cuts; of what is left, 559 are read by alert or recording rules "
-                   "(NVLink state per link 144, throttle reasons 72, runs_total 65, RDMA error counters 64, ...) and "
-                   "331 by dashboards only (the raw probe figures)")
-def test_the_node_stays_within_the_budget(node):
+def test_the_exposition_stays_within_its_budget(node):
     _, result = node
     assert result["series_without_judge"] <= sb.BUDGET, result["by_family"]
 
 
+def test_the_judge_and_the_rules_are_counted_at_steady_state(node):
+    """Every judged series has its median, newest, change and drift (the daily burn its median only: no history, no
+    fast path), and the peer records are shared by the pool: the count is of a node with a baseline, not of the
+    single run the exposition holds."""
+    fams, result = node
+    steady = result["judge_steady"]
+    judged = steady["fleetcanary_judge_median"]
+    assert judged > len(fams.get("fleetcanary_judge_median", []))  # more than the one run shows
+    burns = sb.GPUS  # gpu_sustained's ratio: a median only
+    assert steady["fleetcanary_judge_change"] == steady["fleetcanary_judge_drift"] == judged - burns
+    assert steady["fleetcanary_judge_newest"] == judged - burns
+    assert result["judge_steady_series"] == sum(steady.values())
+    rec = result["recorded"]
+    assert rec["node_gpu:fleetcanary_gpu_model:info"] == sb.GPUS  # per node: by (node, gpu, model)
+    assert rec["pool:fleetcanary_judge_median:peer_median"] == pytest.approx(
+        len({(lab["figure"], lab["series"]) for lab in sb.steady_judge(sb.node_series(fams)[0])[
+            "fleetcanary_judge_median"]}) / sb.POOL_NODES)  # per pool: the node's share
+    assert result["total_per_node"] == pytest.approx(
+        result["series_without_judge"] + result["judge_steady_series"] + result["recorded_series"], abs=0.1)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26, item 3: 393 exposed + 382 judge statistics at steady state + 38.5 "
+                   "recorded = 813.5 series per node; the judge's statistics of the raw figures (4 per judged series, "
+                   "91 series) and the per-GPU inventory records (16) leave less than the 400 assumed for the "
+                   "exposition")
+def test_the_whole_node_stays_within_the_budget(node):
+    _, result = node
+    assert result["total_per_node"] <= sb.NODE_BUDGET, (result["series_without_judge"], result["judge_steady"],
+                                                        result["recorded"])
+
+
 def test_detail_no_rule_reads_is_off_by_default(node):
     fams, _ = node
-    assert {lab["link"] for lab in fams["fleetcanary_gpu_nvlink_errors_total"]} == {""}  # per GPU, not per link
-    assert len(fams["fleetcanary_gpu_nvlink_errors_total"]) == sb.GPUS * 4
-    assert len(fams["fleetcanary_gpu_nvlink_up"]) == sb.GPUS * 18  # the NVLink-down alert names the link
+    assert {lab["link"] for lab in fams["fleetcanary_gpu_nvlink_errors_total"]} <= {""}  # per GPU, not per link
+    assert len(fams["fleetcanary_gpu_nvlink_links_up"]) == len(fams["fleetcanary_gpu_nvlink_links"]) == sb.GPUS
+    assert {lab["dst_gpu"] for lab in fams["fleetcanary_gpu_p2p_bandwidth_bytes_per_second"]} == {""}
+    assert len(fams["fleetcanary_gpu_p2p_bandwidth_bytes_per_second"]) == sb.GPUS  # each GPU's slowest link
     for family in ("fleetcanary_rdma_port_state", "fleetcanary_rdma_port_physical_state",
                    "fleetcanary_rdma_port_hw_events_total", "fleetcanary_gpu_p2p_access",
-                   "fleetcanary_gpu_p2p_link_info", "fleetcanary_gpu_p2p_bidirectional_bandwidth_bytes_per_second"):
+                   "fleetcanary_gpu_p2p_link_info", "fleetcanary_gpu_p2p_bidirectional_bandwidth_bytes_per_second",
+                   "fleetcanary_gpu_nvlink_up", "fleetcanary_collective_algorithm_bandwidth_bytes_per_second",
+                   "fleetcanary_collective_latency_seconds", "fleetcanary_gpu_sustained_flops_per_second",
+                   "fleetcanary_gpu_sustained_clock_hertz", "fleetcanary_gpu_sustained_power_watts",
+                   "fleetcanary_gpu_sustained_burn_seconds", "fleetcanary_gpu_mig_mode",
+                   "fleetcanary_gpu_persistence_mode", "fleetcanary_gpu_power_limit_watts",
+                   "fleetcanary_rdma_device_info"):
         assert not fams.get(family), family
-    assert len(fams["fleetcanary_rdma_port_errors_total"]) == sb.IB_PORTS * 8  # what the nic alerts read
-    assert len(fams["fleetcanary_gpu_p2p_bandwidth_bytes_per_second"]) == sb.GPUS * (sb.GPUS - 1)
+    assert {"persistence_mode", "mig_mode", "power_limit_watts"} <= set(fams["fleetcanary_gpu_info"][0])
+    # what is 0 on a healthy node is no series, but what an alert reads with increase() from 0
+    assert {lab["counter"] for lab in fams["fleetcanary_rdma_port_errors_total"]} == {"link_downed"}
+    assert len(fams["fleetcanary_rdma_port_errors_total"]) == sb.IB_PORTS
+    assert {(lab["type"], lab["counter"]) for lab in fams["fleetcanary_gpu_ecc_errors_total"]} >= {
+        ("uncorrected", "volatile")}
+    assert len([lab for lab in fams["fleetcanary_gpu_ecc_errors_total"] if lab["type"] == "uncorrected"]) == sb.GPUS
+    for family in ("fleetcanary_gpu_remapped_rows_total", "fleetcanary_gpu_remapped_rows_pending",
+                   "fleetcanary_gpu_remapped_rows_failed", "fleetcanary_gpu_lost", "fleetcanary_rdma_port_present",
+                   "fleetcanary_rdma_port_counters_saturated", "fleetcanary_probe_invalid_samples_total",
+                   "fleetcanary_probe_confirmation_runs_total"):
+        assert not fams.get(family), family
+    assert {lab["reason"] for lab in fams["fleetcanary_gpu_clock_throttle_active"]} == {"gpu_idle"}  # active only
+    assert {lab["status"] for lab in fams["fleetcanary_gpu_sdc_status"]} == {"match"}  # the current one only
+    # the probes' own series: an enabled probe's runs from 0 for success, failure and skipped; fabric is off
+    runs = {(lab["probe"], lab["outcome"]) for lab in fams["fleetcanary_probe_runs_total"]}
+    on = {n for n, cls in PROBES.items() if cls.default_enabled}
+    assert runs == {(p, o) for p in on for o in ("success", "failure", "skipped")}
+    assert [lab["probe"] for lab in fams["fleetcanary_probe_enabled"]].count("fabric") == 1
+    assert not [lab for f, labs in fams.items() if f.startswith("fleetcanary_probe_")
+                and f != "fleetcanary_probe_enabled" for lab in labs if lab.get("probe") == "fabric"]
     # reasons: what happened (three probes without targets skipped) and what the rules read from 0
     skips = {(lab["probe"], lab["reason"]) for lab in fams["fleetcanary_probe_skips_total"]}
     assert skips == {("storage", "not_configured"), ("object_storage", "not_configured"),
-                     ("inference", "not_configured"), ("fabric", "peer_unavailable")}
+                     ("inference", "not_configured")}
     assert [(lab["probe"], lab["reason"]) for lab in fams["fleetcanary_probe_failures_total"]] == [
         ("collectives", "wrong_result")]
     assert not fams.get("fleetcanary_probe_crashes_total") and len(CRASH_REASONS) > 1
