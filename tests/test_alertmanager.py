@@ -144,9 +144,9 @@ SPECS = {s.name: s for s in GpuHealth.metrics}
 
 def exposition(healthy: int = 8, nvlink_down: tuple[int, ...] = (), remap_failed: tuple[int, ...] = (),
                slow: tuple[int, ...] = ()) -> str:
-    """A gpu_health exposition of an 8-GPU node (4 NVLinks per GPU, enough here) and the judge's statistics of
-    its GPU memory bandwidth (the `slow` GPUs' confirmed figure 30% under their best day), rendered by
-    prometheus_client as the exporter renders them, with the probe's and the judge's own HELP texts."""
+    """A gpu_health exposition of an 8-GPU node (18 NVLinks per GPU, one down on each `nvlink_down` GPU) and the
+    judge's statistics of its GPU memory bandwidth (the `slow` GPUs' confirmed figure 30% under their best day),
+    rendered by prometheus_client as the exporter renders them, with the probe's and the judge's own HELP texts."""
     reg = CollectorRegistry(auto_describe=False)
     fams = []
 
@@ -157,12 +157,12 @@ def exposition(healthy: int = 8, nvlink_down: tuple[int, ...] = (), remap_failed
 
     fam("fleetcanary_gpus_expected").add_metric([], 8)
     fam("fleetcanary_gpus_healthy").add_metric([], healthy)
-    up = fam("fleetcanary_gpu_nvlink_up", ("gpu", "link"))
+    links_up, links = fam("fleetcanary_gpu_nvlink_links_up", ("gpu",)), fam("fleetcanary_gpu_nvlink_links", ("gpu",))
     pending = fam("fleetcanary_gpu_remapped_rows_pending", ("gpu",))
     failed = fam("fleetcanary_gpu_remapped_rows_failed", ("gpu",))
     for g in range(8):
-        for link in range(4):
-            up.add_metric([str(g), str(link)], 0 if (g in nvlink_down and link == 2) else 1)
+        links_up.add_metric([str(g)], 17 if g in nvlink_down else 18)
+        links.add_metric([str(g)], 18)
         pending.add_metric([str(g)], 0)
         failed.add_metric([str(g)], 1 if g in remap_failed else 0)
     median = fam("fleetcanary_judge_median", judge.LABELS, judge.HELP["median"])

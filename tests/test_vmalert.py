@@ -36,7 +36,6 @@ SETTINGS = replace(build.SETTINGS, hard_interval=build.SETTINGS.interval)
 # Only a hang reaches it: on a quiet machine both engines fire everything within half a minute of starting.
 DEADLINE = 120.0
 GPUS = ("0", "1")
-LINKS = ("0", "1")
 KEYS = ("alertname", "node", "gpu", "path")
 # Judged figures in the scenario: one per GPU and higher-is-better, one per node and lower-is-better.
 JUDGED = ("gpu_memory_bandwidth", "storage_first_byte")
@@ -67,8 +66,8 @@ def healthy(node: str) -> dict[str, float]:
         for c in ("volatile", "aggregate"):
             for t in ("corrected", "uncorrected"):
                 s[f'fleetcanary_gpu_ecc_errors_total{{gpu="{g}",type="{t}",counter="{c}"}}'] = 0
-        for link in LINKS:
-            s[f'fleetcanary_gpu_nvlink_up{{gpu="{g}",link="{link}"}}'] = 1
+        s[f'fleetcanary_gpu_nvlink_links_up{{gpu="{g}"}}'] = 18
+        s[f'fleetcanary_gpu_nvlink_links{{gpu="{g}"}}'] = 18
     return s
 
 
@@ -99,7 +98,7 @@ def fleet() -> dict[str, tuple[dict[str, float], set[tuple[str, str, str]]]]:
         "node-2": ({'fleetcanary_gpu_lost{gpu="1"}': 1, "fleetcanary_gpus_healthy": 1},
                    {("FleetCanaryGPULost", "1", ""), ("FleetCanaryGPUsMissing", "", "")}),
         "node-3": ({'fleetcanary_gpu_pcie_link_width{gpu="0"}': 8}, {("FleetCanaryPCIeLinkWidthDegraded", "0", "")}),
-        "node-4": ({'fleetcanary_gpu_nvlink_up{gpu="0",link="1"}': 0}, {("FleetCanaryNVLinkDown", "0", "")}),
+        "node-4": ({'fleetcanary_gpu_nvlink_links_up{gpu="0"}': 17}, {("FleetCanaryNVLinkDown", "0", "")}),
         "node-5": ({'fleetcanary_gpu_remapped_rows_failed{gpu="1"}': 1}, {("FleetCanaryGPURowRemapFailed", "1", "")}),
         DEGRADED: ({}, set()),
         "node-7": ({}, set()),
