@@ -326,6 +326,8 @@ def summarize(fams: dict[str, list[dict[str, str]]], ran: dict, params: dict | N
 
 # ------------------------------------------------------------------------------ docs/metrics.md
 SECTION = "## Series per node"
+# its last line: scripts/docgen.py (SERIES_END) keeps the section up to it and regenerates what follows
+SECTION_END = "<!-- end of the series per node: benchmarks/series_budget.py --docs writes this section -->"
 OPT_IN = "Opt-in: "  # how a probe param's description begins when it turns on detail no rule reads
 
 
@@ -395,17 +397,28 @@ def doc_section(result: dict) -> str:
     out += [f"| `{name}` | `{field}: true` | {desc.replace('|', '/')} |" for name, field, desc in opt_ins()]
     out += ["", "For example:", "", "```yaml", "probes:", "  gpu_health:", "    params:", "      per_link: true",
             "  gpu_p2p:", "    params:", "      pairs: true", "  nic_health:", "    params:", "      port_states: true",
-            "      hw_counters: true", "```", ""]
+            "      hw_counters: true", "```", "", SECTION_END, ""]
     return "\n".join(out)
 
 
+def _section_end(text: str, start: int) -> int:
+    """Where the section that begins at `start` ends: after its SECTION_END line, else at the next "## " heading,
+    else -1 (the end of the text)."""
+    close = text.find("\n" + SECTION_END, start)
+    if close >= 0:
+        return close + 1 + len(SECTION_END) + 1
+    nxt = text.find("\n## ", start + len(SECTION))
+    return nxt + 1 if nxt >= 0 else -1
+
+
 def replace_section(text: str, section: str) -> str:
-    """`text` with its "Series per node" section (up to the next "## " heading or the end) set to `section`."""
+    """`text` with its "Series per node" section (to its end line, or the next "## " heading or the end) set to
+    `section`."""
     start = text.find(SECTION + "\n")
     if start < 0:
         return text.rstrip("\n") + "\n\n" + section
-    nxt = text.find("\n## ", start + len(SECTION))
-    return text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
+    end = _section_end(text, start)
+    return text[:start] + section + (text[end:] if end >= 0 else "")
 
 
 def doc_table(text: str) -> dict[str, int]:
@@ -413,9 +426,9 @@ def doc_table(text: str) -> dict[str, int]:
     start = text.find(SECTION + "\n")
     if start < 0:
         return {}
-    nxt = text.find("\n## ", start + len(SECTION))
+    end = _section_end(text, start)
     out = {}
-    for line in text[start:nxt if nxt >= 0 else None].splitlines():
+    for line in text[start:end if end >= 0 else None].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 2 and cells[0].startswith("`") and cells[1].isdigit():
             out[cells[0].split("`")[1]] = int(cells[1])

@@ -75,18 +75,24 @@ def metrics_markdown() -> str:
             "with reason `budget` when what is left on a GPU is less than its "
             "`expected_gpu_seconds`. `python benchmarks/overhead.py --gpu-budget-only` sums every GPU probe's "
             "default per-hour share and fails over the budget.", ""]
-    out += kept_section(ROOT / "docs/metrics.md", "## Series per node")
+    out += kept_section(ROOT / "docs/metrics.md", "## Series per node", SERIES_END)
     return "\n".join(out)
 
 
-def kept_section(path: Path, heading: str) -> list[str]:
-    """A section of a generated file that another tool writes, kept as it is (its heading to the next "## " or
-    the end): "## Series per node" is a measurement (`benchmarks/series_budget.py --docs`), not code."""
+# The line that closes "## Series per node" (harness/series_budget.py writes it, SECTION_END there)
+SERIES_END = "<!-- end of the series per node: benchmarks/series_budget.py --docs writes this section -->"
+
+
+def kept_section(path: Path, heading: str, end_line: str = "") -> list[str]:
+    """A section of a generated file that another tool writes, kept as it is (its heading to `end_line`, or to the
+    next "## " or the end): "## Series per node" is a measurement (`benchmarks/series_budget.py --docs`), not code.
+    Text after its end line is not kept, so a hand edit there shows as stale."""
     text = path.read_text() if path.exists() else ""
     start = text.find(heading + "\n")
     if start < 0:
         return []
-    end = text.find("\n## ", start + len(heading))
+    close = text.find("\n" + end_line, start) if end_line else -1
+    end = close + 1 + len(end_line) if close >= 0 else text.find("\n## ", start + len(heading))
     return [text[start:end if end >= 0 else None].rstrip("\n"), ""]
 
 

@@ -23,6 +23,7 @@ import pytest
 from fleetcanary.core.record import CRASH_REASONS
 from fleetcanary.probes import PROBES
 from harness import series_budget as sb
+from tests.support.helpers import load_script
 
 RERUN = "rerun `python benchmarks/series_budget.py && python benchmarks/series_budget.py --docs`"
 
@@ -55,6 +56,9 @@ def test_each_family_costs_what_docs_metrics_md_says(node):
     assert f"| total per node | **{result['total_per_node']:g}** (budget {sb.NODE_BUDGET}) |" in section, RERUN
     for probe, param, _ in sb.opt_ins():  # every opt-in is documented with the table
         assert f"| `{probe}` | `{param}: true` |" in section, (probe, param)
+    # scripts/docgen.py keeps the section up to its last line, which the harness writes
+    assert section.rstrip("\n").endswith(sb.SECTION_END)
+    assert load_script(sb.ROOT / "scripts/docgen.py", "fleetcanary_docgen").SERIES_END == sb.SECTION_END
 
 
 def test_the_exposition_stays_within_its_budget(node):
