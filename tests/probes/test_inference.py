@@ -1,5 +1,6 @@
 """inference: the canary against the reference server over real HTTP, every stream edge case."""
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -32,17 +33,26 @@ def outcomes(r):
     return [dict(s.labels)["outcome"] for s in r.samples if s.metric == P + "requests_total"]
 
 
-def test_healthy_endpoint_all_figures(tmp_path, sim):
-    base, _ = sim
+def test_healthy_endpoint_all_figures(tmp_path, sim, monkeypatch):
+    base, simulator = sim
+    hits = []
+    prefix_hit = simulator.prefix_hit
+    monkeypatch.setattr(simulator, "prefix_hit", lambda prompt, n: hits.append(prefix_hit(prompt, n)) or hits[-1])
     r = run(tmp_path, target(base))
     assert set(outcomes(r)) == {"success"} and len(outcomes(r)) == 2 + 1 + 1 + 2
     assert value(r, P + "quality_pass", target="llm", check="arithmetic") == 1
     assert value(r, P + "quality_pass", target="llm", check="capital") == 1
     ttft = obs(r, P + "time_to_first_token_seconds")
-    assert len(ttft) == 5 and all(0.019 < t < 0.2 for t in ttft[:4])  # streaming: 2 golden + 1 + pair
-    assert ttft[4] < ttft[3]  # the second of the pair hits the prefix cache
+    # streaming: 2 golden + 1 + the pair, each at least the server's 20 ms TTFT (a floor: physics; no ceiling,
+    # since a busy machine's scheduling delay adds to any request)
+    assert len(ttft) == 5 and all(t > 0.019 for t in ttft[:4])
+    # the pair shares a prefix unique to the run: the server saw the first cold and the second as a prefix hit
+    # (which of the two was faster is the machine's: a stress run saw the cached one 7 ms slower at load 16)
+    assert hits[-2:] == [False, True] and hits.count(True) == 1, hits
     itl = obs(r, P + "inter_token_latency_seconds")
-    assert any(0.0015 < x < 0.02 for x in itl)
+    # in seconds (the server paces 2 ms tokens; in milliseconds the median would be ~2); no band around 2 ms,
+    # since a busy machine delays one token and delivers the next at once
+    assert itl and min(itl) >= 0 and statistics.median(itl) < 0.5
     assert len(obs(r, P + "request_duration_seconds")) == 6
     assert value(r, P + "output_tokens_per_second", target="llm", model="sim-model") > 0
     assert value(r, P + "output_stable", target="llm") == 1
