@@ -49,6 +49,9 @@ from fleetcanary.judge import figures as judged
 HERE = Path(__file__).resolve().parent
 RATIO = 'printf "%.3f"'  # template format of a ratio (change): 0.943, not humanize's 943m
 CURRENT = ", baseline='current_driver'"
+# The daily burn's slowdown share with its GPU model and pool (joined where read: no per-GPU record)
+SLOWDOWN = ("fleetcanary_gpu_sustained_slowdown_ratio * on(node) group_left(model) node:fleetcanary_gpu_model:info "
+            "* on(node) group_left(pool) node:fleetcanary_pool:info")
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
 GROUP = ("pool", "model", "driver_version", "figure", "series")   # what peers share (plus Settings.peer_labels)
 CHANGE_GROUP = ("baseline", "baseline_driver")                     # ... and, for changes, the baseline they divide by
@@ -376,7 +379,7 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           "The GPUs of {{ $labels.node }} disagree on the canary checksum with no strict majority (or all disagree "
           "with the stored golden); GPU {{ $labels.gpu }} is one of them. Not judged; a person must."),
         a("FleetCanaryGPUThrottlingUnlikePeers",
-          f"(gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model > 0.05) "
+          f"(({SLOWDOWN}) > 0.05) "
           f"and on(model, pool) (pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median < 0.01) "
           f"and on(model, pool) (pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count >= {s.min_peers})",
           "10m", "critical", "A GPU throttles under load where its peers do not",
@@ -426,7 +429,8 @@ def inventory_rules() -> list[dict]:
 
     ttft = "node:fleetcanary_inference_ttft_seconds:p95_30m"
     return [
-        rec("node_gpu:fleetcanary_gpu_model:info", "max by (node, gpu, model) (fleetcanary_gpu_info)"),
+        # one per node (a node's GPUs share a model; a mixed node reports each model): 8 fewer series per node
+        rec("node:fleetcanary_gpu_model:info", "max by (node, model) (fleetcanary_gpu_info)"),
         rec("node:fleetcanary_pool:info", "max by (node, pool) (fleetcanary_node_info)"),
         rec(ttft, "histogram_quantile(0.95, sum by (node, target, model, le) "
                   "(rate(fleetcanary_inference_time_to_first_token_seconds_bucket[30m])))"),
@@ -440,15 +444,11 @@ def inventory_rules() -> list[dict]:
             f"quantile by (pool, target, model) (0.5, {ttft} * on(node) group_left(pool) node:fleetcanary_pool:info)"),
         rec("pool:fleetcanary_inference_ttft_seconds:peer_nodes",
             f"count by (pool, target, model) ({ttft} * on(node) group_left(pool) node:fleetcanary_pool:info)"),
-        rec("gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model",
-            "fleetcanary_gpu_sustained_slowdown_ratio * on(node, gpu) group_left(model) "
-            "node_gpu:fleetcanary_gpu_model:info "
-            "* on(node) group_left(pool) node:fleetcanary_pool:info"),
+        # the daily burn's slowdown share per pool and model (joined inline: no per-GPU recorded series)
         rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median",
-            "quantile by (model, pool) (0.5, gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model)"),
+            f"quantile by (model, pool) (0.5, {SLOWDOWN})"),
         rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_count",
-            "count by (model, pool) "
-            "(count by (model, pool, node) (gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model))"),
+            f"count by (model, pool) (count by (model, pool, node) ({SLOWDOWN}))"),
     ]
 
 

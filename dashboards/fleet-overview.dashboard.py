@@ -25,7 +25,7 @@ RUNS_OK = 'increase(fleetcanary_probe_runs_total{outcome="success"}[1h])'
 RUNS_RAN = 'increase(fleetcanary_probe_runs_total{outcome!="skipped"}[1h])'
 J = ('pool=~"$pool"', 'figure=~"$figure"')
 # Nodes with a GPU of another model than the chosen ones are left out (nodes without GPUs stay).
-OTHER_MODELS = 'unless on(node) node_gpu:fleetcanary_gpu_model:info{model!~"$model"}'
+OTHER_MODELS = 'unless on(node) node:fleetcanary_gpu_model:info{model!~"$model"}'
 CUR, PREV = 'baseline="current_driver"', 'baseline="previous_driver"'
 STATES = 'fleetcanary_judge_series{figure=~"$figure"}'
 WORST = columns({"Value": "worse by"})
@@ -119,13 +119,15 @@ panels = [
           "the same model. Good: every GPU near its peers; one well below throttles (fan, thermal contact, "
           "power brake), FleetCanaryGPUSustainedThroughputBelowPeers.", "percentunit",
           [instant("bottomk(10, fleetcanary_gpu_sustained_throughput_ratio "
-                   "* on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info{model=~\"$model\"} "
+                   "* on(node) group_left(model) node:fleetcanary_gpu_model:info{model=~\"$model\"} "
                    "* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~\"$pool\"})")], w=8),
     panel("table", "Most throttled GPUs: slowdown share of the burn",
           "Share of the last sustained burn each GPU spent in a thermal, power-brake or hardware slowdown "
           "(the power cap is left out). Good: 0 on every GPU; FleetCanaryGPUThrottlingUnlikePeers fires above 5% "
           "while the peer median stays under 1%.", "percentunit",
-          [instant(f"topk(10, gpu:fleetcanary_gpu_sustained_slowdown_ratio:by_model{{{GPU}}})")], w=8),
+          [instant("topk(10, fleetcanary_gpu_sustained_slowdown_ratio * on(node) group_left(model) "
+                   "node:fleetcanary_gpu_model:info{model=~\"$model\"} "
+                   "* on(node) group_left(pool) node:fleetcanary_pool:info{pool=~\"$pool\"})")], w=8),
     panel("table", "Wrong results: SDC canary verdicts and training-loss checks",
           "GPUs per silent-data-corruption verdict (match, mismatch = a wrong checksum against the golden "
           "its model's GPUs agreed on, no_consensus, unjudged), and training-step loss checks failing per dtype. "

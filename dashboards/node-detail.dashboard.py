@@ -6,7 +6,7 @@ N = 'node="$node"'
 F = 'figure=~"$figure"'
 BW = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
 # The GPU model and pool of this node's GPUs (the sustained burn's live pool median).
-MINE = ('and on(model, pool) (node_gpu:fleetcanary_gpu_model:info{node="$node"} '
+MINE = ('and on(model, pool) (node:fleetcanary_gpu_model:info{node="$node"} '
         '* on(node) group_left(pool) node:fleetcanary_pool:info)')
 
 
@@ -246,7 +246,7 @@ panels = [
           [(f"fleetcanary_gpu_sustained_throughput_ratio{{{N}}}", "GPU {{gpu}}"),
            # The last burn's pool median: the recorded peer median needs 5 daily burns in its window.
            ("(quantile by (model, pool) (0.5, fleetcanary_gpu_sustained_throughput_ratio "
-            "* on(node, gpu) group_left(model) node_gpu:fleetcanary_gpu_model:info "
+            "* on(node) group_left(model) node:fleetcanary_gpu_model:info "
             f"* on(node) group_left(pool) node:fleetcanary_pool:info)) {MINE}", "pool median")], w=12),
     panel("timeseries", "Sustained burn: clocks over its last quarter",
           "Median SM and memory clock per GPU over the last quarter of the burn (NVML every 100 ms), with "
