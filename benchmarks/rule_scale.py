@@ -263,20 +263,69 @@ def budget() -> dict:
             "by_family": {f: n for f, n in data["by_family"].items() if not f.startswith(JUDGE_PREFIX)}}
 
 
-def raw_series(node: int, model: str, pool: str, driver: str, counts: dict[str, int],
+# The harness's node, made the GPU node: what a CPU run of the default probes labels differently (the training step
+# on device "cpu" in fp32, collectives on gloo with 2 ranks); the GPU node runs bf16 on GPU 0, NCCL on 8 ranks.
+GPU_NODE_LABELS = {"gpu": {"cpu": "0"}, "dtype": {"fp32": "bf16"}, "backend": {"gloo": "nccl"}, "ranks": {"2": "8"}}
+TEMPLATE_CODE = """
+import json, sys
+from pathlib import Path
+from harness import series_budget as sb
+text, ran = sb.in_process_exposition(Path(sys.argv[1]))
+node, why = sb.node_series(sb.families(text))
+json.dump({"node": node, "ran": ran, "why": why}, open(sys.argv[2], "w"))
+"""
+
+
+def node_template(work: Path, counts: dict[str, int]) -> tuple[dict[str, list[tuple[str, dict]]], dict]:
+    """family -> (sample, labels) of every raw series of the 8-GPU node at the default config: the exporter's own
+    exposition from harness/series_budget.py (every default probe run once in a subprocess, on the fake NVML and
+    InfiniBand tree, the families the CPU cannot show counted as the GPU node has them), its CPU labels made the
+    GPU node's. A family whose count differs from the series budget's (a probe that failed here) is taken from
+    the declared metric specs, fitted to the budget's count."""
+    from harness.series_budget import FAKE_NVML
+
+    (work / "template").mkdir()
+    out_json = work / "template.json"
+    proc = subprocess.run([sys.executable, "-c", TEMPLATE_CODE, str(work / "template"), str(out_json)], cwd=ROOT,
+                          env={**os.environ, "FLEETCANARY_FAKE_NVML": str(FAKE_NVML)}, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"rule_scale: the node's exposition failed: {proc.stderr[-3000:]}")
+    data = json.loads(out_json.read_text())
+    spec = spec_series(0, "H100", "p", DRIVER)
+    tmpl, fitted = {}, {}
+    for family, n in counts.items():
+        labs = [{k: GPU_NODE_LABELS.get(k, {}).get(v, v) for k, v in lab.items()}
+                for lab in data["node"].get(family, [])]
+        if len(labs) == n:
+            tmpl[family] = [(family, lab) for lab in labs]
+        else:
+            tmpl[family] = fit(family, spec.get(family, []), n)
+            fitted[family] = {"exposed_here": len(labs), "budget": n}
+    return tmpl, {"probe_outcomes": data["ran"], "gpu_node_gaps": data["why"], "fitted_from_specs": fitted}
+
+
+def raw_series(tmpl: dict[str, list[tuple[str, dict]]], node: int, model: str, pool: str, driver: str,
                targets: tuple[str, ...]) -> list[tuple[str, str, dict]]:
-    """(family, sample name, labels) of every raw series one node exposes: the budget's families at its
-    counts, plus the families of the configured target probes (--targets)."""
+    """(family, sample name, labels) of every raw series one node exposes: the template with the node's own
+    identity (node_info, gpu_info), plus the families of the configured target probes (--targets)."""
     from fleetcanary.probes import PROBES
 
-    spec = spec_series(node, model, pool, driver)
     out = []
-    for family, n in counts.items():
-        out += [(family, s, lab) for s, lab in fit(family, spec.get(family, []), n)]
-    for probe in targets:
-        for m in PROBES[probe].metrics:
-            if m.name not in counts:
-                out += [(m.name, s, lab) for s, lab in spec.get(m.name, [])]
+    for family, entries in tmpl.items():
+        own = entries
+        if family == "fleetcanary_node_info":
+            own = [(s, {**lab, "pool": pool, "node_name": f"node-{node:04d}", "driver_version": driver,
+                        "gpu_model": model, "cpu_model": CPU_MODEL}) for s, lab in entries]
+        elif family == "fleetcanary_gpu_info":
+            own = [(s, {**lab, "model": model, "uuid": f"GPU-{node:04d}-{lab.get('uuid', '')[-12:]}",
+                        "serial": f"{node:04d}{lab.get('serial', '')}"}) for s, lab in entries]
+        out += [(family, s, lab) for s, lab in own]
+    if targets:
+        spec = spec_series(node, model, pool, driver)
+        for probe in targets:
+            for m in PROBES[probe].metrics:
+                if m.name not in tmpl:
+                    out += [(m.name, s, lab) for s, lab in spec.get(m.name, [])]
     return out
 
 
@@ -341,7 +390,8 @@ def judge_series(node: int, model: str, pool: str, driver: str, previous: str,
                                                          "baseline_driver": previous}, _near(rng, 1.0, 0.01)))
             out.append(("fleetcanary_judge_drift", lab, _near(rng, 1 - sign * 0.005, 0.01)))
         states[(figure, "baselined" if fig.history else "smoothed")] += 1
-    out += [("fleetcanary_judge_series", {"figure": f, "state": s}, float(n)) for (f, s), n in sorted(states.items())]
+    out += [("fleetcanary_judge_series", {"pool": pool, "figure": f, "state": s}, float(n))
+            for (f, s), n in sorted(states.items())]
     out.append(("fleetcanary_judge_store_bytes", {}, 3.1e6))
     out += [("fleetcanary_judge_store_errors_total", {"kind": k}, 0.0) for k in ("unreadable_line", "write_failed")]
     return out
@@ -399,6 +449,7 @@ CONSTANTS = {"fleetcanary_rdma_port_present": 1.0, "fleetcanary_rdma_port_expect
              "fleetcanary_rdma_port_expected_rate_bytes_per_second": 50e9,
              "fleetcanary_rdma_port_link_width": 4.0, "fleetcanary_net_interface_present": 1.0,
              "fleetcanary_net_interface_up": 1.0, "fleetcanary_gpu_nvlink_up": 1.0,
+             "fleetcanary_gpu_nvlink_links": 18.0, "fleetcanary_gpu_nvlink_links_up": 18.0,
              "fleetcanary_net_interface_speed_bytes_per_second": 12.5e9, "fleetcanary_net_interface_mtu_bytes": 9000.0,
              "fleetcanary_config_last_reload_successful": 1.0, "fleetcanary_probe_enabled": 1.0,
              "fleetcanary_probe_success": 1.0, "fleetcanary_train_step_loss_check_pass": 1.0,
@@ -451,9 +502,9 @@ def series_rng(name: str, lab: str) -> random.Random:
 class Node:
     """One node's raw and judge series."""
 
-    def __init__(self, i, node, model, pool, driver, previous, counts, targets):
+    def __init__(self, i, node, model, pool, driver, previous, tmpl, targets):
         self.i, self.node, self.model, self.pool = i, node, model, pool
-        self.raw = raw_series(i, model, pool, driver, counts, targets)
+        self.raw = raw_series(tmpl, i, model, pool, driver, targets)
         self.judge = judge_series(i, model, pool, driver, previous, self.raw)
 
     def body(self, t: float, kind: dict[str, str]) -> bytes:
@@ -916,7 +967,13 @@ def main() -> int:
     try:
         t = time.monotonic()
         fl = list(fleet(args.nodes, args.pool_nodes, args.upgraded))
-        nodes = [Node(*row, b["by_family"], targets) for row in fl]
+        tmpl, result["template"] = node_template(work, b["by_family"])
+        timings["template_s"] = time.monotonic() - t
+        print(f"the node's exposition in {timings['template_s']:.0f}s: {sum(map(len, tmpl.values()))} raw series; "
+              f"from the specs (a probe that failed here): {result['template']['fitted_from_specs'] or 'none'}",
+              flush=True)
+        t = time.monotonic()
+        nodes = [Node(*row, tmpl, targets) for row in fl]
         n0 = next(n for n in nodes if n.node == fl[0][1])
         result["model"] = {"raw_series_per_node": len(n0.raw), "judge_series_per_node": len(n0.judge),
                            "raw_by_family": dict(sorted(Counter(f for f, _, _ in n0.raw).items())),
