@@ -93,6 +93,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--judge-set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a constant of the exporter's judge for this run (stats.MEDIAN_RUNS=7, "
                          "exposition.HOLD_SECONDS=43200): an experiment, recorded in the JSON")
+    ap.add_argument("--judge-variant", default="", choices=("", "confirm-median3"),
+                    help="an experimental change to the judge's statistics (judge.py VARIANTS): confirm-median3 "
+                         "takes the median of the newest 3 runs, not their best, for the change's figure")
     ap.add_argument("--promtool-gap", action="store_true",
                     help="also backfill one peers-group recording rule with promtool's rule backfill and list the "
                          "evaluations it did not write")
@@ -237,6 +240,10 @@ def main() -> int:
     args = parse()
     p = profile_from(args)
     overrides = judge_overrides(args.judge_set)
+    if args.judge_variant:
+        from benchmarks.detection.judge import VARIANTS
+        VARIANTS[args.judge_variant]()
+        overrides["variant"] = {"was": "", "now": args.judge_variant}
     if args.alerts:
         rp.ALERTS = Path(args.alerts).resolve()
     for b in ("prometheus", "promtool"):
@@ -253,7 +260,8 @@ def main() -> int:
     start = (now - int(p.days * DAY) - 4 * 3600) // 7200 * 7200
     sources = b"".join(f.read_bytes() for f in [Path(__file__).with_name("fleet.py"), Path(__file__).with_name(
         "judge.py"), *sorted((ROOT / "exporter/judge").glob("*.py"))])
-    key = hashlib.sha256(json.dumps([dataclasses.asdict(p), args.judge_set], sort_keys=True).encode()
+    fleet_id = [dataclasses.asdict(p), args.judge_set] + ([args.judge_variant] if args.judge_variant else [])
+    key = hashlib.sha256(json.dumps(fleet_id, sort_keys=True).encode()
                          + sources).hexdigest()[:16]
     cached = Path(args.cache) / key if args.cache else None
     if cached and (cached / "meta.json").exists():
@@ -348,6 +356,13 @@ def main() -> int:
         members = [(a, e) for a, e in eps_by.values() if a.family == fam and a.kind != "driver"]
         if members:
             unions.append(union(fleet, f"any {SHORT[fam]} peer/fast/history/drift alert", fam, members))
+            for rec in unions[-1]["recall"].values():  # why each member alert missed it
+                for m in rec.get("missed", []):
+                    e = next(x for x in fleet.events if x.node == m["node"] and x.gpu == m["gpu"] and x.family == fam
+                             and x.kind != "driver")
+                    t0 = e.detect_from if e.detect_from is not None else e.start
+                    m["why"] = {a.display: whys[a.display].summary(e.node, e.gpu, t0, e.end or end)["main"]
+                                for a, _ in members if a.display in whys}
     found = defects(fleet, alerts, eps_by, rows, judge_checks, evaluations, gap, whys)
     timings["total_s"] = round(time.monotonic() - t_all, 1)
     print()

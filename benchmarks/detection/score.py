@@ -219,6 +219,7 @@ class Why:
         self.floor = float(parts["floor"]) if parts else None
         self.op = parts.get("op") if parts else None
         self.min = int(parts["min"]) if parts and parts.get("min") else None
+        self.gated = bool(parts and parts.get("gate"))
         self.keys: dict[tuple, list[tuple]] = defaultdict(list)
         for k in diag:
             self.keys[(k[0], k[1] or None)].append(k)
@@ -226,6 +227,8 @@ class Why:
     def one(self, x: tuple) -> str:
         v, gate, nodes = x
         if self.op == "and" and (nodes is None or nodes < self.min):
+            return "too few peers"
+        if self.gated and gate is None:  # the MAD is recorded only where enough peer nodes report
             return "too few peers"
         if self.op == "unless" and nodes is not None and nodes >= self.min:
             return "peers report (own path off)"
