@@ -470,7 +470,8 @@ def pool_shards(s: Settings) -> list[tuple[str, str]]:
     """(group suffix, pool matcher): one group per listed pool and one for the rest; one group when none."""
     if not s.pools:
         return [("", "")]
-    listed = "|".join(re.escape(p) for p in s.pools)
+    # a regex inside a PromQL string: re.escape's backslashes doubled (a bare '\-' is an invalid string escape)
+    listed = "|".join(re.escape(p).replace("\\", "\\\\") for p in s.pools)
     return [(f"-{p}", f'pool="{p}"') for p in s.pools] + [("-other-pools", f'pool!~"{listed}"')]
 
 

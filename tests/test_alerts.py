@@ -18,7 +18,8 @@ build = load_script(ALERTS / "build.py", "fleetcanary_alerts_build")
 build_tests = load_script(ALERTS / "build_tests.py", "fleetcanary_alerts_build_tests")
 
 # The override: a job matcher on every selector, peers also sharing the cluster, two pools sharded.
-OVERRIDE = {"selector": 'job="fc"', "peer_labels": ["cluster"], "pools": ["a", "b"]}
+# "train-b.1": a pool name with regex metacharacters (escaped in the other-pools matcher, valid PromQL)
+OVERRIDE = {"selector": 'job="fc"', "peer_labels": ["cluster"], "pools": ["a", "train-b.1"]}
 MAX_EXPR = 600  # characters of an alert expression without its comment lines: what a person reads in one go
 
 
@@ -161,7 +162,8 @@ def test_an_override_renders_rules_promtool_accepts_in_per_pool_groups(override)
     promtool_check(out / "fleetcanary.rules.yml", out / "fleetcanary.alerts.yml")
     groups = {g["name"]: g for g in recording["groups"] + alerts["groups"]}
     for kind in ("peers", "own-history"):
-        for shard, matcher in (("a", 'pool="a"'), ("b", 'pool="b"'), ("other-pools", 'pool!~"a|b"')):
+        for shard, matcher in (("a", 'pool="a"'), ("train-b.1", 'pool="train-b.1"'),
+                               ("other-pools", 'pool!~"a|train\\\\-b\\\\.1"')):
             g = groups.get(f"fleetcanary-{kind}-{shard}")
             assert g, f"no group fleetcanary-{kind}-{shard}: {sorted(groups)}"
             # every statistic the shard reads is its pool's, and its alerts say which shard
