@@ -65,6 +65,7 @@ EMITTED = {"up", "fleetcanary_gpus_healthy", "fleetcanary_gpus_expected", "fleet
            "fleetcanary_probe_enabled", "fleetcanary_judge_median", "fleetcanary_judge_newest",
            "fleetcanary_judge_change", "fleetcanary_judge_drift"}
 FAMILIES = {"gpu_memory_bandwidth", "collective_bus_bandwidth"}
+START_UTC_S = 10 * 3600  # the fleet's first second, in its UTC day
 SHORT = {"gpu_memory_bandwidth": "GPU membw", "collective_bus_bandwidth": "collective"}
 
 
@@ -94,7 +95,7 @@ def parse() -> argparse.Namespace:
                     help="override a constant of the exporter's judge for this run (stats.MEDIAN_RUNS=7, "
                          "exposition.HOLD_SECONDS=43200): an experiment, recorded in the JSON")
     ap.add_argument("--judge-variant", default="", choices=("", "confirm-median3"),
-                    help="an experimental change to the judge's statistics (judge.py VARIANTS): confirm-median3 "
+                    help="an experimental change to the judge's statistics (experiments.py): confirm-median3 "
                          "takes the median of the newest 3 runs, not their best, for the change's figure")
     ap.add_argument("--promtool-gap", action="store_true",
                     help="also backfill one peers-group recording rule with promtool's rule backfill and list the "
@@ -241,7 +242,7 @@ def main() -> int:
     p = profile_from(args)
     overrides = judge_overrides(args.judge_set)
     if args.judge_variant:
-        from benchmarks.detection.judge import VARIANTS
+        from benchmarks.detection.experiments import VARIANTS
         VARIANTS[args.judge_variant]()
         overrides["variant"] = {"was": "", "now": args.judge_variant}
     if args.alerts:
@@ -257,7 +258,9 @@ def main() -> int:
         print(f"[{time.monotonic() - t_all:6.0f}s] {m}", flush=True)
 
     now = int(time.time())
-    start = (now - int(p.days * DAY) - 4 * 3600) // 7200 * 7200
+    # The fleet starts at 10:00 UTC whatever the hour of the run: the judge's days are UTC days, so the start's
+    # time of day decides when each series gets its first baseline (two hours later moved 6% of the samples).
+    start = (now - int(p.days * DAY) - 4 * 3600 - START_UTC_S) // int(DAY) * int(DAY) + START_UTC_S
     sources = b"".join(f.read_bytes() for f in [Path(__file__).with_name("fleet.py"), Path(__file__).with_name(
         "judge.py"), *sorted((ROOT / "exporter/judge").glob("*.py"))])
     fleet_id = [dataclasses.asdict(p), args.judge_set] + ([args.judge_variant] if args.judge_variant else [])
