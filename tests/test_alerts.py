@@ -28,11 +28,12 @@ def all_alerts(doc: dict | None = None):
     return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
 
 
-def promtool_check(*files: Path) -> None:
+def promtool_check(*files: Path) -> str:
     r = subprocess.run([require_binary("promtool"), "check", "rules", *map(str, files)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "WARNING" not in r.stdout + r.stderr, r.stdout + r.stderr
+    return r.stdout
 
 
 def render_with(tmp_path: Path, settings: dict | str) -> subprocess.CompletedProcess:
@@ -53,7 +54,8 @@ def override(tmp_path_factory) -> tuple[Path, dict, dict]:
 
 
 def test_promtool_check_rules_is_clean():
-    promtool_check(ALERTS / "fleetcanary.rules.yml", ALERTS / "fleetcanary.alerts.yml")
+    out = promtool_check(ALERTS / "fleetcanary.rules.yml", ALERTS / "fleetcanary.alerts.yml")
+    assert out.count("SUCCESS") == 2, out
 
 
 TEST_FILES = sorted(p.name for p in (ALERTS / "tests").glob("*.test.yml"))
