@@ -565,6 +565,11 @@ def diagnose(prom: BackfilledPrometheus, a: Alert, nodes: list[str], start: int,
     out: dict[tuple, dict[int, tuple]] = defaultdict(dict)
     for i in range(0, len(nodes), batch):
         sel = ['node=~"' + "|".join(sorted(nodes[i:i + batch])) + '"']
+        # where the series has a median, an absent change means no baseline (not a stale or warming series)
+        med = f'count by (node, gpu) (fleetcanary_judge_median{{figure="{a.family}", {sel[0]}}})'
+        for key, vals in query_values(prom, med, first, end, a.interval).items():
+            d = dict(key)
+            out[("median", d.get("node"), d.get("gpu", ""))].update(dict.fromkeys(vals, ()))
         value = RAW_JUDGE.sub(lambda m, sel=sel: f"{m.group(1)}{_add_matchers(m.group(2), sel)}", parts["value"])
         for key, vals in query_values(prom, sub(value), first, end, a.interval).items():
             d = dict(key)

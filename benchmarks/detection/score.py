@@ -221,8 +221,12 @@ class Why:
         self.min = int(parts["min"]) if parts and parts.get("min") else None
         self.gated = bool(parts and parts.get("gate"))
         self.keys: dict[tuple, list[tuple]] = defaultdict(list)
-        for k in diag:
-            self.keys[(k[0], k[1] or None)].append(k)
+        self.median: dict[tuple, dict] = {}
+        for k, at in diag.items():
+            if k[0] == "median":  # the evaluations at which the series had a median (replay.diagnose)
+                self.median[(k[1], k[2] or None)] = at
+            else:
+                self.keys[(k[0], k[1] or None)].append(k)
 
     def one(self, x: tuple) -> str:
         v, gate, nodes = x
@@ -247,7 +251,9 @@ class Why:
                 return "not published: exporter down"
             if n.upgrade_at is not None and 0 <= t - n.upgrade_at < 2 * DAY:
                 return "not published: new driver"
-            return "not published: no baseline or no run for a day"
+            if t in self.median.get((node, gpu), ()):
+                return "not published: no baseline (a median, no complete day)"
+            return "not published: no run for a day (or warming)"
         reasons = [self.one(x) for x in got]
         if "true" in reasons:
             return "true"
