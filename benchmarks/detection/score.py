@@ -270,7 +270,7 @@ class Why:
         c = self.over(node, gpu, t0, t1)
         off = Counter({k: v for k, v in c.items() if k != "true"})
         vals = [x for k in self.keys.get((node, gpu), []) for t, x in self.diag[k].items() if t0 <= t < t1]
-        out = {"main": off.most_common(1)[0][0] if off else "true", "evaluations": dict(c.most_common())}
+        out = {"main": off.most_common(1)[0][0] if off else "true", "evaluations": dict(c.most_common(3))}
         if vals:
             out["max_value"] = round(max(x[0] for x in vals), 4)
             gates = sorted(x[1] for x in vals if x[1] is not None)
