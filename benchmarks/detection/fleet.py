@@ -14,17 +14,17 @@ A fleet of nodes (8 GPUs each) in pools of one GPU model, observed for some days
   the bus, a PCIe x8 downtrain; and events that must not fire peer/history alerts: busy
   periods, exporter outages of 1-3 h, junk runs, a rolling driver upgrade across one pool.
 
-Scrapes emulate the exporter as it is now (exporter/daemon/state.py): every `scrape_s` seconds
-(each node at its own offset) the exposition holds a run's figures from that run until the next
-run replaces them, or until they are older than 1.5 probe intervals + the probe's timeout (then they are dropped, and
-Prometheus would mark the series stale); a skipped run leaves the previous figures to that bound;
-a failed run clears them at once; during an outage nothing but `up == 0` is recorded, and the
-exporter restarts empty (counters from 0, no figures until its next run).
+Scrapes (every `scrape_s` seconds, each node at its own offset) carry what the exporter publishes
+then: the judge's statistics (judge.py drives the exporter's own figure store and exposition with
+these runs) and the series the hard-failure alerts read (`up`, the probe counters from 0 at each
+exporter start, the last success, intervals, GPU health and PCIe width); during an outage nothing but
+`up == 0` is recorded. `exported()` keeps the exporter's raw-figure rules (a run's figures until the
+next run or 1.5 intervals + the timeout; a failed run clears them) for the counters and timestamps;
+the raw figures themselves are no longer written (the v3 rules read the judge's statistics).
 
 OpenMetrics backfill cannot write staleness markers: a series that disappears is simply absent
 from the following scrapes, so a query sees its last sample for up to the 5-minute lookback,
-where a live Prometheus would stop at the next scrape (at most one scrape interval later). With
-the default 2-minute scrape that is 3 minutes of extra visibility at each disappearance.
+where a live Prometheus would stop at the next scrape (at most one scrape interval later).
 """
 from __future__ import annotations
 
