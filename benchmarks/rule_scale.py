@@ -474,15 +474,17 @@ def value(family: str, labels: dict, model: str, rng: random.Random, t: float) -
         return 5.0
     if f in ("fleetcanary_gpus_visible", "fleetcanary_gpus_healthy", "fleetcanary_gpus_expected"):
         return 8.0
-    if f in ERROR_COUNTERS or (f == "fleetcanary_probe_runs_total" and labels.get("outcome") not in
-                               ("success", "skipped")):
+    if f in ERROR_COUNTERS or (f == "fleetcanary_probe_runs_total" and labels.get("outcome") != "success"):
         return 0.0
     if f.endswith(("_total", "_bucket", "_count", "_sum")):
         return float(int(t / 60) % 100000)  # grows a little every minute
     if f.endswith("_timestamp_seconds") or f == "fleetcanary_start_time_seconds":
         return float(int(t))
     if f.endswith("interval_seconds"):
-        return 900.0
+        from fleetcanary.probes import PROBES
+
+        probe = PROBES.get(labels.get("probe", ""))
+        return probe.default_interval_seconds if probe else 900.0
     if f == "fleetcanary_gpu_memory_bandwidth_bytes_per_second":
         return MODELS[model][labels["direction"]] * rng.gauss(1.0, 0.005)
     if f == "fleetcanary_gpu_sustained_throughput_ratio":
@@ -508,7 +510,9 @@ class Node:
         self.judge = judge_series(i, model, pool, driver, previous, self.raw)
 
     def body(self, t: float, kind: dict[str, str]) -> bytes:
-        """The node's current exposition (text format 0.0.4)."""
+        """The node's exposition (text format 0.0.4), with NOW and MINUTE where a value moves with the clock (a
+        probe's last-run and last-success times, the growing counters): FleetServer fills them in at each scrape,
+        so no probe looks stale however long the run."""
         lines, typed = [], set()
 
         def type_line(fam):
@@ -523,10 +527,13 @@ class Node:
             name = sample if kind.get(fam) == "histogram" else fam
             lab = fmt_labels(labels)
             v = value(name, labels, self.model, series_rng(name, self.node + lab), t)
-            lines.append(f"{sample}{{{lab}}} {v:.6g}")
+            later = value(name, labels, self.model, series_rng(name, self.node + lab), t + 3600)
+            moves = ("NOW" if later - v == 3600 and name.startswith("fleetcanary_probe_last_") else
+                     "MINUTE" if later - v != 3600 and later != v else f"{v:.10g}")
+            lines.append(f"{sample}{{{lab}}} {moves}")
         for fam, labels, v in self.judge:
             type_line(fam)
-            lines.append(f"{fam}{{{fmt_labels(labels)}}} {v:.6g}")
+            lines.append(f"{fam}{{{fmt_labels(labels)}}} {v:.10g}")
         return ("\n".join(lines) + "\n").encode()
 
 
@@ -582,9 +589,9 @@ def write_history(work: Path, nodes: list[Node], need: dict[str, float], end: in
                     pre = f"{sample}{{{lab}}} "
                     shape = value(name, labels, model, series_rng(name, ident), times[0])
                     if name.endswith(("_total", "_bucket", "_count", "_sum", "_timestamp_seconds")):
-                        f.write("".join(f"{pre}{value(name, labels, model, None, t):.6g} {t}\n" for t in times))
+                        f.write("".join(f"{pre}{value(name, labels, model, None, t):.10g} {t}\n" for t in times))
                     else:  # a gauge the rules read through a window: its constant healthy value
-                        f.write("".join(f"{pre}{shape:.6g} {t}\n" for t in times))
+                        f.write("".join(f"{pre}{shape:.10g} {t}\n" for t in times))
                 samples += len(rows) * len(times)
             f.write("# EOF\n")
         files.append(path)
@@ -605,12 +612,17 @@ def backfill(files: list[Path], data: Path) -> None:
 
 # --------------------------------------------------------------------------- serving the fleet
 class FleetServer:
-    """Every node's exposition at /metrics/<node> on 127.0.0.1, rendered once."""
+    """Every node's exposition at /metrics/<node> on 127.0.0.1, rendered once; the clock's values (Node.body)
+    filled in at each scrape, as value() gives them."""
 
     def __init__(self, bodies: dict[str, bytes]) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 body = bodies.get(self.path.rsplit("/", 1)[-1])
+                if body:
+                    now = time.time()
+                    body = body.replace(b" NOW\n", f" {int(now)}\n".encode()).replace(
+                        b" MINUTE\n", f" {int(now / 60) % 100000}\n".encode())
                 self.send_response(200 if body else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body or b"")))
@@ -940,6 +952,9 @@ def main() -> int:
     ap.add_argument("--out", help="default: benchmarks/results/rule_scale-v3-<nodes>-<state>[-sharded<N>].json")
     ap.add_argument("--table", action="store_true", help="print the tables from the results on disk and exit")
     args = ap.parse_args()
+    # SIGTERM (and SIGINT, which a shell's background job ignores) end the run through its finally blocks:
+    # Prometheus stopped, the work directory removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.table:
         print_tables(on_disk())
         return 0
