@@ -3,7 +3,7 @@
 
 The node judges itself; the fleet only compares peers (docs/alerting.md). Each exporter keeps its
 own runs and publishes, per judged series, statistics over runs (fleetcanary.judge): the median of
-its newest 5 runs, the best of its newest 3, its change against its own baseline (the best day on
+its newest 7 runs, the best of its newest 3, its change against its own baseline (the best day on
 its driver; after an upgrade also against the previous driver's) and its drift. Every statistic
 carries the labels peers share (figure, series, pool, model, driver_version), so these rules need
 no joins and no time windows over raw runs:
@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - a checkout without the editable instal
     import rules_nic
 
 from fleetcanary.judge import figures as judged
+from fleetcanary.judge import stats as judge_stats
 
 HERE = Path(__file__).resolve().parent
 RATIO = 'printf "%.3f"'  # template format of a ratio (change): 0.943, not humanize's 943m
@@ -197,6 +198,11 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
     return out
 
 
+def median_runs(f: FigureRules) -> int:
+    """Runs in the exporter's median of the figure (fleetcanary.judge.stats; the daily burn's 5)."""
+    return judged.BY_KEY[f.key].median_runs or judge_stats.MEDIAN_RUNS
+
+
 # --- alerts ----------------------------------------------------------------------------------------------------
 def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dict:
     """The change path (path=change) or the level path (path=level) of ...BelowPeers / ...SlowerThanPeers."""
@@ -221,7 +227,8 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
     if base:  # the baseline labels of the alerted series
         peer = peer.replace("$labels.series)", "$labels.series $labels.baseline $labels.baseline_driver)")
     desc = (f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {word} {peers_words()}: path {path}, "
-            f"{what_}. Figure (median of 5 runs): {query('fleetcanary_judge_median', f.key)}; own change "
+            f"{what_}. Figure (median of {median_runs(f)} runs): "
+            f"{query('fleetcanary_judge_median', f.key)}; own change "
             f"against its best day: {query('fleetcanary_judge_change', f.key, CURRENT, RATIO)}"
             f"; peers' median {'change' if path == 'change' else 'figure'}: {peer}.")
     name = f"FleetCanary{f.alert}{'SlowerThanPeers' if not f.higher_is_better else 'BelowPeers'}"
@@ -243,7 +250,8 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if not f.higher_is_better else 'FarBelowPeers'}"
     desc = (f"Each of the newest 3 runs of the {what(f)} is {{{{ $value | humanizePercentage }}}} or more {word} "
             f"the median figure of {peers_words()}: path fast. Best of the newest 3: "
-            f"{query('fleetcanary_judge_newest', f.key)}; median of 5: {query('fleetcanary_judge_median', f.key)}.")
+            f"{query('fleetcanary_judge_newest', f.key)}; median of {median_runs(f)}: "
+            f"{query('fleetcanary_judge_median', f.key)}.")
     return {"alert": name, "expr": expr, "for": "0m", "labels": {"severity": "critical", "figure": f.key,
                                                                   "path": "fast"},
             "annotations": annotations(s, f"{f.title} {word} peers", desc, name)}
@@ -273,7 +281,7 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                         s, f"{f.title} far off its own history",
                         f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {'above' if lower else 'below'} its "
                         f"best day on driver {{{{ $labels.baseline_driver }}}}, and fewer than {s.min_peers} peer "
-                        f"nodes report in its group: path own_fast. Median of 5: "
+                        f"nodes report in its group: path own_fast. Median of {median_runs(f)}: "
                         f"{query('fleetcanary_judge_median', f.key)}.", name)})
     name = f"FleetCanary{f.alert}{names['regression']}"
     out.append({"alert": name, "for": c.t(max(2 * f.interval_minutes, 30)),
@@ -284,7 +292,7 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                     s, f"{f.title} {'rose' if lower else 'fell'} against its own history",
                     f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {'above' if lower else 'below'} its best "
                     f"day on driver {{{{ $labels.baseline_driver }}}} in the last 14 days: path regression. Median "
-                    f"of 5: {query('fleetcanary_judge_median', f.key)}.", name)})
+                    f"of {median_runs(f)}: {query('fleetcanary_judge_median', f.key)}.", name)})
     if f.per_driver:  # a figure without a driver (host memory, storage) has no previous driver's change
         name = f"FleetCanary{f.alert}{names['driver']}"
         out.append({"alert": name, "for": c.t(max(f.interval_minutes, 15)),

@@ -4,7 +4,7 @@ own_history.test.yml and hard_failures.test.yml (nic.test.yml and fabric.test.ym
 hand-written).
 
 The exporter judges each series itself and publishes its statistics (fleetcanary.judge: the median
-of 5 runs, the best of the newest 3, the change against its own best day, the drift), labelled with
+of 7 runs, the best of the newest 3, the change against its own best day, the drift), labelled with
 what peers share. The tests feed those statistics directly, one value per series held through a
 case: the rules read no time windows, so under constant input an alert that fires keeps firing, and
 a check once every `for` has passed sees everything that would ever fire. Samples and evaluations

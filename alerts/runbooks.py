@@ -5,6 +5,9 @@ driver-change alerts share a text per family; hard failures have their own.
 """
 from __future__ import annotations
 
+from fleetcanary.judge import figures as judged
+from fleetcanary.judge import stats as judge_stats
+
 FAMILY_CHECKS = {
     "gpu_memory_bandwidth": ("`fleetcanary once --probe gpu_bandwidth` on the node; "
                              "`nvidia-smi -q -d CLOCK,PERFORMANCE,POWER` for clocks, power cap and throttle reasons; "
@@ -161,15 +164,17 @@ WORSE = {False: "below", True: "slower than"}
 
 def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
+    runs = judged.BY_KEY[key].median_runs or judge_stats.MEDIAN_RUNS
     change = (f"**path=change**: its change against its own baseline (the exporter's `fleetcanary_judge_change`: "
-              "its confirmed figure, the better of the median of its newest 5 runs and the best of its newest 3, "
+              f"its confirmed figure, the better of the median of its newest {runs} runs and the best of its newest "
+              f"{judge_stats.NEWEST_RUNS} (the median alone while a drop of {judge_stats.LATCH:.1%} or more lasts), "
               "over its best day on its driver in the last 14 days) is worse than its peers' median change by the "
               f"figure's floor and by more than {k_mad:g} median absolute deviations of the peers' change ratios; "
               "the peers share pool, model, driver and series, and at least 5 nodes report. With baseline="
               "previous_driver the same comparison runs, for two weeks after a driver change, against the nodes "
               "upgraded the same way (the driver's own effect cancels). " if history else "")
-    return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of 5 "
-            f"runs is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
+    return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of "
+            f"{runs} runs is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
             "without a baseline, or a GPU that was always slow). The label `path` says which fired; the description "
             "gives the figure, its own change and the peers' median. Each GPU is judged against itself first, so "
             "a persistent manufacturing offset does not count on the change path.",

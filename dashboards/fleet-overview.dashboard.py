@@ -78,7 +78,7 @@ panels = [
           "running: no median, no peer verdict), smoothed (a median, no baseline yet: the level and fast paths "
           "judge it), baselined (a change against its own best day: every path), stale (no run for a day: "
           "nothing published). A reimaged node is warming for 5 runs and smoothed until it has a complete day "
-          "(3 runs over 12 h); a driver upgrade starts both again. Good: nearly every series baselined.", "none",
+          "(3 runs over 6 h); a driver upgrade starts both again. Good: nearly every series baselined.", "none",
           [instant(f"sum by (figure, state) ({in_pool(STATES)})")],
           w=8, h=9, transformations=[columns({"Value": "series"})]),
     panel("table", "Peer groups: nodes reporting",

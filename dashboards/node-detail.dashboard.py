@@ -82,11 +82,11 @@ panels = [
           f"{S.min_peers}+ peer nodes (fewer: no peer verdict for that series).", "percentunit",
           LEVEL, w=24, h=10, overrides=NODES_COL,
           transformations=[{"id": "merge", "options": {}},
-                           columns({"Value #A": "median of 5 / peers", "Value #B": "best of newest 3 / peers",
+                           columns({"Value #A": "median of 7 / peers", "Value #B": "best of newest 3 / peers",
                                     "Value #C": "drift", "Value #D": "peers' MAD", "Value #E": "peer nodes"},
                                    HIDE)]),
     panel("table", "Judged series: change against its own best day and the peers' change",
-          "Per judged series: its change (the confirmed figure, better of the median of 5 and the best of the "
+          "Per judged series: its change (the confirmed figure, better of the median of 7 and the best of the "
           "newest 3, over its best day on the driver named by baseline_driver in the last 14 days), the median "
           "change of its peers with the same baseline, the change over the peers' median change (the change "
           "path), the peers' MAD of those ratios and their node count. baseline=previous_driver appears for two "
@@ -111,12 +111,12 @@ panels = [
           "This node's judged series by figure and state: warming (fewer than 5 runs on this driver), smoothed "
           "(a median, no baseline yet), baselined (a change against its own best day), stale (no run for a day: "
           "nothing published). After a reimage: warming for 5 runs, smoothed until a complete day of 3+ runs "
-          "over 12 h; a driver upgrade starts both again. Good: baselined.", "none",
+          "over 6 h; a driver upgrade starts both again. Good: baselined.", "none",
           [instant(f"sum by (figure, state) (fleetcanary_judge_series{sel(N, F)})")], w=12,
           transformations=[columns({"Value": "series"})]),
     panel("timeseries", "GPU memory bandwidth (device to device) against the pool",
           "Each GPU's HBM copy bandwidth per run (bytes read + written), with the median of its peers' medians "
-          "of 5 runs (same pool, GPU model and driver) and the level path's alert bound (the median less the "
+          "of 7 runs (same pool, GPU model and driver) and the level path's alert bound (the median less the "
           f"larger of {pct(S.level_floor)} and {S.level_k_mad:g} MADs). Good: every GPU inside the band, close to "
           "the median; a smaller step against the GPU's own history shows in the change tables above. An H100 "
           "SXM copies ~3 TB/s, an H200 ~4.2 TB/s.", "Bps", band("d2d"), w=12),
@@ -131,7 +131,7 @@ panels = [
           "low cell one path.", "Bps",
           [instant(f"fleetcanary_gpu_p2p_bandwidth_bytes_per_second{{{N}}}")], w=12, h=9, transformations=MATRIX),
     panel("timeseries", "P2P: each GPU's slowest link against the peers",
-          "The judged P2P figure is each source GPU's slowest link (one bad link moves it): its median of 5 runs "
+          "The judged P2P figure is each source GPU's slowest link (one bad link moves it): its median of 7 runs "
           "over the median of its peers' GPUs (every GPU of the nodes of the same pool, model and driver). "
           "Good: every GPU near "
           f"1; the level path fires {pct(S.level_floor)} and {S.level_k_mad:g} MADs below. The matrix beside it "

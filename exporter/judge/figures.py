@@ -28,6 +28,7 @@ class Figure:
     model_field: str = "gpu_model"  # the environment field peers share ("" for none: storage)
     history: bool = True      # a baseline, change and drift (False for the daily burn)
     fast: bool = True         # the newest runs' best is published (the fleet's fast path reads it)
+    median_runs: int = 0      # runs in its median (0: stats.MEDIAN_RUNS; the daily burn: 5 days)
 
     def worse(self, a: float, b: float) -> float:
         return min(a, b) if self.higher_is_better else max(a, b)
@@ -52,7 +53,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("gpu_matmul_throughput", "GPU matrix-multiply throughput", "gpu_compute",
            "fleetcanary_gpu_matmul_flops_per_second", ("dtype",), gpu="gpu"),
     Figure("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "gpu_sustained",
-           "fleetcanary_gpu_sustained_throughput_ratio", (), gpu="gpu", history=False, fast=False),
+           "fleetcanary_gpu_sustained_throughput_ratio", (), gpu="gpu", history=False, fast=False,
+           median_runs=5),
     Figure("train_step_time", "training step time", "train_step", "fleetcanary_train_step_seconds", ("dtype",),
            gpu="gpu", higher_is_better=False),
 )

@@ -6,14 +6,19 @@ A series' runs are (finish time, value, driver). Statistics use the runs on the 
 newest run only: after a driver upgrade the old driver's runs stop counting at once, except for the
 previous driver's baseline, which judges the first two weeks on the new one.
 
-- median: the median of the newest MEDIAN_RUNS runs (absent with fewer).
+- median: the median of the newest MEDIAN_RUNS runs (absent with fewer; the daily burn's: 5 days,
+  figures.Figure.median_runs).
 - newest: the best of the newest NEWEST_RUNS runs (highest, or lowest for a lower-is-better figure).
   Junk runs (a tenant's job started during the probe) are low; the best of three is low only when
   all three are, which a real fault does and two junk runs in a row cannot. The fleet's fast path
   reads it.
 - confirmed: the better of median and newest. A drop counts only once the median has turned and
-  the newest runs all confirm it (two junk runs in five move a median, not the newest three's best);
-  a recovery counts from the first good run.
+  the newest runs all confirm it (two junk runs in five move a median, not the newest three's best).
+  A drop is then latched: once confirmed is LATCH or more worse than the baseline, confirmed is the
+  median alone until the median is back within LATCH of the baseline, so one good run of a GPU that
+  is still slow (a heavy-tailed high run lifts the best of three for three runs) does not resolve
+  its alert for 45 minutes and fire it again: a recovery counts once most of the newest runs agree.
+  The latch is decided run by run (in ``add``), so a store replayed after a restart latches the same.
 - baseline: the best day on the driver now running: the highest (lowest) daily median among the
   complete UTC days of the last BASELINE_DAYS on that driver, each with at least DAY_MIN_RUNS runs
   spread over DAY_MIN_SPAN. The best day, not a trailing median, so that a fault the GPU keeps is
@@ -36,11 +41,12 @@ from dataclasses import dataclass
 from fleetcanary.judge.figures import Figure
 
 DAY = 86400.0
-MEDIAN_RUNS = 5
+MEDIAN_RUNS = 7
 NEWEST_RUNS = 3
 BASELINE_DAYS = 14
 DAY_MIN_RUNS = 3
-DAY_MIN_SPAN = 12 * 3600.0
+DAY_MIN_SPAN = 6 * 3600.0
+LATCH = 0.025   # a drop this far under the baseline is latched until the median recovers (0: none)
 
 
 @dataclass(frozen=True)
@@ -86,10 +92,12 @@ class Series:
         self.runs = 0                 # runs on the current driver
         self.last = 0.0
         self.today = -1
-        self.tail: deque[float] = deque(maxlen=MEDIAN_RUNS)    # newest values on the current driver
+        self.median_runs = fig.median_runs or MEDIAN_RUNS
+        self.tail: deque[float] = deque(maxlen=self.median_runs)  # newest values on the current driver
         self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
         self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
         self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days of the last 14
+        self.latched = False          # a confirmed drop, latched until the median recovers
 
     def add(self, t: float, value: float, driver: str) -> None:
         if t < self.last:
@@ -117,6 +125,29 @@ class Series:
                 del self.day_medians[key]
             self.today = today
         self.days.setdefault((today, driver), []).append((t, value))
+        self.latched = self._latch()
+
+    def _median(self) -> float | None:
+        return statistics.median(self.tail) if len(self.tail) >= self.median_runs else None
+
+    def _newest(self) -> float | None:
+        if not self.fig.fast or len(self.tail) < NEWEST_RUNS:
+            return None
+        newest = list(self.tail)[-NEWEST_RUNS:]
+        return max(newest) if self.fig.higher_is_better else min(newest)
+
+    def _latch(self) -> bool:
+        """Whether the drop is latched after this run: entered when the confirmed figure is LATCH or more
+        worse than the baseline, left when the median alone is back within LATCH of it."""
+        median = self._median()
+        if LATCH <= 0 or median is None or not self.fig.history:
+            return False
+        baseline = self.best_day(self.driver)
+        if baseline is None:
+            return False
+        judged = median if self.latched or self._newest() is None else self.fig.better(median, self._newest())
+        ratio = judged / baseline
+        return ratio <= 1 - LATCH if self.fig.higher_is_better else ratio >= 1 / (1 - LATCH)
 
     def best_day(self, driver: str) -> float | None:
         best = None
@@ -130,16 +161,16 @@ class Series:
             return None
         fig = self.fig
         out: dict = {"driver": self.driver, "runs": self.runs, "last": self.last}
-        if len(self.tail) >= MEDIAN_RUNS:
-            out["median"] = statistics.median(self.tail)
-        if fig.fast and len(self.tail) >= NEWEST_RUNS:
-            newest = list(self.tail)[-NEWEST_RUNS:]
-            out["newest"] = max(newest) if fig.higher_is_better else min(newest)
+        median, newest = self._median(), self._newest()
+        if median is not None:
+            out["median"] = median
+        if newest is not None:
+            out["newest"] = newest
         if not fig.history:
             return Stats(**out)
-        confirmed = out.get("median")
-        if confirmed is not None and out.get("newest") is not None:
-            confirmed = fig.better(confirmed, out["newest"])
+        confirmed = median
+        if confirmed is not None and newest is not None and not self.latched:
+            confirmed = fig.better(confirmed, newest)
         baseline = self.best_day(self.driver)
         if baseline is not None:
             out["baseline"] = baseline

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from fleetcanary.judge.figures import BY_KEY, extract
-from fleetcanary.judge.stats import DAY, Series
+from fleetcanary.judge.stats import DAY, MEDIAN_RUNS, Series
 
 GPU_BW = BY_KEY["gpu_memory_bandwidth"]
 STEP = BY_KEY["train_step_time"]
@@ -24,16 +24,16 @@ def feed(series: Series, start: float, interval: float, values, driver: str = DR
 @pytest.mark.parametrize("interval", [600.0, 900.0, 6 * 3600.0])
 def test_median_and_newest_are_over_runs_whatever_the_interval(interval):
     s = Series(GPU_BW)
-    feed(s, 1_000_000.0, interval, [1.0, 0.5, 0.9, 1.1, 1.2, 0.7, 1.05])
+    feed(s, 1_000_000.0, interval, [1.0, 0.5, 0.3, 0.9, 1.1, 1.2, 0.7, 1.05, 0.95])
     st = s.stats()
-    assert st.median == 1.05          # the newest 5: 0.9 1.1 1.2 0.7 1.05
-    assert st.newest == 1.2           # the best of 1.2 0.7 1.05
-    assert st.runs == 7
+    assert st.median == 0.95          # the newest 7: 0.3 0.9 1.1 1.2 0.7 1.05 0.95
+    assert st.newest == 1.05          # the best of 0.7 1.05 0.95
+    assert st.runs == 9
 
 
 def test_fewer_runs_than_the_median_needs_give_no_median():
     s = Series(GPU_BW)
-    feed(s, 0.0, 900.0, [1.0, 1.0, 1.0, 1.0])
+    feed(s, 0.0, 900.0, [1.0] * (MEDIAN_RUNS - 1))
     st = s.stats()
     assert st.median is None and st.newest == 1.0 and st.state == "warming"
 
@@ -68,6 +68,43 @@ def test_two_junk_runs_do_not_move_the_change_three_degraded_runs_do():
     assert s.stats().change == pytest.approx(0.9)
 
 
+def test_a_confirmed_drop_is_latched_until_the_median_recovers():
+    """One good run of a GPU that is still slow lifts the best of the newest three for three runs; once the drop
+    is confirmed, the change follows the median alone, so the alert does not resolve and fire again."""
+    s = Series(GPU_BW)
+    t = steady_days(s, 3, noise=0.0)
+    t = feed(s, t, 900.0, [0.95] * MEDIAN_RUNS)      # a confirmed 5% drop: latched
+    assert s.stats().change == pytest.approx(0.95) and s.latched
+    t = feed(s, t, 900.0, [1.0])                     # one high run: the best of three is 1.0, the median 0.95
+    assert s.stats().newest == pytest.approx(1.0)    # the fast path still sees the newest runs
+    assert s.stats().change == pytest.approx(0.95)   # without the latch: 1.0
+    good = 1
+    while good < MEDIAN_RUNS // 2 + 1:               # good runs, fewer than half the median's: still 0.95
+        assert s.stats().change == pytest.approx(0.95) and s.latched, good
+        t = feed(s, t, 900.0, [1.0])
+        good += 1
+    assert s.stats().change == pytest.approx(1.0) and not s.latched   # most of them good: the latch lets go
+
+
+def test_a_drop_smaller_than_the_latch_keeps_the_best_of_the_newest_runs():
+    s = Series(GPU_BW)
+    t = steady_days(s, 3, noise=0.0)
+    t = feed(s, t, 900.0, [0.99] * MEDIAN_RUNS)
+    feed(s, t, 900.0, [1.0])
+    assert not s.latched and s.stats().change == pytest.approx(1.0)
+
+
+def test_the_latch_is_decided_run_by_run_so_a_replay_latches_the_same():
+    runs = [(i * 900.0, 1.0 if i < 300 or i % 4 == 0 else 0.94) for i in range(400)]
+    a, b = Series(GPU_BW), Series(GPU_BW)
+    for t, v in runs:
+        a.add(t, v, DRIVER)
+        a.stats()                                     # scraped between runs: no effect on the latch
+    for t, v in runs:
+        b.add(t, v, DRIVER)
+    assert a.latched and b.latched and a.stats() == b.stats()
+
+
 def test_a_fault_that_persists_for_a_week_is_never_absorbed_into_the_baseline():
     s = Series(GPU_BW)
     t = steady_days(s, 4)
@@ -90,9 +127,9 @@ def test_lower_is_better_mirrors_every_statistic():
 def test_a_driver_upgrade_restarts_the_series_and_judges_it_against_the_previous_drivers_best_day():
     s = Series(GPU_BW)
     t = steady_days(s, 4, noise=0.0)
-    t = feed(s, t, 900.0, [0.94] * 4, driver="580.1")
+    t = feed(s, t, 900.0, [0.94] * (MEDIAN_RUNS - 1), driver="580.1")
     st = s.stats()
-    assert st.driver == "580.1" and st.runs == 4 and st.median is None  # the old driver's runs stop counting
+    assert st.driver == "580.1" and st.runs == MEDIAN_RUNS - 1 and st.median is None  # the old driver's runs stop
     t = feed(s, t, 900.0, [0.94], driver="580.1")
     st = s.stats()
     assert st.change is None                                          # no day on the new driver yet
@@ -106,9 +143,9 @@ def test_a_driver_upgrade_restarts_the_series_and_judges_it_against_the_previous
 
 def test_a_clock_step_back_is_not_a_run_out_of_order():
     s = Series(GPU_BW)
-    feed(s, 10_000.0, 900.0, [1.0] * 5)
+    feed(s, 10_000.0, 900.0, [1.0] * MEDIAN_RUNS)
     s.add(5_000.0, 0.1, DRIVER)
-    assert s.stats().median == 1.0 and s.stats().runs == 5
+    assert s.stats().median == 1.0 and s.stats().runs == MEDIAN_RUNS
 
 
 def test_extract_folds_the_p2p_matrix_to_each_source_gpus_slowest_link():
