@@ -199,8 +199,8 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
 
 
 def median_runs(f: FigureRules) -> int:
-    """Runs in the exporter's median of the figure (fleetcanary.judge.stats; the daily burn's 5)."""
-    return judged.BY_KEY[f.key].median_runs or judge_stats.MEDIAN_RUNS
+    """Runs in the exporter's median of the figure (fleetcanary.judge.stats)."""
+    return judge_stats.median_runs(judged.BY_KEY[f.key])
 
 
 # --- alerts ----------------------------------------------------------------------------------------------------

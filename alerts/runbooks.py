@@ -164,7 +164,7 @@ WORSE = {False: "below", True: "slower than"}
 
 def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    runs = judged.BY_KEY[key].median_runs or judge_stats.MEDIAN_RUNS
+    runs = judge_stats.median_runs(judged.BY_KEY[key])
     change = (f"**path=change**: its change against its own baseline (the exporter's `fleetcanary_judge_change`: "
               f"its confirmed figure, the better of the median of its newest {runs} runs and the best of its newest "
               f"{judge_stats.NEWEST_RUNS} (the median alone while a drop of {judge_stats.LATCH:.1%} or more lasts), "

@@ -12,6 +12,7 @@ from fleetcanary.judge.store import FigureStore
 
 HOLD_SECONDS = 86400.0  # statistics stay published this long after the series' newest run
 LABELS = ["figure", "series", "gpu", "pool", "model", "driver_version"]
+BURN_RUNS = statsmod.median_runs(figmod.BY_KEY["gpu_sustained_ratio"])  # the daily burn's median
 RUNS = (f"median of the newest {statsmod.MEDIAN_RUNS} runs on the driver now running, or the best of the "
         f"newest {statsmod.NEWEST_RUNS} when better; once that is {statsmod.LATCH:.1%} or more worse than the "
         "baseline, the median alone until the median is back within it")
@@ -19,8 +20,9 @@ BEST_DAY = (f"the best day: the highest daily median (lowest for a lower-is-bett
             f"{statsmod.BASELINE_DAYS} complete UTC days, each with at least {statsmod.DAY_MIN_RUNS} runs over "
             f"{statsmod.DAY_MIN_SPAN / 3600:.0f} h")
 HELP = {
-    "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs (the daily burn's: 5) on the driver now "
-              "running, in the figure's unit (docs/metrics.md lists each figure's metric); absent with fewer runs.",
+    "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs (the daily burn's: {BURN_RUNS}) on the "
+              "driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent with "
+              "fewer runs.",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               "figure), in the figure's unit: low only when all three are. The fleet's fast path reads it.",
     "change": f"The series' confirmed figure ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
@@ -29,11 +31,11 @@ HELP = {
     "drift": f"Median of the series' runs in the 24 h before its newest run over its baseline ({BEST_DAY}, "
              f"current driver); needs the day's runs to span {statsmod.DAY_MIN_SPAN / 3600:.0f} h.",
     "series": f"Judged series by state: warming (fewer than {statsmod.MEDIAN_RUNS} runs on this driver; the daily "
-              "burn 5), smoothed (a median, no baseline yet), baselined (a change against its own baseline), held "
-              "(no fresh run: the GPU is busy or the probe skips; the statistics of its newest runs stay published "
-              "for a day), stale (no run for a day: nothing published).",
+              f"burn {BURN_RUNS}), smoothed (a median, no baseline yet), baselined (a change against its own "
+              "baseline), held (no fresh run: the GPU is busy or the probe skips; the statistics of its newest runs "
+              "stay published for a day), stale (no run for a day: nothing published).",
     "runs": f"Runs of the series on the driver now running, published while it has fewer than "
-            f"{statsmod.MEDIAN_RUNS} (its median needs {statsmod.MEDIAN_RUNS}; the daily burn's 5).",
+            f"{statsmod.MEDIAN_RUNS} (its median needs {statsmod.MEDIAN_RUNS}; the daily burn's {BURN_RUNS}).",
 }
 
 

@@ -49,6 +49,11 @@ DAY_MIN_SPAN = 6 * 3600.0
 LATCH = 0.025   # a drop this far under the baseline is latched until the median recovers (0: none)
 
 
+def median_runs(fig: Figure) -> int:
+    """Runs in the figure's median: its own (the daily burn's 5 days) or MEDIAN_RUNS."""
+    return fig.median_runs or MEDIAN_RUNS
+
+
 @dataclass(frozen=True)
 class Stats:
     driver: str
@@ -92,7 +97,7 @@ class Series:
         self.runs = 0                 # runs on the current driver
         self.last = 0.0
         self.today = -1
-        self.median_runs = fig.median_runs or MEDIAN_RUNS
+        self.median_runs = median_runs(fig)
         self.tail: deque[float] = deque(maxlen=self.median_runs)  # newest values on the current driver
         self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
         self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
@@ -145,7 +150,8 @@ class Series:
         baseline = self.best_day(self.driver)
         if baseline is None:
             return False
-        judged = median if self.latched or self._newest() is None else self.fig.better(median, self._newest())
+        newest = None if self.latched else self._newest()
+        judged = median if newest is None else self.fig.better(median, newest)
         ratio = judged / baseline
         return ratio <= 1 - LATCH if self.fig.higher_is_better else ratio >= 1 / (1 - LATCH)
 
