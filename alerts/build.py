@@ -20,8 +20,10 @@ Settings: SETTINGS below, overridden by a YAML file (`python alerts/build.py --s
 repository needed): label matchers added to every selector (job, cluster), extra labels peers
 share, thresholds per figure, the runbook URL pattern, the evaluation interval, and pools that get
 their own groups (sharding). Prometheus 2.42 and vmalert 1.79 both load the files unchanged:
-no `keep_firing_for` (vmalert 1.79 rejects it; a firing statistic is held by the exporter, and
-the hard failures hold through their windows), no self-hold through ALERTS.
+no `keep_firing_for` (vmalert 1.79 rejects it; the fast path's figure is held by the exporter, and
+the hard failures hold through their windows). The change path and the regression hold through
+their own ALERTS series while the node's change against its own baseline stays bad (`hold`):
+the one place a steady fault near a threshold would otherwise fire again and again.
 
 `build(scale=...)` multiplies every group interval and `for` (not the data windows):
 tests/test_alerts_live.py runs the shipped structure faster on a real Prometheus.
@@ -86,6 +88,8 @@ class Settings:
     level_k_mad: float = 5        # ... and more than this many MADs of the peers' level ratios (fast path too)
     fast_floor: float = 0.15      # fast path: the best of the newest 3 runs this far below the peers' median level
     drift_floor: float = 0.04     # the day's median this far below the best day
+    hold: bool = True             # a firing change-path or regression alert holds while its own change is still
+                                  # worse by its floor (an ALERTS self-hold; docs/alerting.md, "Hold")
     pools: tuple[str, ...] = ()   # pools that get their own peer group (the rest share one)
     figures: dict[str, dict] = field(default_factory=dict)  # per figure: floor, k_mad, history_floor, interval_minutes
 
@@ -130,6 +134,12 @@ def seconds(d: str) -> int:
 
 def by(s: Settings, *extra: str) -> str:
     return ", ".join((*s.peer_labels, *GROUP, *extra))
+
+
+def on(s: Settings, *extra: str) -> str:
+    """The labels an alert matches one figure's series and records on: the peer group's but `figure`, which
+    both sides' selectors fix."""
+    return ", ".join(x for x in (*s.peer_labels, *GROUP, *extra) if x != "figure")
 
 
 def sel(s: Settings, *matchers: str) -> str:
@@ -198,6 +208,19 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
     return out
 
 
+def hold(s: Settings, name: str, value: str, floor: float) -> str:
+    """The hold branch of an alert that judges a change: while the alert fires, it stays firing as long as
+    `value` (how far the node's change is worse than its own baseline) is past `floor`. Without it, a steady
+    fault near a threshold resolves and fires again whenever the peers' MAD gate or the node's diurnal swing
+    moves the value across it (docs/detection.md: a median of 4 spells per steady fault on the change path)."""
+    if not s.hold:
+        return ""
+    on = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
+    return (f"\n# hold: firing, and its change against its own baseline still worse by {floor:g}\n"
+            f"or {value} > {floor:g}\n"
+            f'  and on({on}) ALERTS{{alertname="{name}", alertstate="firing"}}')
+
+
 def median_runs(f: FigureRules) -> int:
     """Runs in the exporter's median of the figure (fleetcanary.judge.stats)."""
     return judge_stats.median_runs(judged.BY_KEY[f.key])
@@ -208,7 +231,7 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
     """The change path (path=change) or the level path (path=level) of ...BelowPeers / ...SlowerThanPeers."""
     stat, extra, floor, k = (("change", CHANGE_GROUP, f.floor, f.k_mad) if path == "change"
                              else ("median", (), s.level_floor, s.level_k_mad))
-    g = by(s, *extra)
+    g = on(s, *extra)
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_{stat}{sel(s, fm, pool)}\n"
              f"    / on({g}) group_left pool:fleetcanary_judge_{stat}:peer_median{rsel(fm)}")
@@ -221,6 +244,9 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
             f"#   (the MAD is recorded only where at least {s.min_peers} peer nodes report)\n"
             f"  > on({g}) group_left() ({k:g} * pool:fleetcanary_judge_{stat}:peer_mad{rsel(fm)})")
     word = "slower than" if not f.higher_is_better else "below"
+    name = f"FleetCanary{f.alert}{'SlowerThanPeers' if not f.higher_is_better else 'BelowPeers'}"
+    if path == "change":
+        expr += hold(s, name, worse(f, "fleetcanary_judge_change" + sel(s, fm, pool)), floor)
     base = ", baseline='%s', baseline_driver='%s'" if path == "change" else ""
     peer = peer_query(s, f"pool:fleetcanary_judge_{stat}:peer_median", f.key, base,
                       RATIO if path == "change" else "humanize")
@@ -230,26 +256,28 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
             f"{what_}. Figure (median of {median_runs(f)} runs): "
             f"{query('fleetcanary_judge_median', f.key)}; own change "
             f"against its best day: {query('fleetcanary_judge_change', f.key, CURRENT, RATIO)}"
-            f"; peers' median {'change' if path == 'change' else 'figure'}: {peer}.")
-    name = f"FleetCanary{f.alert}{'SlowerThanPeers' if not f.higher_is_better else 'BelowPeers'}"
+            f"; peers' median {'change' if path == 'change' else 'figure'}: {peer}."
+            + (" (Held: once firing, the value is its change against its own baseline while that is still worse "
+               f"by {floor:g}.)" if path == "change" and s.hold else ""))
     return {"alert": name, "expr": expr, "for": c.t(max(f.interval_minutes, 15)),
             "labels": {"severity": "warning", "figure": f.key, "path": path},
             "annotations": annotations(s, f"{f.title} {word} peers", desc, name)}
 
 
 def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
-    g = by(s)
+    g = on(s)
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_newest{sel(s, fm, pool)}\n"
              f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm)}")
-    expr = (f"# {f.title}: the best of the newest 3 runs over the peers' median figure\n"
+    expr = (f"# {f.title}: the best of the newest 3 runs (or the median of 7, when worse) over the peers' median figure\n"
             f"{worse(f, ratio)}\n"
             f"  > {s.fast_floor:g}\n"
             f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm)})")
     word = "far slower than" if not f.higher_is_better else "far below"
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if not f.higher_is_better else 'FarBelowPeers'}"
-    desc = (f"Each of the newest 3 runs of the {what(f)} is {{{{ $value | humanizePercentage }}}} or more {word} "
-            f"the median figure of {peers_words()}: path fast. Best of the newest 3: "
+    desc = (f"The newest 3 runs of the {what(f)} (all of them, or its median of {median_runs(f)}) are "
+            f"{{{{ $value | humanizePercentage }}}} or more {word} the median figure of {peers_words()}: path fast. "
+            f"Best of the newest 3 (the median when worse): "
             f"{query('fleetcanary_judge_newest', f.key)}; median of {median_runs(f)}: "
             f"{query('fleetcanary_judge_median', f.key)}.")
     return {"alert": name, "expr": expr, "for": "0m", "labels": {"severity": "critical", "figure": f.key,
@@ -274,7 +302,7 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                     "expr": f"# {f.title}: its confirmed figure against its own best day, where peers are too few\n"
                             f"{worse(f, cur)} > {s.fast_floor:g}\n"
                             f"# silent where the peer fast path judges (as many nodes with a median)\n"
-                            f"unless on({by(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm)} >= "
+                            f"unless on({on(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm)} >= "
                             f"{s.min_peers})",
                     "labels": {"severity": "critical", "figure": f.key, "path": "own_fast"},
                     "annotations": annotations(
@@ -286,7 +314,8 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
     name = f"FleetCanary{f.alert}{names['regression']}"
     out.append({"alert": name, "for": c.t(max(2 * f.interval_minutes, 30)),
                 "expr": f"# {f.title}: its confirmed figure against its own best day on this driver\n"
-                        f"{worse(f, cur)} > {f.history_floor:g}",
+                        f"{worse(f, cur)} > {f.history_floor:g}"
+                        + hold(s, name, worse(f, cur), f.history_floor / 2),
                 "labels": {"severity": "warning", "figure": f.key, "path": "regression"},
                 "annotations": annotations(
                     s, f"{f.title} {'rose' if lower else 'fell'} against its own history",

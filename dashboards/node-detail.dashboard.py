@@ -73,7 +73,7 @@ MATRIX = [{"id": "groupingToMatrix", "options": {"columnField": "dst_gpu", "rowF
 
 panels = [
     panel("table", "Judged series against the peers' level",
-          "Per judged series of this node (fleetcanary_judge_*: figure, series, GPU): its median of the newest 5 "
+          "Per judged series of this node (fleetcanary_judge_*: figure, series, GPU): its median of the newest 7 "
           "runs over the median of its peers' medians (the level path), the best of its newest 3 runs over the "
           "same (the fast path), its drift (the last 24 h's median over its best day), the peers' MAD of their "
           "level ratios and the nodes reporting. Peers: same pool, GPU (or CPU) model, driver version, figure "

@@ -19,10 +19,14 @@ on it as a live Prometheus would evaluate them, evaluation by evaluation.
   second before each 2-hour block boundary, which the 5-minute lookback hid (`promtool_gap` checks).
 * Alerts: the condition at every evaluation of its group, through Prometheus's alert state machine
   (pending when true, firing once true for `for`, resolved at the first false evaluation: the
-  shipped rules have no keep_firing_for).
+  shipped rules have no keep_firing_for). An alert with a hold (`FIRE or HOLD and on(...)
+  ALERTS{alertname=..., alertstate="firing"}`, alerts/build.py `hold`) is two conditions: FIRE
+  drives it as above, and once it fires, HOLD keeps it firing at each next evaluation (the ALERTS
+  sample its previous evaluation wrote), as Prometheus evaluates the expression.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import re
@@ -44,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts/fleetcanary.rules.yml"
 ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
 GROUPS = ("fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures")  # and their pool shards
+HOLD = re.compile(r" or (?P<hold>.+?) and on\((?P<on>[^)]*)\) ALERTS\{(?P<alerts>[^}]*)\}$")
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
 SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"
                       r"(?!\s*\()")
@@ -159,6 +164,7 @@ class Alert:
     needs: set = field(default_factory=set)   # raw metric names
     records: set = field(default_factory=set)
     keep_s: int = 0       # the shipped rules have none; kept for the JSON's shape
+    hold: str = ""        # the hold branch without its ALERTS clause, substituted ("": none)
     hold_s: int = 0
     parts: bool = False
 
@@ -204,6 +210,11 @@ def recording_rules() -> dict[str, list[Record]]:
         for r in g["rules"]:
             if "record" in r:
                 expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
+            held = HOLD.search(expr)
+            if held:
+                if f'alertname="{r["alert"]}"' not in held.group("alerts"):
+                    raise SystemExit(f"detection: {r['alert']} holds through another alert's ALERTS")
+                expr = expr[:held.start()]
                 out[r["record"]].append(Record(r["record"], expr, g["name"], g["_interval"], g["_offset"]))
     return out
 
@@ -271,12 +282,19 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
                 raise SystemExit(f"detection: {r['alert']} has keep_firing_for; the replay's state machine has none")
             # `group_left X` with X substituted by a parenthesised expression would read as a label list
             expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
+            held = HOLD.search(expr)
+            if held:
+                if f'alertname="{r["alert"]}"' not in held.group("alerts"):
+                    raise SystemExit(f"detection: {r['alert']} holds through another alert's ALERTS")
+                expr = expr[:held.start()]
             a = Alert(r["alert"], expr, seconds(r.get("for")), r.get("labels", {}), g["name"],
                       g["_interval"], g["_offset"])
             a.kind = classify(a.name, a.labels)
             a.family = a.labels.get("figure", "")
             used: set[str] = set()
             a.cond = substitute(a.expr, recs, a.group, a.interval, a.offset, used=used)
+            if held:
+                a.hold = substitute(held.group("hold"), recs, a.group, a.interval, a.offset, used=used)
             a.records = used
             a.needs = set(METRIC_NAME.findall(re.sub(r'"[^"]*"', '""', a.cond)))
             if a.kind != "hard":
@@ -405,26 +423,30 @@ def query_series(prom: BackfilledPrometheus, expr: str, start: int, end: int, st
     return out, sorted(steps)
 
 
-def replay(cond: dict[frozenset, list[int]], a: Alert, end: int) -> list[dict]:
+def replay(cond: dict[frozenset, list[int]], a: Alert, end: int,
+           hold: dict[frozenset, list[int]] | None = None) -> list[dict]:
     """Prometheus's alert state machine over the group's evaluations, per output series: active at the
     first true evaluation, firing once it has been true for `for`, resolved (or dropped, if pending) at
-    the first false one."""
+    the first false one. With `hold` (the hold branch's true evaluations), a firing alert stays firing at
+    an evaluation where the hold is true (the ALERTS sample of the previous evaluation is firing)."""
     episodes = []
     step = a.interval
     for key, ts in cond.items():
         labels = dict(key)
-        order = sorted(set(ts))
+        fire = set(ts)
+        held = set(hold.get(key, ())) if hold else set()
+        order = sorted(fire)
         k = 0
         while k < len(order):
-            active_at = order[k]
-            j = k
-            while j + 1 < len(order) and order[j + 1] - order[j] == step:
-                j += 1
-            last_true = order[j]
-            if last_true - active_at >= a.for_s:
-                fired_at = active_at + -(-a.for_s // step) * step
-                episodes.append({"labels": labels, "start": fired_at, "end": min(last_true + step, end)})
-            k = j + 1
+            active_at = t = order[k]
+            while t - active_at < a.for_s and t + step in fire:   # pending
+                t += step
+            if t - active_at >= a.for_s:
+                fired_at = t
+                while t + step in fire or t + step in held:          # firing
+                    t += step
+                episodes.append({"labels": labels, "start": fired_at, "end": min(t + step, end)})
+            k = bisect.bisect_right(order, t)
     return episodes
 
 
@@ -432,7 +454,8 @@ def replay_alert(prom: BackfilledPrometheus, a: Alert, start: int, end: int) -> 
     t = time.monotonic()
     first = grid(start, a.interval, a.offset)
     cond, steps = query_series(prom, a.cond, first, end, a.interval)
-    eps = replay(cond, a, end)
+    hold = query_series(prom, a.hold, first, end, a.interval)[0] if a.hold else None
+    eps = replay(cond, a, end, hold)
     expected = (end - first) // a.interval + 1
     bad = [x for x in steps if (x - first) % a.interval]
     return eps, {"query_s": round(time.monotonic() - t, 1), "cond_series": len(cond), "evaluations": expected,

@@ -1,5 +1,5 @@
 """The statistics of one judged series, computed from its runs (not from time windows), so any
-probe interval gives the same meaning: the median of the newest 5 runs is 5 runs at 10 minutes or
+probe interval gives the same meaning: the median of the newest 7 runs is 7 runs at 10 minutes or
 at 6 hours.
 
 A series' runs are (finish time, value, driver). Statistics use the runs on the driver of the
@@ -8,10 +8,13 @@ previous driver's baseline, which judges the first two weeks on the new one.
 
 - median: the median of the newest MEDIAN_RUNS runs (absent with fewer; the daily burn's: 5 days,
   figures.Figure.median_runs).
-- newest: the best of the newest NEWEST_RUNS runs (highest, or lowest for a lower-is-better figure).
-  Junk runs (a tenant's job started during the probe) are low; the best of three is low only when
-  all three are, which a real fault does and two junk runs in a row cannot. The fleet's fast path
-  reads it.
+- newest: the best of the newest NEWEST_RUNS runs (highest, or lowest for a lower-is-better figure),
+  or the median when that is worse. Junk runs (a tenant's job started during the probe) are low;
+  the best of three is low only when all three are, which a real fault does and two junk runs in a
+  row cannot. The fleet's fast path reads it: it fires on three bad runs, and holds while the
+  median stays bad, so one lucky run of a GPU that is still slow (a heavy-tailed high run lifts the
+  best of three for three runs) does not resolve the page and fire it again; it resolves once the
+  newest three and most of the median's runs are good again.
 - confirmed: the better of median and newest. A drop counts only once the median has turned and
   the newest runs all confirm it (two junk runs in five move a median, not the newest three's best).
   A drop is then latched: once confirmed is LATCH or more worse than the baseline, confirmed is the
@@ -170,8 +173,8 @@ class Series:
         median, newest = self._median(), self._newest()
         if median is not None:
             out["median"] = median
-        if newest is not None:
-            out["newest"] = newest
+        if newest is not None:  # the fast path's figure: held by the median while that is worse
+            out["newest"] = newest if median is None else fig.worse(newest, median)
         if not fig.history:
             return Stats(**out)
         confirmed = median

@@ -27,8 +27,10 @@ def test_median_and_newest_are_over_runs_whatever_the_interval(interval):
     feed(s, 1_000_000.0, interval, [1.0, 0.5, 0.3, 0.9, 1.1, 1.2, 0.7, 1.05, 0.95])
     st = s.stats()
     assert st.median == 0.95          # the newest 7: 0.3 0.9 1.1 1.2 0.7 1.05 0.95
-    assert st.newest == 1.05          # the best of 0.7 1.05 0.95
+    assert st.newest == 0.95          # the best of 0.7 1.05 0.95 is 1.05; the median is worse
     assert st.runs == 9
+    feed(s, 1_000_000.0 + 9 * interval, interval, [1.2, 1.3])
+    assert s.stats().newest == 1.1    # the best of 1.05 1.2 1.3 is 1.3; the median of 0.7 .. 1.3 is 1.1
 
 
 def test_fewer_runs_than_the_median_needs_give_no_median():
@@ -76,7 +78,7 @@ def test_a_confirmed_drop_is_latched_until_the_median_recovers():
     t = feed(s, t, 900.0, [0.95] * MEDIAN_RUNS)      # a confirmed 5% drop: latched
     assert s.stats().change == pytest.approx(0.95) and s.latched
     t = feed(s, t, 900.0, [1.0])                     # one high run: the best of three is 1.0, the median 0.95
-    assert s.stats().newest == pytest.approx(1.0)    # the fast path still sees the newest runs
+    assert s.stats().newest == pytest.approx(0.95)   # the fast path's figure is held by the median too
     assert s.stats().change == pytest.approx(0.95)   # without the latch: 1.0
     good = 1
     while good < MEDIAN_RUNS // 2 + 1:               # good runs, fewer than half the median's: still 0.95
@@ -84,6 +86,21 @@ def test_a_confirmed_drop_is_latched_until_the_median_recovers():
         t = feed(s, t, 900.0, [1.0])
         good += 1
     assert s.stats().change == pytest.approx(1.0) and not s.latched   # most of them good: the latch lets go
+
+
+def test_the_fast_path_fires_on_three_bad_runs_and_holds_while_the_median_is_bad():
+    """A steady 20% fault with a heavy-tailed high run now and then: the fast path's figure drops on the third
+    bad run, stays down through a single lucky run, and recovers once most of the median's runs are good."""
+    s = Series(GPU_BW)
+    t = steady_days(s, 3, noise=0.0)
+    t = feed(s, t, 900.0, [0.8, 0.8])
+    assert s.stats().newest == pytest.approx(1.0)               # two bad runs: the best of three is still good
+    t = feed(s, t, 900.0, [0.8])
+    assert s.stats().newest == pytest.approx(0.8)               # three: the fast path sees it at once
+    t = feed(s, t, 900.0, [0.8] * 4 + [1.0])                    # a lucky run lifts the best of three ...
+    assert s.stats().newest == pytest.approx(0.8)               # ... not the median of 7
+    t = feed(s, t, 900.0, [1.0] * 3)                            # fixed: the newest 3 good, 4 of 7 good
+    assert s.stats().newest == pytest.approx(1.0)
 
 
 def test_a_drop_smaller_than_the_latch_keeps_the_best_of_the_newest_runs():
