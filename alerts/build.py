@@ -269,7 +269,8 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_newest{sel(s, fm, pool)}\n"
              f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm)}")
-    expr = (f"# {f.title}: the best of the newest 3 runs (or the median of 7, when worse) over the peers' median figure\n"
+    expr = (f"# {f.title}: the best of the newest 3 runs (or the median of 7, when worse) over the peers' "
+            "median figure\n"
             f"{worse(f, ratio)}\n"
             f"  > {s.fast_floor:g}\n"
             f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm)})")

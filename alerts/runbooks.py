@@ -184,10 +184,12 @@ def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) ->
 
 def fast_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The best of the newest 3 runs of this GPU or node's {title} (`fleetcanary_judge_newest`; the median of 7 when that is worse) is 15% or more "
-            f"{WORSE[lower]} the median figure of its peers and by more than 5 MADs: all three runs are that bad, "
-            "which two junk runs in a row cannot make; once the median of 7 is as bad, the figure is the median, so one lucky run of a GPU that is still slow does not resolve the page. The exporter adds a confirmation run minutes after a run whose "
-            "figure jumped, so the three runs usually span about one probe interval.", checks, causes)
+    return (f"The best of the newest 3 runs of this GPU or node's {title} (`fleetcanary_judge_newest`; the median "
+            f"of 7 when that is worse) is 15% or more {WORSE[lower]} the median figure of its peers and by more than "
+            "5 MADs: all three runs are that bad, which two junk runs in a row cannot make; once the median of 7 is "
+            "as bad, the figure is the median, so one lucky run of a GPU that is still slow does not resolve the "
+            "page. The exporter adds a confirmation run minutes after a run whose figure jumped, so the three runs "
+            "usually span about one probe interval.", checks, causes)
 
 
 def fast_history_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:

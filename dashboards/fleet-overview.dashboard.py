@@ -55,7 +55,8 @@ panels = [
           f"above {pct(S.level_floor)} and {S.level_k_mad:g} MADs of the peers' level ratios.", "percentunit",
           [instant(worst(lambda *m: level_ratio("median", *m)))], w=12, h=9, transformations=[WORST]),
     panel("table", "Newest runs far from their peers (alert path fast)", PEERS +
-          "The best of each series' newest 3 runs (fleetcanary_judge_newest: low only when all three are, held low while the median of 7 is) over "
+          "The best of each series' newest 3 runs (fleetcanary_judge_newest: low only when all three are, held "
+          "low while the median of 7 is) over "
           f"the peers' median level. Good: every value under {pct(S.fast_floor)}; the critical ...FarBelowPeers"
           f" / ...FarSlowerThanPeers fires above {pct(S.fast_floor)} and {S.level_k_mad:g} MADs at once.",
           "percentunit", [instant(worst(lambda *m: level_ratio("newest", *m)))], w=8, h=9, transformations=[WORST]),
