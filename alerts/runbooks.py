@@ -172,7 +172,9 @@ def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) ->
               f"figure's floor and by more than {k_mad:g} median absolute deviations of the peers' change ratios; "
               "the peers share pool, model, driver and series, and at least 5 nodes report. With baseline="
               "previous_driver the same comparison runs, for two weeks after a driver change, against the nodes "
-              "upgraded the same way (the driver's own effect cancels). " if history else "")
+              "upgraded the same way (the driver's own effect cancels). Once firing it holds while the node's own "
+              "change stays worse by the floor, so a fault near the peers' gate stays one episode; it resolves when "
+              "the node is back within the floor of its best day. " if history else "")
     return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of "
             f"{runs} runs is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
             "without a baseline, or a GPU that was always slow). The label `path` says which fired; the description "
@@ -214,7 +216,8 @@ def regression_text(title: str, key: str, lower: bool = False) -> tuple[str, str
     checks, causes = FAMILY_CHECKS[key]
     return (f"The {title}'s confirmed figure is {'above' if lower else 'below'} its own best day on this driver in the "
             "last 14 days by its floor (10%; 5% for GPU memory bandwidth) or more. It needs no peers, and it keeps "
-            "firing while the fault lasts: the best day does not absorb a fault the GPU keeps.", checks, causes)
+            "firing while the fault lasts: the best day does not absorb a fault the GPU keeps; once firing it holds "
+            "until the change is back within half its floor.", checks, causes)
 
 
 def driver_text(title: str, key: str, lower: bool = False) -> tuple[str, str, str]:

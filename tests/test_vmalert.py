@@ -6,8 +6,8 @@ real Prometheus and a real single-node VictoriaMetrics scrape it with the same s
 comes from it, as in a real fleet), Prometheus evaluates the rule files itself and a real vmalert evaluates them
 against VictoriaMetrics (datasource, remote write and remote read).
 
-vmalert 1.79 (Debian bookworm's `victoria-metrics`) loads the shipped files unchanged (no keep_firing_for, no
-self-hold through ALERTS: test_shipped_rules_load_unchanged_on_vmalert). The engines are compared on the same
+vmalert 1.79 (Debian bookworm's `victoria-metrics`) loads the shipped files unchanged (no keep_firing_for; the
+change path's hold reads ALERTS: test_shipped_rules_load_unchanged_on_vmalert). The engines are compared on the same
 rules rendered by alerts/build.py with build(scale=SCALE) and the hard-failure interval of the peer groups:
 every group evaluates each second and every `for` is a 300th (15 minutes: 3 s), so the peer and own-history
 alerts fire within the test's minute; expressions, labels and windows are the shipped ones.
