@@ -210,11 +210,6 @@ def recording_rules() -> dict[str, list[Record]]:
         for r in g["rules"]:
             if "record" in r:
                 expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
-            held = HOLD.search(expr)
-            if held:
-                if f'alertname="{r["alert"]}"' not in held.group("alerts"):
-                    raise SystemExit(f"detection: {r['alert']} holds through another alert's ALERTS")
-                expr = expr[:held.start()]
                 out[r["record"]].append(Record(r["record"], expr, g["name"], g["_interval"], g["_offset"]))
     return out
 
