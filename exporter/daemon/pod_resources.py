@@ -1,0 +1,135 @@
+"""Which GPUs the kubelet has given to pods: its pod-resources API (v1 `List`, gRPC over the unix
+socket `/var/lib/kubelet/pod-resources/kubelet.sock`), the same source dcgm-exporter reads to label
+GPU metrics with pods.
+
+The device plugin's device IDs are GPU UUIDs (`GPU-...`) for whole GPUs (`nvidia.com/gpu`, also
+under time-slicing: `GPU-...::N`), and MIG device UUIDs (`MIG-...`, or the older
+`MIG-GPU-<uuid>/<gi>/<ci>`) for MIG slices (`nvidia.com/gpu` with the single strategy,
+`nvidia.com/mig-<profile>` with the mixed one). The daemon never calls NVML: it hands the UUIDs to
+the probe worker, whose gate maps them to GPU indices (a MIG device to its parent GPU).
+
+Every call has a deadline; a socket that accepts and never answers is a `timeout`, a missing
+socket `absent`. A failure keeps nothing: the caller falls back to the API server's view.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+METHOD = "/v1.PodResourcesLister/List"
+GPU_RESOURCES = re.compile(r"^nvidia\.com/(gpu|mig-[A-Za-z0-9.\-]+)$")
+REASONS = ("absent", "timeout", "unavailable", "unimplemented", "permission", "bad_response", "error")
+
+
+class PodResourcesError(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Holder:
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+
+
+@dataclass
+class Allocation:
+    """GPU devices held by containers: device ID -> who holds it (a device shared by time-slicing can have
+    several holders; the first is kept)."""
+    devices: dict[str, Holder] = field(default_factory=dict)
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        """Whole GPUs held, as NVML names them (a time-slicing replica suffix `::N` dropped)."""
+        return sorted({gpu_uuid(d) for d in self.devices if gpu_uuid(d)})
+
+    @property
+    def mig_uuids(self) -> list[str]:
+        """MIG devices held: `MIG-<uuid>`, or the parent GPU's UUID for the older `MIG-GPU-<uuid>/..` IDs
+        (listed in gpu_uuids too: the parent is in use)."""
+        return sorted(d for d in self.devices if d.startswith("MIG-") and not d.startswith("MIG-GPU-"))
+
+    @property
+    def pods(self) -> list[str]:
+        return sorted({f"{h.namespace}/{h.pod}" for h in self.devices.values()})
+
+
+def gpu_uuid(device_id: str) -> str:
+    """The GPU UUID a device ID names, or "" for a MIG device (its parent is found by NVML)."""
+    d = device_id.split("::", 1)[0]
+    if d.startswith("GPU-"):
+        return d
+    if d.startswith("MIG-GPU-"):  # MIG-GPU-<gpu uuid>/<gi>/<ci> (device plugin before MIG UUIDs)
+        return d[len("MIG-"):].split("/", 1)[0]
+    return ""
+
+
+def parse(response) -> Allocation:
+    """A ListPodResourcesResponse -> the GPU devices held by containers."""
+    out = Allocation()
+    for pod in response.pod_resources:
+        for c in pod.containers:
+            for dev in c.devices:
+                if not GPU_RESOURCES.match(dev.resource_name):
+                    continue
+                for d in dev.device_ids:
+                    out.devices.setdefault(d, Holder(pod.namespace, pod.name, c.name, dev.resource_name))
+    return out
+
+
+class Client:
+    """One channel to the kubelet's socket, opened on first use and kept; `list()` is one bounded call."""
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_seconds: float = 2.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout_seconds
+        self._channel = None
+        self._call = None
+
+    def _stub(self):
+        if self._call is None:
+            import grpc
+
+            from fleetcanary.daemon import podresources_pb2 as pb
+
+            self._channel = grpc.insecure_channel(f"unix://{os.path.abspath(self.socket_path)}")
+            self._call = self._channel.unary_unary(
+                METHOD, request_serializer=pb.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=pb.ListPodResourcesResponse.FromString)
+            self._request = pb.ListPodResourcesRequest()
+        return self._call
+
+    def available(self) -> bool:
+        try:
+            return stat.S_ISSOCK(os.stat(self.socket_path).st_mode)
+        except OSError:
+            return False
+
+    def list(self) -> Allocation:
+        if not self.available():
+            raise PodResourcesError("absent", f"no socket at {self.socket_path}")
+        import grpc
+
+        call = self._stub()
+        try:
+            response = call(self._request, timeout=self.timeout, wait_for_ready=False)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            reason = {grpc.StatusCode.DEADLINE_EXCEEDED: "timeout", grpc.StatusCode.UNAVAILABLE: "unavailable",
+                      grpc.StatusCode.UNIMPLEMENTED: "unimplemented", grpc.StatusCode.PERMISSION_DENIED: "permission",
+                      grpc.StatusCode.INTERNAL: "bad_response"}.get(code, "error")
+            details = e.details() if hasattr(e, "details") else str(e)
+            raise PodResourcesError(reason, f"{code.name if code else 'error'}: {(details or '')[:200]}") from None
+        return parse(response)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._call = None

@@ -1,0 +1,169 @@
+"""The kubelet's pod-resources API (fleetcanary.daemon.pod_resources) against a real gRPC server on a unix
+socket serving the responses in tests/fixtures/pod_resources: whole GPUs, MIG slices, time-slicing
+replicas, none; a socket that accepts and never answers, one that is absent, a server without the
+method, and one that answers garbage."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from fleetcanary.daemon import podresources_pb2 as pb
+from fleetcanary.daemon.pod_resources import Client, PodResourcesError, gpu_uuid
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pod_resources"
+NVML = Path(__file__).resolve().parent.parent / "fixtures" / "nvml" / "h100_8gpu_healthy.json"
+UUIDS = [d["uuid"] for d in json.loads(NVML.read_text())["devices"]]
+
+
+def recorded(name: str) -> pb.ListPodResourcesResponse:
+    return json_format.ParseDict(json.loads((FIXTURES / f"{name}.json").read_text()), pb.ListPodResourcesResponse())
+
+
+class Kubelet:
+    """A gRPC server on a unix socket answering List with `response` (bytes of it when `raw`)."""
+
+    def __init__(self, path: Path, response=None, raw: bytes | None = None, methods=("List",)) -> None:
+        self.calls = 0
+
+        def handle(request, context):
+            self.calls += 1
+            return raw if raw is not None else response.SerializeToString()
+
+        handlers = {m: grpc.unary_unary_rpc_method_handler(handle, request_deserializer=pb.ListPodResourcesRequest
+                                                           .FromString, response_serializer=lambda b: b)
+                    for m in methods}
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister",
+                                                                                   handlers),))
+        self.server.add_insecure_port(f"unix://{path}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+
+
+@pytest.fixture
+def sock(tmp_path) -> Path:
+    return tmp_path / "kubelet.sock"
+
+
+def serve(sock: Path, name: str) -> Kubelet:
+    return Kubelet(sock, recorded(name))
+
+
+def test_whole_gpus_held_by_pods_are_listed_by_uuid(sock):
+    k = serve(sock, "whole_gpus")
+    try:
+        a = Client(str(sock), timeout_seconds=5).list()
+    finally:
+        k.stop()
+    assert a.gpu_uuids == sorted([UUIDS[3], UUIDS[5], UUIDS[6]])
+    assert a.mig_uuids == []
+    assert a.pods == ["inference/vllm-llama-7b-6d9f8c7b5-x2k4q", "research/train-gpt-0"]   # the RDMA-only pod: no GPU
+    assert a.devices[UUIDS[5]].container == "trainer" and a.devices[UUIDS[5]].resource == "nvidia.com/gpu"
+    assert "mlx5_4" not in a.devices
+
+
+def test_mig_slices_are_listed_for_the_worker_to_map_to_their_parent_gpu(sock):
+    k = serve(sock, "mig_mixed")
+    try:
+        a = Client(str(sock), timeout_seconds=5).list()
+    finally:
+        k.stop()
+    assert a.gpu_uuids == []
+    assert len(a.mig_uuids) == 3 and all(m.startswith("MIG-") for m in a.mig_uuids)
+    assert {h.resource for h in a.devices.values()} == {"nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"}
+
+
+def test_time_slicing_replicas_name_their_gpu(sock):
+    k = serve(sock, "time_slicing")
+    try:
+        a = Client(str(sock), timeout_seconds=5).list()
+    finally:
+        k.stop()
+    assert a.gpu_uuids == [UUIDS[0]] and a.pods == ["notebooks/jupyter-alice", "notebooks/jupyter-bob"]
+
+
+def test_no_pod_holding_a_device_is_an_empty_allocation(sock):
+    k = serve(sock, "none")
+    try:
+        client = Client(str(sock), timeout_seconds=5)
+        a = client.list()
+        b = client.list()          # the channel is kept: a second call on it
+    finally:
+        k.stop()
+    assert a.devices == {} and b.devices == {} and k.calls == 2
+
+
+def test_older_mig_device_ids_name_the_parent_gpu():
+    assert gpu_uuid("MIG-GPU-5a7c1e00-3f2b-4c1d-9e8a-0b1c2d3e4f50/1/0") == "GPU-5a7c1e00-3f2b-4c1d-9e8a-0b1c2d3e4f50"
+    assert gpu_uuid("GPU-5a7c1e00-3f2b-4c1d-9e8a-0b1c2d3e4f50::7") == "GPU-5a7c1e00-3f2b-4c1d-9e8a-0b1c2d3e4f50"
+    assert gpu_uuid("MIG-9f1a2b3c-0d4e-5f60-8172-93a4b5c6d7e8") == ""
+
+
+def test_an_absent_socket_is_absent_at_once(sock):
+    with pytest.raises(PodResourcesError) as e:
+        Client(str(sock), timeout_seconds=5).list()
+    assert e.value.reason == "absent"
+
+
+def test_a_socket_that_never_answers_times_out_within_the_deadline(sock):
+    """A listener that accepts and never speaks: the call ends at its deadline, not later."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        client = Client(str(sock), timeout_seconds=0.5)
+        started = time.monotonic()
+        with pytest.raises(PodResourcesError) as e:
+            client.list()
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        for c in held:
+            c.close()
+        listener.close()
+    assert e.value.reason == "timeout", e.value
+    assert took < 0.5 + 10, took   # bounded by the deadline (generous margin for a busy machine), never a hang
+
+
+def test_a_kubelet_without_the_method_is_unimplemented(sock):
+    k = Kubelet(sock, recorded("none"), methods=("GetAllocatableResources",))
+    try:
+        with pytest.raises(PodResourcesError) as e:
+            Client(str(sock), timeout_seconds=5).list()
+    finally:
+        k.stop()
+    assert e.value.reason == "unimplemented"
+
+
+def test_garbage_from_the_socket_is_a_bad_response(sock):
+    k = Kubelet(sock, raw=b"\xff\xff\xff\xff not a protobuf")
+    try:
+        with pytest.raises(PodResourcesError) as e:
+            Client(str(sock), timeout_seconds=5).list()
+    finally:
+        k.stop()
+    assert e.value.reason == "bad_response", e.value
