@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
 VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
-            "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric"]
+            "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric", "deploy/overlays/gpu-allocation"]
 build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
@@ -69,8 +69,11 @@ def test_the_daemonset_is_locked_down(variant):
     ds = one(docs, "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
-    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
     sc = c["securityContext"]
+    if path.endswith("gpu-allocation"):  # the kubelet's socket is root's: UID 0, still without any capability
+        assert spec["securityContext"]["runAsNonRoot"] is False and sc["runAsUser"] == 0
+    else:
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"] and not sc.get("privileged")
     assert "hostNetwork" not in spec and "hostPID" not in spec
@@ -91,6 +94,9 @@ def test_the_daemonset_is_locked_down(variant):
     # RDMA's device files, nothing else (test_the_fabric_overlay_adds_only_what_rdma_needs)
     if cfg.probes.fabric.enabled:
         targets |= {"/dev/infiniband"}
+    if path.endswith("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
+        targets |= {cfg.kubernetes.pod_resources_socket.rsplit("/", 1)[0]}
+        assert next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")["readOnly"] is True
     assert host_mounts == targets, (host_mounts, targets)
     if path.endswith("cpu-only"):
         assert "runtimeClassName" not in spec and "NVIDIA_VISIBLE_DEVICES" not in env

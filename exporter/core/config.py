@@ -129,8 +129,17 @@ class KubernetesConfig(Strict):
                             "`pool` is not set.")
     gpu_allocation_policy: str = Field(
         "skip", pattern="^(skip|ignore)$",
-        description="skip: when pods on this node request nvidia.com/gpu, invasive GPU probes skip with "
-        "gpu_allocated. ignore: rely on the NVML process and utilization checks only.")
+        description="skip: GPUs held by pods are left alone: per GPU where the kubelet's pod-resources socket "
+        "answers (invasive probes run on the free GPUs), else every invasive GPU probe skips with gpu_allocated "
+        "while any pod on this node requests nvidia.com/gpu. ignore: rely on the NVML process and utilization "
+        "checks only.")
+    pod_resources_socket: str = Field(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        description="The kubelet's pod-resources API socket (v1 List): which GPU each pod holds. \"\" turns it off; "
+        "while it is absent or does not answer, the node-wide check above applies.")
+    pod_resources_refresh_seconds: float = Field(
+        5.0, ge=1, le=300, description="How often the pod-resources socket is read; a view older than three "
+        "refreshes is dropped.")
     node_condition: NodeConditionConfig = Field(default_factory=NodeConditionConfig)
 
 

@@ -13,10 +13,18 @@ socket `absent`. A failure keeps nothing: the caller falls back to the API serve
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("fleetcanary.pod_resources")
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 METHOD = "/v1.PodResourcesLister/List"
@@ -133,3 +141,76 @@ class Client:
         if self._channel is not None:
             self._channel.close()
         self._channel = self._call = None
+
+
+class Watcher:
+    """Refreshes the allocation every `refresh_seconds` on its own thread; the daemon reads `context()` when it
+    builds a probe's job. A view older than three refreshes (the socket went away, the kubelet hangs) is
+    dropped, and the caller falls back to the node-wide check. `on_change(before, after)` runs on the thread
+    when the set of held GPU devices changes (a pod ended: its GPUs are free)."""
+
+    def __init__(self, client: Client, refresh_seconds: float = 5.0, clock=time.monotonic,
+                 on_change: Callable[[Allocation | None, Allocation], None] | None = None) -> None:
+        self.client = client
+        self.refresh_seconds = refresh_seconds
+        self.clock = clock
+        self.on_change = on_change
+        self.errors: Counter[str] = Counter()
+        self.refreshes = 0
+        self._alloc: Allocation | None = None
+        self._ok_at: float | None = None
+        self._last_error = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        try:
+            alloc = self.client.list()
+        except PodResourcesError as e:
+            with self._lock:
+                self.errors[e.reason] += 1
+                new = e.reason != self._last_error
+                self._last_error = e.reason
+            if new:  # once per change of reason, not every few seconds
+                (log.info if e.reason == "absent" else log.warning)("kubelet pod-resources: %s", e)
+            return
+        with self._lock:
+            before = self._alloc
+            self._alloc, self._ok_at = alloc, self.clock()
+            self.refreshes += 1
+            if self._last_error:
+                log.info("kubelet pod-resources: answering again (%d GPU devices held)", len(alloc.devices))
+            self._last_error = ""
+        if self.on_change is not None and (before is None or set(before.devices) != set(alloc.devices)):
+            self.on_change(before, alloc)
+
+    def allocation(self) -> Allocation | None:
+        """The last allocation, while it is fresh (three refreshes)."""
+        with self._lock:
+            if self._ok_at is None or self.clock() - self._ok_at > 3 * self.refresh_seconds:
+                return None
+            return self._alloc
+
+    def context(self) -> dict[str, Any] | None:
+        """What the GPU gate needs, or None (no fresh view: the node-wide check stays)."""
+        a = self.allocation()
+        if a is None:
+            return None
+        return {"allocated_gpu_uuids": a.gpu_uuids, "allocated_mig_uuids": a.mig_uuids,
+                "allocation_source": "pod_resources", "gpu_pods": a.pods[:20]}
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="fleetcanary-pod-resources", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_seconds):
+            self.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.client.timeout + 5)
+        self.client.close()

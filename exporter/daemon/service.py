@@ -16,7 +16,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import kube as kubemod
-from fleetcanary.daemon import webconfig
+from fleetcanary.daemon import pod_resources, webconfig
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
@@ -51,6 +51,7 @@ class Daemon:
         # exporter restart must not look like a driver change to the fleet's rules).
         self.store.set_environment({**environment.collect(with_gpu=False), **self.store.judge.facts})
         self.kube = self._kube(settings)
+        self.pod_resources = self._pod_resources(settings)
         if self.kube is not None:
             self._kube_changed()
         else:
@@ -98,6 +99,26 @@ class Daemon:
                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return None
         return kube
+
+    def _pod_resources(self, settings):
+        """The kubelet's per-GPU allocation, where the socket is configured and Kubernetes is not off."""
+        k = settings.kubernetes
+        if k.mode == "off" or not k.pod_resources_socket or k.gpu_allocation_policy == "ignore":
+            return None
+        client = pod_resources.Client(k.pod_resources_socket, timeout_seconds=min(k.api_timeout_seconds, 5.0))
+        return pod_resources.Watcher(client, k.pod_resources_refresh_seconds)
+
+    def gpu_allocation(self) -> dict | None:
+        """The kube context a probe's job gets: the API server's node-wide view, with the kubelet's per-GPU
+        allocation over it while that is fresh (then one allocated GPU no longer blinds the node)."""
+        ctx = self.kube.context() if self.kube else None
+        per_gpu = self.pod_resources.context() if self.pod_resources else None
+        if per_gpu is None:
+            return ctx
+        ctx = dict(ctx or {})
+        ctx.pop("gpus_allocated", None)
+        ctx.update(per_gpu)
+        return ctx
 
     def _kube_changed(self) -> None:
         if self.kube is None:
@@ -160,8 +181,7 @@ class Daemon:
         entry = settings.probe_entries()[name]
         window = budget_window(entry.interval_seconds)
         left = self.budget.left(window=window, probe=name, interval=entry.interval_seconds)
-        context = jobmod.probe_context(settings, left,
-                                       self.kube.context() if self.kube else None, budget_window_seconds=window)
+        context = jobmod.probe_context(settings, left, self.gpu_allocation(), budget_window_seconds=window)
         job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
         out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
         for gpu, secs in out.gpu_seconds.items():
@@ -209,6 +229,8 @@ class Daemon:
         self.server.start()
         if self.kube is not None:
             self.kube.start()
+        if self.pod_resources is not None:
+            self.pod_resources.start()
         self.scheduler.set_jobs(self._jobs())
         self.scheduler.start()
         host, _ = configmod.parse_listen_address(self.settings.server.listen_address)
@@ -220,6 +242,8 @@ class Daemon:
         self.scheduler.shutdown()
         if self.kube is not None:
             self.kube.stop()
+        if self.pod_resources is not None:
+            self.pod_resources.stop()
         kill_all_workers(self.settings.worker_kill_grace_seconds)
         reap_orphans()
         self.server.stop()

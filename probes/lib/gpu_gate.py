@@ -7,6 +7,14 @@ interval clamped to one hour..one day, as the daemon computed it: daemon/schedul
 With the default ``node`` policy, one busy GPU skips the whole probe: host-to-device
 copies on an idle GPU still share PCIe switches and host memory with a job on its
 neighbour. The ``gpu`` policy measures the idle GPUs only.
+
+Allocation comes in two grains. Where the kubelet's pod-resources socket answers, the daemon
+passes the UUIDs of the GPUs and MIG devices pods hold (``allocated_gpu_uuids``,
+``allocated_mig_uuids``): those GPUs are left out, and the free ones are measured under either
+policy; a fleet at 70-95% allocation would otherwise measure almost nothing. ``node`` then guards
+only against GPUs busy without an allocation (a workload outside Kubernetes). Where it does not,
+the API server's node-wide view (``gpus_allocated``: some pod requests nvidia.com/gpu) skips every
+GPU.
 """
 from __future__ import annotations
 
@@ -47,7 +55,11 @@ def gate(session: nvml.Session, handles: list[nvml.GpuHandle], gpu_ctx: dict[str
     budget_left = {str(k): float(v) for k, v in (gpu_ctx.get("budget_left_seconds") or {}).items()}
     allocated = {str(x) for x in (kube_ctx.get("allocated_gpus") or [])}
     allocated_uuids = {str(x) for x in (kube_ctx.get("allocated_gpu_uuids") or [])}
+    allocated_mig = bool(kube_ctx.get("allocated_mig_uuids"))
     all_allocated = bool(kube_ctx.get("gpus_allocated"))
+    # The kubelet says which GPU each pod holds: an allocated GPU is left out, and under policy "node" only
+    # GPUs busy without an allocation (a workload the kubelet does not know) leave the whole node alone.
+    per_gpu = "allocated_gpu_uuids" in kube_ctx or "allocated_gpus" in kube_ctx
     me = os.getpid()
     usable, skipped = [], {}
     for g in handles:
@@ -55,7 +67,9 @@ def gate(session: nvml.Session, handles: list[nvml.GpuHandle], gpu_ctx: dict[str
             skipped[g.index] = "unsupported"
             continue
         uuid = session.identity(g)["uuid"] if allocated_uuids else ""
-        if all_allocated or str(g.index) in allocated or uuid in allocated_uuids:
+        # a MIG slice held by a pod: its parent GPU is in use (a GPU in MIG mode is not measured whole anyway)
+        mig_held = allocated_mig and session.mig_mode(g) == "enabled"
+        if all_allocated or str(g.index) in allocated or uuid in allocated_uuids or mig_held:
             skipped[g.index] = "gpu_allocated"
             continue
         procs = [p for p in session.compute_processes(g) if p != me] if check_procs else []
@@ -67,7 +81,7 @@ def gate(session: nvml.Session, handles: list[nvml.GpuHandle], gpu_ctx: dict[str
             skipped[g.index] = "budget"
             continue
         usable.append(g)
-    busy = {i: r for i, r in skipped.items() if r in ("gpu_busy", "gpu_allocated")}
+    busy = {i: r for i, r in skipped.items() if r == "gpu_busy" or (r == "gpu_allocated" and not per_gpu)}
     if policy == "node" and busy:
         reason = Counter(busy.values()).most_common(1)[0][0]
         raise ProbeSkipped(reason, f"GPUs {sorted(busy)} in use; policy 'node' leaves the whole node alone")

@@ -157,5 +157,11 @@ def _with_torch(access: GpuAccess) -> GpuAccess:
     """Skip dependency_missing without torch; on GPUs, no_gpu where torch sees no CUDA device."""
     from fleetcanary.probes.lib import torch_util
 
-    torch_util.resolve_device_kind("cpu" if access.kind == "cpu" else "auto")
+    try:
+        torch_util.resolve_device_kind("cpu" if access.kind == "cpu" else "auto")
+    except ProbeSkipped as e:
+        if access.gate is not None:  # which GPUs the run would have measured: NVML sees GPUs, torch no CUDA
+            raise ProbeSkipped(e.reason, f"{e.detail}; the gate left GPUs {access.gate.record()['measured_gpus']}"
+                               f" (skipped: {access.gate.record()['skipped_gpus']})") from None
+        raise
     return access

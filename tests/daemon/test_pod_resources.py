@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import json_format
 
 from fleetcanary.daemon import podresources_pb2 as pb
-from fleetcanary.daemon.pod_resources import Client, PodResourcesError, gpu_uuid
+from fleetcanary.daemon.pod_resources import Client, PodResourcesError, Watcher, gpu_uuid
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pod_resources"
 NVML = Path(__file__).resolve().parent.parent / "fixtures" / "nvml" / "h100_8gpu_healthy.json"
@@ -167,3 +167,78 @@ def test_garbage_from_the_socket_is_a_bad_response(sock):
     finally:
         k.stop()
     assert e.value.reason == "bad_response", e.value
+
+
+# --- the daemon: the kubelet's view in the job a probe gets -------------------------------------------------
+def daemon(tmp_path, sock: Path, refresh: float = 5.0):
+    import yaml
+
+    from fleetcanary.core import config as configmod
+    from fleetcanary.daemon.service import Daemon
+    from tests.support.helpers import free_port
+
+    cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
+           "kubernetes": {"pod_resources_socket": str(sock), "pod_resources_refresh_seconds": refresh},
+           "probes": {"gpu_bandwidth": {"params": {"d2d_bytes": 4 << 20, "host_bytes": 2 << 20, "repeats": 2}}}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return Daemon(configmod.load(p, env={}), config_path=str(p))
+
+
+def test_a_daemon_with_three_gpus_held_runs_the_invasive_probe_on_the_other_five(tmp_path, sock, monkeypatch):
+    """The recorded 8-GPU node (fake NVML in the worker), the kubelet listing 3 of its GPUs held by pods: the
+    worker's gate leaves GPUs 3, 5 and 6 alone and measures 0, 1, 2, 4 and 7 (here torch has no CUDA, so the run
+    ends there, saying which GPUs it would have measured)."""
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(NVML))
+    k = serve(sock, "whole_gpus")
+    d = daemon(tmp_path, sock)
+    try:
+        d.pod_resources.refresh()
+        ctx = d.gpu_allocation()
+        assert ctx["allocation_source"] == "pod_resources"
+        assert sorted(ctx["allocated_gpu_uuids"]) == sorted([UUIDS[3], UUIDS[5], UUIDS[6]])
+        out = d.run_probe("gpu_bandwidth")
+    finally:
+        d.server.stop()
+        k.stop()
+    assert (out.outcome, out.reason) == ("skipped", "no_gpu"), out
+    assert ("the gate left GPUs [0, 1, 2, 4, 7] (skipped: {'3': 'gpu_allocated', '5': 'gpu_allocated', "
+            "'6': 'gpu_allocated'})") in out.detail
+
+
+def test_without_the_socket_the_daemon_keeps_the_node_wide_view(tmp_path, sock, monkeypatch):
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(NVML))
+    d = daemon(tmp_path, sock)
+    try:
+        d.pod_resources.refresh()
+        assert d.gpu_allocation() is None and d.pod_resources.errors == {"absent": 1}
+        out = d.run_probe("gpu_bandwidth")
+    finally:
+        d.server.stop()
+    assert out.reason == "no_gpu" and "the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in out.detail
+
+
+def test_a_view_older_than_three_refreshes_is_dropped_and_a_freed_gpu_is_reported(sock):
+    """The watcher on an injected clock: fresh for three refreshes; a pod that ends calls on_change."""
+    now = [1000.0]
+    changes = []
+    k = serve(sock, "whole_gpus")
+    try:
+        w = Watcher(Client(str(sock), timeout_seconds=5), refresh_seconds=5.0, clock=lambda: now[0],
+                    on_change=lambda before, after: changes.append((before, after)))
+        w.refresh()
+        assert w.context()["allocated_gpu_uuids"] == sorted([UUIDS[3], UUIDS[5], UUIDS[6]])
+        now[0] += 15.0
+        assert w.context() is not None
+        now[0] += 0.1
+        assert w.context() is None                       # three refreshes missed: the node-wide check again
+    finally:
+        k.stop()
+    k = serve(sock, "none")                              # the pods ended
+    try:
+        w.refresh()
+    finally:
+        k.stop()
+        w.client.close()
+    assert w.context()["allocated_gpu_uuids"] == []
+    assert len(changes) == 2 and changes[0][0] is None and changes[1][1].devices == {}

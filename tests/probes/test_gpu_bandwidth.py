@@ -56,11 +56,19 @@ def test_a_job_on_the_node_skips_with_gpu_busy(tmp_path, monkeypatch):
     assert "[0, 1, 2, 3]" in ei.value.detail
 
 
-def test_allocated_gpus_skip_with_gpu_allocated(tmp_path, monkeypatch):
+def test_a_pod_with_a_gpu_skips_with_gpu_allocated_where_only_the_node_wide_view_exists(tmp_path, monkeypatch):
     fake(monkeypatch, "h100_8gpu_healthy")
     with pytest.raises(ProbeSkipped) as ei:
-        GpuBandwidth().run(Config(), ctx(tmp_path, kube={"allocated_gpus": ["3"]}))
+        GpuBandwidth().run(Config(), ctx(tmp_path, kube={"gpus_allocated": True, "allocated_gpu_count": 1}))
     assert ei.value.reason == "gpu_allocated"
+
+
+def test_gpus_known_to_be_allocated_are_left_out_and_the_rest_measured(tmp_path, monkeypatch):
+    fake(monkeypatch, "h100_8gpu_healthy")
+    with pytest.raises(ProbeSkipped) as ei:   # past the gate: this torch has no CUDA
+        GpuBandwidth().run(Config(), ctx(tmp_path, kube={"allocated_gpus": ["3"]}))
+    assert ei.value.reason == "no_gpu"
+    assert "the gate left GPUs [0, 1, 2, 4, 5, 6, 7] (skipped: {'3': 'gpu_allocated'})" in ei.value.detail
 
 
 def test_spent_budget_skips_with_budget(tmp_path, monkeypatch):
@@ -75,7 +83,8 @@ def test_idle_healthy_node_passes_the_gate_then_torch_finds_no_cuda(tmp_path, mo
     fake(monkeypatch, "h100_8gpu_healthy")
     with pytest.raises(ProbeSkipped) as ei:
         GpuBandwidth().run(Config(), ctx(tmp_path))
-    assert (ei.value.reason, ei.value.detail) == ("no_gpu", "torch sees no CUDA device")
+    assert (ei.value.reason, ei.value.detail) == (
+        "no_gpu", "torch sees no CUDA device; the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7] (skipped: {})")
 
 
 def test_gpu_policy_measures_only_the_idle_gpus(monkeypatch):

@@ -28,7 +28,9 @@ def test_gated_access_lists_the_idle_gpus_their_record_and_closes_nvml(tmp_path,
     seen, inspect = sessions_seen()
     with pytest.raises(ProbeSkipped) as ei:  # this torch has no CUDA: the gate passed, then no_gpu
         gpu_probe.acquire(DeviceConfig(busy_policy="gpu"), ctx(tmp_path), inspect=inspect)
-    assert (ei.value.reason, ei.value.detail) == ("no_gpu", "torch sees no CUDA device")
+    assert (ei.value.reason, ei.value.detail) == (
+        "no_gpu", "torch sees no CUDA device; the gate left GPUs [4, 5, 6, 7] (skipped: "
+        "{'0': 'gpu_busy', '1': 'gpu_busy', '2': 'gpu_busy', '3': 'gpu_busy'})")
     monkeypatch.setattr(torch_util, "resolve_device_kind", lambda requested: "cuda")  # the CUDA boundary
     gpus = gpu_probe.acquire(DeviceConfig(busy_policy="gpu"), ctx(tmp_path), inspect=inspect)
     assert (gpus.kind, gpus.indices, gpus.facts, gpus.session) == ("cuda", [4, 5, 6, 7], [4, 5, 6, 7], None)
