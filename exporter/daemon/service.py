@@ -28,6 +28,9 @@ from fleetcanary.runner import job as jobmod
 from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import become_subreaper, kill_all_workers, reap_orphans, run_isolated
 
+OPPORTUNISTIC_REASONS = ("gpu_allocated", "gpu_busy")
+OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
+
 log = logging.getLogger("fleetcanary.daemon")
 
 
@@ -106,7 +109,45 @@ class Daemon:
         if k.mode == "off" or not k.pod_resources_socket or k.gpu_allocation_policy == "ignore":
             return None
         client = pod_resources.Client(k.pod_resources_socket, timeout_seconds=min(k.api_timeout_seconds, 5.0))
-        return pod_resources.Watcher(client, k.pod_resources_refresh_seconds)
+        return pod_resources.Watcher(client, k.pod_resources_refresh_seconds, on_change=self._gpus_changed)
+
+    def _gpus_changed(self, before, after) -> None:
+        """The watcher's thread: a pod let go of GPUs, so the gaps between tenants' jobs get used."""
+        if before is None:
+            return
+        freed = sorted(set(before.devices) - set(after.devices))
+        if freed:
+            due = self.run_opportunistic()
+            log.info("GPU devices freed (%s); due now: %s", ", ".join(freed), ", ".join(due) or "none")
+
+    def due_invasive(self, now: float | None = None) -> list[str]:
+        """Invasive GPU probes that are due, shortest first (their GPU seconds per run): the last run skipped for
+        a tenant (gpu_allocated, gpu_busy), or no success within the interval."""
+        now = time.time() if now is None else now
+        with self._settings_lock:
+            entries = self.settings.probe_entries()
+            enabled = self._enabled(self.settings)
+        due = []
+        for name in enabled:
+            if self.probe_map[name].exclusive != "gpu":
+                continue
+            st = self.store.state.get(name)
+            last = st.last if st else None
+            for_tenant = last is not None and last.outcome == "skipped" and last.reason in OPPORTUNISTIC_REASONS
+            ok_at = st.last_success_ts if st else None
+            stale = ok_at is None or now - ok_at >= entries[name].interval_seconds
+            if for_tenant or stale:
+                cost = getattr(entries[name].params, "expected_gpu_seconds", entries[name].timeout_seconds)
+                due.append((cost, name))
+        return [n for _, n in sorted(due)]
+
+    def run_opportunistic(self) -> list[str]:
+        """Queue one run of each due invasive probe within seconds, shortest first (staggered a second apart;
+        the exclusive "gpu" class serializes them, the gate and the budget decide on each GPU)."""
+        due = self.due_invasive()
+        for i, name in enumerate(due):
+            self.scheduler.run_once(name, OPPORTUNISTIC_DELAY_SECONDS + i, trigger="opportunistic")
+        return due
 
     def gpu_allocation(self) -> dict | None:
         """The kube context a probe's job gets: the API server's node-wide view, with the kubelet's per-GPU

@@ -242,3 +242,50 @@ def test_a_view_older_than_three_refreshes_is_dropped_and_a_freed_gpu_is_reporte
         w.client.close()
     assert w.context()["allocated_gpu_uuids"] == []
     assert len(changes) == 2 and changes[0][0] is None and changes[1][1].devices == {}
+
+
+def test_a_pod_that_ends_queues_the_due_invasive_probes_shortest_first(tmp_path, sock, monkeypatch):
+    """Three GPUs held, the invasive probes' last runs skipped for a tenant (or never run): when the kubelet no
+    longer lists the pods, the daemon queues one run of each due invasive probe, the cheapest in GPU seconds
+    first; a probe that succeeded within its interval is not due."""
+    import yaml
+
+    from fleetcanary.core import config as configmod
+    from fleetcanary.core.record import RunRecord
+    from fleetcanary.daemon.service import Daemon
+    from tests.support.helpers import free_port
+
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(NVML))
+    cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
+           "kubernetes": {"pod_resources_socket": str(sock)},
+           "probes": {name: {"enabled": True} for name in ("gpu_bandwidth", "gpu_compute", "gpu_sustained")}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    queued: list[tuple[str, float, str]] = []
+    monkeypatch.setattr(d.scheduler, "run_once", lambda name, delay, trigger: queued.append((name, delay, trigger))
+                        or True)
+    now = time.time()
+    d.store.apply(RunRecord(probe="gpu_bandwidth", outcome="skipped", reason="gpu_allocated", started_at=now - 5,
+                            wall_seconds=1.0))
+    d.store.apply(RunRecord(probe="gpu_compute", outcome="success", started_at=now - 5, wall_seconds=1.0))
+    k = serve(sock, "whole_gpus")
+    try:
+        d.pod_resources.refresh()
+        assert queued == []                              # the first view frees nothing
+    finally:
+        k.stop()
+    k = serve(sock, "none")
+    try:
+        d.pod_resources.refresh()
+    finally:
+        k.stop()
+        d.server.stop()
+    entries = d.settings.probe_entries()
+    invasive = [n for n, e in entries.items() if e.enabled and d.probe_map[n].exclusive == "gpu"]
+    assert {"gpu_bandwidth", "gpu_compute", "gpu_sustained"} <= set(invasive)
+    expected = sorted((entries[n].params.expected_gpu_seconds, n) for n in invasive if n != "gpu_compute")
+    assert [q[0] for q in queued] == [n for _, n in expected]            # gpu_compute succeeded just now
+    assert queued[-1][0] == "gpu_sustained"                              # the 20-second burn last
+    assert all(t == "opportunistic" for _, _, t in queued)
+    assert [q[1] for q in queued] == sorted(q[1] for q in queued) and len({q[1] for q in queued}) == len(queued)
