@@ -4,6 +4,7 @@ slices in use leave their parent GPU alone; without per-GPU knowledge the node-w
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,11 +12,11 @@ from fleetcanary.probes.base import ProbeSkipped
 from fleetcanary.probes.lib import gpu_gate, nvml
 from tests.support.gpu import fake
 
-FIXTURES = "tests/fixtures/nvml"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
 
 
 def uuids(name: str = "h100_8gpu_healthy") -> list[str]:
-    return [d["uuid"] for d in json.loads(open(f"{FIXTURES}/{name}.json").read())["devices"]]
+    return [d["uuid"] for d in json.loads((FIXTURES / f"{name}.json").read_text())["devices"]]
 
 
 def gate(kube: dict, policy: str = "node", gpu: dict | None = None) -> gpu_gate.Gate:
@@ -60,7 +61,7 @@ def test_a_gpu_busy_without_an_allocation_still_stops_the_node_policy(monkeypatc
 
 
 def test_a_mig_slice_in_use_leaves_its_parent_gpu_alone(monkeypatch, tmp_path):
-    facts = json.loads(open(f"{FIXTURES}/h100_8gpu_healthy.json").read())
+    facts = json.loads((FIXTURES / "h100_8gpu_healthy.json").read_text())
     facts["devices"][2]["mig"] = [1, 1]          # GPU 2 in MIG mode, its slices handed to pods
     path = tmp_path / "mig.json"
     path.write_text(json.dumps(facts))
