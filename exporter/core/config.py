@@ -98,6 +98,10 @@ class GpuConfig(Strict):
         True, description="An invasive probe skips a GPU (reason gpu_busy) that has compute processes.")
     expected_count: int | None = Field(
         None, ge=0, description="GPUs this node should have; None reads it from the node label when known.")
+    spread_first_runs: bool = Field(
+        True, description="Invasive GPU probes run at this node's own point of their interval (a phase drawn "
+        "from the node name, or a seed kept in the state directory), so a rollout does not start them on every "
+        "node at once and a restart keeps each node's slot; false: within seconds of the start, like the rest.")
 
 
 class NodeConditionConfig(Strict):

@@ -132,6 +132,36 @@ class GpuBudget:
                 out[gpu] = self.seconds_for(window) - spent
             return out
 
+    # --- kept in the state directory: a restart does not hand a GPU a fresh day of budget ------------------------
+    def dump(self, wall_now: float) -> list[list]:
+        """The charges of the last day as [gpu, unix time, seconds, window, probe]."""
+        mono = self._monotonic()
+        with self._lock:
+            return [[gpu, round(wall_now - (mono - t), 3), s, wc, who]
+                    for gpu, dq in self._spent.items() for t, s, wc, who in dq
+                    if mono - t <= MAX_BUDGET_WINDOW_SECONDS]
+
+    def restore(self, charges: list, wall_now: float) -> int:
+        """Charges from dump() of an earlier process, placed on this process's monotonic clock; ones older
+        than a day, from the future, or malformed are dropped. Returns how many were kept."""
+        mono, kept = self._monotonic(), 0
+        with self._lock:
+            for c in charges:
+                try:
+                    gpu, at, secs, wc, who = str(c[0]), float(c[1]), float(c[2]), float(c[3]), str(c[4])
+                except (TypeError, ValueError, IndexError):
+                    continue
+                age = wall_now - at
+                if not (0 <= age <= MAX_BUDGET_WINDOW_SECONDS) or secs < 0 or wc <= 0:
+                    continue
+                self._spent[gpu].append((mono - age, secs, wc, who))
+                kept += 1
+            for dq in self._spent.values():
+                ordered = sorted(dq)
+                dq.clear()
+                dq.extend(ordered)
+        return kept
+
 
 class Scheduler:
     def __init__(self, run_probe: Callable[..., object], workers: int = 16, clock: Clock | None = None) -> None:

@@ -6,6 +6,7 @@ own threads. This process never imports torch and never calls NVML.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import kube as kubemod
-from fleetcanary.daemon import pod_resources, webconfig
+from fleetcanary.daemon import phase, pod_resources, webconfig
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
@@ -29,6 +30,7 @@ from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import become_subreaper, kill_all_workers, reap_orphans, run_isolated
 
 OPPORTUNISTIC_REASONS = ("gpu_allocated", "gpu_busy")
+BUDGET_FILE = "gpu-budget.json"  # the GPU-time charges of the last day, kept across restarts
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
 
 log = logging.getLogger("fleetcanary.daemon")
@@ -47,6 +49,7 @@ class Daemon:
         self.probe_map = dict(probe_map or PROBES)
         self.clock = clock or Clock()
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
+        self._restore_budget()
         self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
         # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
@@ -182,6 +185,41 @@ class Daemon:
         self.scheduler.aligned = {n for n in jobs if getattr(self.probe_map[n], "slot_aligned", False)}
         return jobs
 
+    def _budget_file(self) -> str:
+        return os.path.join(self.settings.state_dir, BUDGET_FILE)
+
+    def _restore_budget(self) -> None:
+        try:
+            with open(self._budget_file()) as f:
+                charges = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.warning("GPU budget: %s unreadable (%s); starting from nothing spent", self._budget_file(), e)
+            return
+        kept = self.budget.restore(charges if isinstance(charges, list) else [], time.time())
+        log.info("GPU budget: %d charges of the last day restored", kept)
+
+    def _save_budget(self) -> None:
+        path = self._budget_file()
+        try:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.budget.dump(time.time()), f)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("GPU budget: cannot keep it in %s: %s", path, e)
+
+    def first_delays(self, jobs: dict, now: float | None = None) -> dict[str, float | None]:
+        """Invasive GPU probes start at the node's slot of their interval (daemon/phase.py: no herd after a
+        rollout, no second daily burn after a restart); the rest within seconds (None: the scheduler's jitter)."""
+        if not self.settings.gpu.spread_first_runs:
+            return {}
+        now = time.time() if now is None else now
+        node_seed = phase.seed(self.settings.state_dir, self.settings.node_name)
+        return {name: phase.first_delay(now, interval, phase.fraction(node_seed, name))
+                for name, (interval, _, cls) in jobs.items() if cls == "gpu"}
+
     def reload(self) -> bool:
         try:
             new = configmod.load(self.config_path, probe_map=self.probe_map)
@@ -207,7 +245,8 @@ class Daemon:
             self.history = self._history(new)
         self.store.set_enabled(self._enabled(new), self._intervals(new), self._timeouts(new))
         self.store.set_node_extra_labels(self._extra_node_labels(new))
-        self.scheduler.set_jobs(self._jobs())
+        jobs = self._jobs()
+        self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))
         self.store.set_config_reload(True)
         log.info("config reloaded: %d probes enabled", len(self._enabled(new)))
         return True
@@ -227,6 +266,8 @@ class Daemon:
         out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
         for gpu, secs in out.gpu_seconds.items():
             self.budget.add(gpu, secs, window=window, probe=name)
+        if out.gpu_seconds:
+            self._save_budget()
         if self._stopping.is_set():
             # Killed by our own shutdown: not a result, not a crash of the probe.
             log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.wall_seconds)
@@ -272,7 +313,8 @@ class Daemon:
             self.kube.start()
         if self.pod_resources is not None:
             self.pod_resources.start()
-        self.scheduler.set_jobs(self._jobs())
+        jobs = self._jobs()
+        self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))
         self.scheduler.start()
         host, _ = configmod.parse_listen_address(self.settings.server.listen_address)
         log.info("fleetcanary listening on %s:%d; probes: %s", host or "0.0.0.0", self.server.port,

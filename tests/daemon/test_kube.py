@@ -155,7 +155,8 @@ def test_daemon_gates_gpu_probes_and_labels_node_info_from_the_api(api, tmp_path
            "FLEETCANARY_FAKE_NVML": str(ROOT / "tests/fixtures/nvml/h100_8gpu_healthy.json")}
     d = start_daemon({"kubernetes": {"pool_label": "example.com/pool",
                                      "node_condition": {"enabled": True, "probes": ["gpu_health"]}},
-                      # no jitter: the first run comes at once instead of up to 10 s later
+                      # no jitter and no phase: the first run comes at once instead of at the node's slot
+                      "gpu": {"spread_first_runs": False},
                       "probes": {"gpu_bandwidth": {"interval_seconds": 600, "jitter_seconds": 0},
                                  "host_memory_bandwidth": {"enabled": False}}},
                      env=env)
