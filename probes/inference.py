@@ -48,7 +48,7 @@ from fleetcanary.probes.base import (
     ProbeSkipped,
     Sample,
 )
-from fleetcanary.probes.lib import llm_client
+from fleetcanary.probes.lib import fanout, llm_client
 
 P = "fleetcanary_inference_"
 LABELS = ("target", "model")
@@ -107,6 +107,10 @@ class Target(BaseModel):
     prefix_cache_pair: bool = Field(True, description="Send the shared-prefix pair.")
     prefix_words: int = Field(1024, ge=16, le=100_000, description="Words of the shared prefix.")
     extra_body: dict = Field(default_factory=dict, description="Extra request body fields (e.g. vLLM's ignore_eos).")
+    probe_from_pods: str = Field(
+        "", description="A label selector of the endpoint's own pods: only nodes hosting them probe it "
+        "(probers_per_target of them); empty: any member.")
+    probe_from_namespace: str = Field("", description="Namespace of those pods; empty: the service account's own.")
     max_line_bytes: int = Field(1 << 20, ge=1024, le=256 << 20, description="Longest SSE line or event (bytes) "
                                 "accepted; a longer one is a stream_error, not an unbounded buffer.")
 
@@ -121,6 +125,58 @@ class Target(BaseModel):
 
 class Config(ProbeConfig):
     targets: tuple[Target, ...] = Field((), description="Endpoints to probe. None configured: the probe skips.")
+    probers_per_target: int = Field(
+        3, ge=0, le=1000, description="Nodes that probe each target, chosen by rendezvous hashing over the members "
+        "(probes/lib/fanout.py), so requests per endpoint stay the same at any fleet size; 0: every node probes "
+        "every target.")
+    members_from: Literal["auto", "kubernetes", "static", "self"] = Field(
+        "auto", description="The members probers are chosen from. kubernetes: the pods of this DaemonSet "
+        "(`kubernetes_label_selector` in `kubernetes_namespace`), by node; static: `members`; self: this node "
+        "only (it probes every target); auto: kubernetes in a pod, else self.")
+    members: tuple[str, ...] = Field((), description="Member node names (members_from static); this node among them.")
+    kubernetes_namespace: str = Field(
+        "", description="Namespace of the DaemonSet's pods; empty: the service account's own namespace.")
+    kubernetes_label_selector: str = Field(
+        "app.kubernetes.io/name=fleetcanary", description="Label selector of the DaemonSet's pods.")
+    kubernetes_api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Timeout of the pod list call.")
+
+
+def assigned(config: Config, node: str) -> list[Target]:
+    """The targets this node probes: those whose k probers (rendezvous hashing over the members, or over the
+    nodes hosting the target's pods) include it. ProbeError members_unavailable when the members cannot be
+    read: every node then stays off rather than all probing at once."""
+    k = config.probers_per_target
+    source = config.members_from
+    if source == "auto":
+        source = "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "self"
+    if k == 0 or (source == "self" and not any(t.probe_from_pods for t in config.targets)):
+        return list(config.targets)
+    if not node:
+        raise ProbeError("members_unavailable", "node_name is empty: this node cannot find itself among the members")
+    fleet: list[str] | None = None
+    out = []
+    for t in config.targets:
+        if t.probe_from_pods:
+            pool = fanout.nodes_of_pods(t.probe_from_namespace, t.probe_from_pods,
+                                        config.kubernetes_api_timeout_seconds)
+        else:
+            if fleet is None:
+                fleet = members(config, source, node)
+            pool = fleet
+        if node in fanout.choose(t.name, pool, k):
+            out.append(t)
+    return out
+
+
+def members(config: Config, source: str, node: str) -> list[str]:
+    if source == "self":
+        return [node]
+    if source == "static":
+        if not config.members:
+            raise ProbeError("members_unavailable", "members_from is static and members is empty")
+        return list(config.members)
+    return fanout.nodes_of_pods(config.kubernetes_namespace, config.kubernetes_label_selector,
+                                config.kubernetes_api_timeout_seconds)
 
 
 def read_token(t: Target) -> str | None:
@@ -141,7 +197,7 @@ class Inference(Probe):
     name = "inference"
     Config = Config
     failure_reasons = ("http_4xx", "http_429", "http_5xx", "connect_error", "timeout", "stream_error", "empty",
-                       "truncated", "quality_fail")
+                       "truncated", "quality_fail", "members_unavailable")
     # what produces each request outcome; also the run's failure reason (docs/metrics.md)
     reason_docs: ClassVar[dict[str, str]] = dict(llm_client.OUTCOME_DOCS)
     default_interval_seconds = 60.0
@@ -177,11 +233,16 @@ class Inference(Probe):
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
         if not config.targets:
             raise ProbeSkipped("not_configured", "no inference targets")
+        mine = assigned(config, ctx.node_name)
+        if not mine:
+            raise ProbeSkipped("not_assigned", f"other nodes probe the {len(config.targets)} targets "
+                               f"({config.probers_per_target} nodes each)")
         res = ProbeResult(touched={"targets": []})
         failures = {}
         per_target = res.extra.setdefault("targets", {})
-        n = len(config.targets)
-        for i, t in enumerate(config.targets):
+        res.extra["not_assigned"] = [t.name for t in config.targets if t not in mine]
+        n = len(mine)
+        for i, t in enumerate(mine):
             res.touched["targets"].append({"target": t.name, "model": t.model, "api": t.api,
                                            "host": t.base_url.split("/")[2].rsplit("@", 1)[-1]})
             start = time.monotonic()
