@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
 VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
-            "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric", "deploy/overlays/gpu-allocation"]
+            "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric", "deploy/overlays/gpu-allocation",
+            "deploy/overlays/xid-watch"]
 build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
@@ -70,8 +71,9 @@ def test_the_daemonset_is_locked_down(variant):
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
     sc = c["securityContext"]
-    if path.endswith("gpu-allocation"):  # the kubelet's socket is root's: UID 0, still without any capability
+    if path.endswith(("gpu-allocation", "xid-watch")):  # root's socket, root's kernel log: UID 0, no escalation
         assert spec["securityContext"]["runAsNonRoot"] is False and sc["runAsUser"] == 0
+        assert sc.get("capabilities", {}).get("add", []) == (["SYSLOG"] if path.endswith("xid-watch") else [])
     else:
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -94,6 +96,9 @@ def test_the_daemonset_is_locked_down(variant):
     # RDMA's device files, nothing else (test_the_fabric_overlay_adds_only_what_rdma_needs)
     if cfg.probes.fabric.enabled:
         targets |= {"/dev/infiniband"}
+    if path.endswith("xid-watch"):  # the kernel log, read-only
+        targets |= {"/dev/kmsg"}
+        assert next(m for m in c["volumeMounts"] if m["name"] == "kmsg")["readOnly"] is True
     if path.endswith("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
         targets |= {cfg.kubernetes.pod_resources_socket.rsplit("/", 1)[0]}
         assert next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")["readOnly"] is True

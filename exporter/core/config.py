@@ -98,6 +98,14 @@ class GpuConfig(Strict):
         True, description="An invasive probe skips a GPU (reason gpu_busy) that has compute processes.")
     expected_count: int | None = Field(
         None, ge=0, description="GPUs this node should have; None reads it from the node label when known.")
+    xid_watch: str = Field(
+        "auto", pattern="^(auto|on|off)$",
+        description="Watch the kernel log for NVIDIA Xid records all the time (a long-lived reader process, "
+        "restarted if it dies), so a critical XID is caught whenever it happens, not only in gpu_health's event "
+        "waits. auto: where `xid_log` is readable (the DaemonSet needs it mounted: deploy/overlays/xid-watch); "
+        "on: also log an error while it is not.")
+    xid_log: str = Field("/dev/kmsg", description="The kernel log the XID watch reads: /dev/kmsg, or a file of "
+                         "kmsg records.")
     spread_first_runs: bool = Field(
         True, description="Invasive GPU probes run at this node's own point of their interval (a phase drawn "
         "from the node name, or a seed kept in the state directory), so a rollout does not start them on every "

@@ -17,7 +17,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import kube as kubemod
-from fleetcanary.daemon import phase, pod_resources, webconfig
+from fleetcanary.daemon import phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
@@ -25,6 +25,7 @@ from fleetcanary.daemon.state import ResultStore
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
+from fleetcanary.probes.lib.xids import CRITICAL_XIDS
 from fleetcanary.runner import job as jobmod
 from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import become_subreaper, kill_all_workers, reap_orphans, run_isolated
@@ -58,6 +59,7 @@ class Daemon:
         self.store.set_environment({**environment.collect(with_gpu=False), **self.store.judge.facts})
         self.kube = self._kube(settings)
         self.pod_resources = self._pod_resources(settings)
+        self.xid_watch = self._xid_watch(settings)
         if self.kube is not None:
             self._kube_changed()
         else:
@@ -105,6 +107,32 @@ class Daemon:
                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return None
         return kube
+
+    def _xid_watch(self, settings):
+        g = settings.gpu
+        if g.xid_watch == "off":
+            return None
+        if not os.access(g.xid_log, os.R_OK):
+            (log.error if g.xid_watch == "on" else log.info)(
+                "xid watch: %s is not readable here; critical XIDs are caught in gpu_health's event waits only",
+                g.xid_log)
+            return None
+        return xid_watch.XidWatch(g.xid_log, self._xid, self._xid_watched)
+
+    def _xid(self, pci: str, code: int, message: str) -> None:
+        """An Xid from the kernel log: its GPU by PCI bus ID (the GPU facts the workers reported)."""
+        gpus = self.store.node_environment.get("gpus") or []
+        index = next((str(g.get("index")) for g in gpus if isinstance(g, dict) and g.get("pci_bus_id")
+                      and xid_watch.pci_key(str(g["pci_bus_id"])) == xid_watch.pci_key(pci)), None)
+        gpu = index if index is not None else f"pci:{pci}"
+        if code in CRITICAL_XIDS:
+            self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_errors_total", {"gpu": gpu, "xid": str(code)}, 1)
+            log.warning("critical XID %d on GPU %s (%s): %s", code, gpu, pci, message[:200])
+        else:
+            log.info("XID %d on GPU %s (%s): %s", code, gpu, pci, message[:200])
+
+    def _xid_watched(self, seconds: float) -> None:
+        self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_watch_seconds_total", {}, seconds)
 
     def _pod_resources(self, settings):
         """The kubelet's per-GPU allocation, where the socket is configured and Kubernetes is not off."""
@@ -313,6 +341,8 @@ class Daemon:
             self.kube.start()
         if self.pod_resources is not None:
             self.pod_resources.start()
+        if self.xid_watch is not None:
+            self.xid_watch.start()
         jobs = self._jobs()
         self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))
         self.scheduler.start()
@@ -327,6 +357,8 @@ class Daemon:
             self.kube.stop()
         if self.pod_resources is not None:
             self.pod_resources.stop()
+        if self.xid_watch is not None:
+            self.xid_watch.stop()
         kill_all_workers(self.settings.worker_kill_grace_seconds)
         reap_orphans()
         self.server.stop()

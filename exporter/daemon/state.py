@@ -109,6 +109,20 @@ class ResultStore:
         key = tuple((k, str(labels[k])[:MAX_LABEL_VALUE]) for k in spec.labels)
         return spec.name, key, value
 
+    def add_counter(self, probe: str, metric: str, labels: dict[str, str], value: float) -> bool:
+        """Add to one of a probe's counters from outside its runs (the continuous XID watch feeds gpu_health's).
+        False when the probe, metric or labels do not match its spec."""
+        if probe not in self.probes or value < 0:
+            return False
+        checked = self._checked(probe, {"metric": metric, "labels": labels, "value": value})
+        if checked is None or self.probes[probe].spec(checked[0]).type != "counter":
+            return False
+        name, key, v = checked
+        with self._lock:
+            self.counters[name][key] = self.counters[name].get(key, 0.0) + v
+        self.rerender()
+        return True
+
     def apply(self, out: RunRecord) -> None:
         with self._lock:
             st = self.state.setdefault(out.probe, ProbeState())

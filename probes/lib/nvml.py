@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from fleetcanary.probes.lib.xids import CRITICAL_XIDS  # noqa: F401 - re-exported: nvml.CRITICAL_XIDS
+
 UNKNOWN = "unknown"
 FAKE_ENV = "FLEETCANARY_FAKE_NVML"
 
@@ -44,11 +46,6 @@ LINK_TYPES = ("nvlink", *TOPOLOGY_LEVELS.values(), "unknown")
 NVLINK_ERROR_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 NVLINK_MAX_LINKS = 18
 
-# XIDs that mean a GPU needs attention (DCGM's and NVIDIA's XID catalogue, abridged):
-# 13 graphics engine exception, 31 MMU fault, 43 reset channel, 45 preemptive cleanup,
-# 48 DBE, 61/62 internal micro-controller, 63/64 row remapping, 74 NVLink error,
-# 79 fell off the bus, 92 high SBE rate, 94/95 contained/uncontained ECC, 119/120 GSP errors.
-CRITICAL_XIDS = frozenset({13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 
 
 class NvmlUnavailable(Exception):

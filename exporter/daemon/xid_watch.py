@@ -1,0 +1,156 @@
+"""Continuous XID watch: critical XIDs are caught whenever they happen while the exporter runs, not only
+during the gpu_health probe's 2-second event wait of each minute (about 3% of the time).
+
+A long-lived reader process (fleetcanary.runner.xid_reader: the kernel log's NVRM Xid records) writes
+one JSON line per record; this side maps each Xid's PCI bus ID to the GPU index the node's GPU facts
+give (the environment record the probe workers report: the daemon never loads NVML), counts the
+critical ones into fleetcanary_gpu_xid_errors_total{gpu, xid} (the counter gpu_health feeds, so the
+alert FleetCanaryGPUCriticalXid reads both), and adds the seconds it watched to
+fleetcanary_gpu_xid_watch_seconds_total, whose rate is the watched share of time. A reader that dies is
+restarted with a backoff, and goes on after the last record it read.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("fleetcanary.xid_watch")
+BACKOFF = (1.0, 30.0)   # seconds before a restart: doubling from the first to the second
+FLUSH_SECONDS = 15.0     # watched seconds are added to the counter this often
+
+
+def pci_key(bus_id: str) -> str:
+    """"00000000:18:00.0" (NVML) or "0000:18:00" (the kernel log) -> "0000:18:00"."""
+    b = bus_id.lower().split(".", 1)[0]
+    parts = b.split(":")
+    if len(parts) != 3:
+        return b
+    return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+
+
+class XidWatch:
+    def __init__(self, source: str, on_xid: Callable[[str, int, str], None],
+                 on_watched: Callable[[float], None], clock: Callable[[], float] = time.monotonic,
+                 command: list[str] | None = None) -> None:
+        self.source = source
+        self.on_xid = on_xid
+        self.on_watched = on_watched
+        self.clock = clock
+        self.command = command or [sys.executable, "-m", "fleetcanary.runner.xid_reader"]
+        self.last_seq: int | None = None
+        self.starts = 0
+        self.xids = 0
+        self.lost = 0
+        self.proc: subprocess.Popen | None = None
+        self._watching_since: float | None = None
+        self._unflushed = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # --- the reader ------------------------------------------------------------------------------------
+    def _spawn(self) -> subprocess.Popen:
+        cmd = [*self.command, "--source", self.source]
+        if self.last_seq is not None:
+            cmd += ["--after-seq", str(self.last_seq)]
+        self.starts += 1
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, start_new_session=True)
+
+    def _line(self, line: str) -> None:
+        try:
+            m = json.loads(line)
+        except ValueError:
+            return
+        if "ready" in m:
+            with self._lock:
+                self._watching_since = self.clock()
+            if self.last_seq is None and m["ready"] is not None:
+                self.last_seq = int(m["ready"])
+            return
+        if "lost" in m:
+            self.lost += int(m["lost"])
+            return
+        if "seq" in m:
+            self.last_seq = int(m["seq"])
+        if "xid" in m:
+            self.xids += 1
+            self.on_xid(str(m.get("pci", "")), int(m["xid"]), str(m.get("message", "")))
+
+    def _stopped_watching(self) -> None:
+        with self._lock:
+            if self._watching_since is not None:
+                self._unflushed += self.clock() - self._watching_since
+                self._watching_since = None
+
+    def _run(self) -> None:
+        delay = BACKOFF[0]
+        while not self._stop.is_set():
+            try:
+                self.proc = self._spawn()
+            except OSError as e:
+                log.error("xid watch: cannot start the reader: %s", e)
+                self._stop.wait(BACKOFF[1])
+                continue
+            started = self.clock()
+            for line in self.proc.stdout:
+                self._line(line)
+            rc = self.proc.wait()
+            self._stopped_watching()
+            if self._stop.is_set():
+                return
+            err = (self.proc.stderr.read() or "").strip().splitlines()
+            log.warning("xid watch: the reader ended (exit %s%s); restarting in %.0f s", rc,
+                        f": {err[-1][:200]}" if err else "", delay)
+            delay = BACKOFF[0] if self.clock() - started > BACKOFF[1] else min(delay * 2, BACKOFF[1])
+            self._stop.wait(delay)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(FLUSH_SECONDS):
+            self.flush()
+
+    # --- the daemon's side ---------------------------------------------------------------------------------
+    def watched_seconds(self) -> float:
+        """Seconds watched and not yet handed to on_watched."""
+        with self._lock:
+            open_ = self.clock() - self._watching_since if self._watching_since is not None else 0.0
+            return self._unflushed + open_
+
+    def flush(self) -> None:
+        with self._lock:
+            now = self.clock()
+            secs = self._unflushed
+            if self._watching_since is not None:
+                secs += now - self._watching_since
+                self._watching_since = now
+            self._unflushed = 0.0
+        if secs > 0:
+            self.on_watched(secs)
+
+    def watching(self) -> bool:
+        with self._lock:
+            return self._watching_since is not None
+
+    def start(self) -> None:
+        for target, name in ((self._run, "fleetcanary-xid-watch"), (self._flush_loop, "fleetcanary-xid-flush")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for t in self._threads:
+            t.join(timeout=10)
+        self.flush()

@@ -1,0 +1,146 @@
+"""The continuous XID watch (fleetcanary.daemon.xid_watch, fleetcanary.runner.xid_reader): the recorded kernel
+log of tests/fixtures/kmsg replayed at random times, in random batches, into a log the watcher follows, with its
+reader killed at random points: every Xid record is caught exactly once, on the right GPU, and the daemon counts
+the critical ones into fleetcanary_gpu_xid_errors_total and its watched time into
+fleetcanary_gpu_xid_watch_seconds_total."""
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+from fleetcanary.daemon import xid_watch
+from fleetcanary.runner import xid_reader
+from tests.support.helpers import free_port, wait_for
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+RECORDS = (FIXTURES / "kmsg" / "xid_node.log").read_text().splitlines(keepends=True)
+GPUS = [{"index": i, "pci_bus_id": d["pci_bus_id"], "uuid": d["uuid"]}
+        for i, d in enumerate(json.loads((FIXTURES / "nvml" / "h100_8gpu_healthy.json").read_text())["devices"])]
+
+
+def expected() -> dict[int, tuple[str, int]]:
+    out = {}
+    for r in RECORDS:
+        seq, _, message = xid_reader.parse(r)
+        found = xid_reader.xid(message)
+        if found:
+            out[seq] = found[:2]
+    return out
+
+
+def test_every_xid_line_of_the_recorded_log_is_parsed():
+    want = expected()
+    assert len(want) == 10
+    assert want[2103] == ("0000:18:00", 79) and want[2117] == ("0000:ba:00", 63)    # with and without "PCI:"
+    assert {c for _, c in want.values()} == {79, 48, 13, 94, 31, 109, 119, 63, 74}
+    assert xid_reader.xid("NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.") is None
+    assert xid_watch.pci_key("00000000:2A:00.0") == xid_watch.pci_key("0000:2a:00") == "0000:2a:00"
+
+
+def replay(log: Path, watch: xid_watch.XidWatch, seed: int) -> None:
+    """Write the records in random batches; after some batches kill the reader (it is restarted and must go on
+    after the last record it read, catching what was written while it was down)."""
+    rng = random.Random(seed)
+    i = 0
+    while i < len(RECORDS):
+        n = rng.randint(1, 4)
+        with log.open("a") as f:
+            f.writelines(RECORDS[i:i + n])
+        i = min(i + n, len(RECORDS))
+        if rng.random() < 0.3 and watch.proc is not None and watch.proc.poll() is None:
+            watch.proc.kill()                      # dies with records maybe unread; more come while it is down
+            continue
+        last = int(RECORDS[i - 1].split(",")[1])
+        wait_for(lambda last=last: (watch.last_seq or 0) >= last, timeout=60, what=f"the watcher at seq {last}")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_watcher_catches_every_xid_exactly_once_across_restarts(tmp_path, seed):
+    log = tmp_path / "kmsg.log"
+    log.write_text("6,2000,1000000000,-;Linux version 6.8.0 (before the exporter started)\n"
+                   "3,2001,1000000100,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n")
+    caught: list[tuple[str, int]] = []
+    watched: list[float] = []
+    lock = threading.Lock()
+
+    def on_xid(pci, code, message):
+        with lock:
+            caught.append((pci, code))
+
+    w = xid_watch.XidWatch(str(log), on_xid, watched.append)
+    w.start()
+    try:
+        wait_for(w.watching, timeout=60, what="the reader ready")
+        replay(log, w, seed)
+        final = int(RECORDS[-1].split(",")[1])
+        wait_for(lambda: (w.last_seq or 0) >= final, timeout=60, what="the last record read")
+    finally:
+        w.stop()
+    want = expected()
+    assert sorted(caught) == sorted(want.values()), (caught, want)   # the XID before the start is not counted
+    assert w.xids == len(want) and w.lost == 0
+    assert sum(watched) > 0
+
+
+def test_the_daemon_counts_critical_xids_per_gpu_and_its_watched_time(tmp_path):
+    import yaml
+
+    from fleetcanary.core import config as configmod
+    from fleetcanary.daemon.service import Daemon
+
+    log = tmp_path / "kmsg.log"
+    log.write_text("")
+    cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
+           "gpu": {"xid_watch": "on", "xid_log": str(log)}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    d.store.set_environment({**d.store.node_environment, "gpus": GPUS[:7]})   # GPU 7's facts not known yet
+    w = d.xid_watch
+    w.start()
+    try:
+        wait_for(w.watching, timeout=60, what="the reader ready")
+        with log.open("a") as f:
+            f.writelines(RECORDS)
+        wait_for(lambda: w.xids == 10, timeout=60, what="10 XIDs read")
+        w.flush()
+        text = d.store.exposition.decode()
+    finally:
+        w.stop()
+        d.server.stop()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("fleetcanary_gpu_xid_errors_total{"):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels] = float(value)
+    assert counts == {'fleetcanary_gpu_xid_errors_total{gpu="0",xid="79"}': 1.0,
+                      'fleetcanary_gpu_xid_errors_total{gpu="1",xid="48"}': 1.0,
+                      'fleetcanary_gpu_xid_errors_total{gpu="2",xid="13"}': 2.0,
+                      'fleetcanary_gpu_xid_errors_total{gpu="3",xid="94"}': 1.0,
+                      'fleetcanary_gpu_xid_errors_total{gpu="4",xid="31"}': 1.0,
+                      'fleetcanary_gpu_xid_errors_total{gpu="5",xid="119"}': 1.0,
+                      'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"}': 1.0,
+                      'fleetcanary_gpu_xid_errors_total{gpu="pci:0000:db:00",xid="74"}': 1.0}, counts  # 109: not
+    watch_line = next(ln for ln in text.splitlines() if ln.startswith("fleetcanary_gpu_xid_watch_seconds_total"))
+    assert float(watch_line.rsplit(" ", 1)[1]) > 0
+
+
+def test_an_unreadable_kernel_log_leaves_the_watch_off(tmp_path):
+    import yaml
+
+    from fleetcanary.core import config as configmod
+    from fleetcanary.daemon.service import Daemon
+
+    cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
+           "gpu": {"xid_log": str(tmp_path / "absent")}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    try:
+        assert d.xid_watch is None
+    finally:
+        d.server.stop()
