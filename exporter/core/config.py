@@ -102,10 +102,11 @@ class GpuConfig(Strict):
         "auto", pattern="^(auto|on|off)$",
         description="Watch the kernel log for NVIDIA Xid records all the time (a long-lived reader process, "
         "restarted if it dies), so a critical XID is caught whenever it happens, not only in gpu_health's event "
-        "waits. auto: where `xid_log` is readable (the DaemonSet needs it mounted: deploy/overlays/xid-watch); "
-        "on: also log an error while it is not.")
-    xid_log: str = Field("/dev/kmsg", description="The kernel log the XID watch reads: /dev/kmsg, or a file of "
-                         "kmsg records.")
+        "waits: the kernel log where `xid_log` is readable (deploy/overlays/xid-watch mounts it), else NVML's "
+        "events. on: also log an error while the kernel log is not readable.")
+    xid_log: str = Field("/dev/kmsg", description="What the XID watch reads: the kernel log (/dev/kmsg, or a "
+                         "file of kmsg records), or `nvml` (NVML's critical-XID events, what it falls back to where "
+                         "the kernel log is not readable; no GPU driver: the watch stays off).")
     spread_first_runs: bool = Field(
         True, description="Invasive GPU probes run at this node's own point of their interval (a phase drawn "
         "from the node name, or a seed kept in the state directory), so a rollout does not start them on every "

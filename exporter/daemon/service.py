@@ -112,12 +112,12 @@ class Daemon:
         g = settings.gpu
         if g.xid_watch == "off":
             return None
-        if not os.access(g.xid_log, os.R_OK):
+        source = g.xid_log
+        if source != "nvml" and not os.access(source, os.R_OK):
             (log.error if g.xid_watch == "on" else log.info)(
-                "xid watch: %s is not readable here; critical XIDs are caught in gpu_health's event waits only",
-                g.xid_log)
-            return None
-        return xid_watch.XidWatch(g.xid_log, self._xid, self._xid_watched)
+                "xid watch: %s is not readable here; watching NVML's XID events instead", source)
+            source = "nvml"
+        return xid_watch.XidWatch(source, self._xid, self._xid_watched)
 
     def _xid(self, pci: str, code: int, message: str) -> None:
         """An Xid from the kernel log: its GPU by PCI bus ID (the GPU facts the workers reported)."""

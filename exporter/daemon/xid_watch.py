@@ -1,8 +1,8 @@
 """Continuous XID watch: critical XIDs are caught whenever they happen while the exporter runs, not only
 during the gpu_health probe's 2-second event wait of each minute (about 3% of the time).
 
-A long-lived reader process (fleetcanary.runner.xid_reader: the kernel log's NVRM Xid records) writes
-one JSON line per record; this side maps each Xid's PCI bus ID to the GPU index the node's GPU facts
+A long-lived reader process (fleetcanary.runner.xid_reader: the kernel log's NVRM Xid records, or NVML's
+critical-XID events where the kernel log is not mounted) writes one JSON line per record; this side maps each Xid's PCI bus ID to the GPU index the node's GPU facts
 give (the environment record the probe workers report: the daemon never loads NVML), counts the
 critical ones into fleetcanary_gpu_xid_errors_total{gpu, xid} (the counter gpu_health feeds, so the
 alert FleetCanaryGPUCriticalXid reads both), and adds the seconds it watched to
@@ -22,6 +22,7 @@ from collections.abc import Callable
 log = logging.getLogger("fleetcanary.xid_watch")
 BACKOFF = (1.0, 30.0)   # seconds before a restart: doubling from the first to the second
 FLUSH_SECONDS = 15.0     # watched seconds are added to the counter this often
+UNAVAILABLE = 3          # the reader's exit status when its source cannot work here (xid_reader.UNAVAILABLE)
 
 
 def pci_key(bus_id: str) -> str:
@@ -46,6 +47,7 @@ class XidWatch:
         self.starts = 0
         self.xids = 0
         self.lost = 0
+        self.unavailable = False
         self.proc: subprocess.Popen | None = None
         self._watching_since: float | None = None
         self._unflushed = 0.0
@@ -105,6 +107,11 @@ class XidWatch:
             if self._stop.is_set():
                 return
             err = (self.proc.stderr.read() or "").strip().splitlines()
+            if rc == UNAVAILABLE:
+                log.info("xid watch: %s; critical XIDs are caught in gpu_health's event waits only",
+                         err[-1][:200] if err else f"{self.source} is not available here")
+                self.unavailable = True
+                return
             log.warning("xid watch: the reader ended (exit %s%s); restarting in %.0f s", rc,
                         f": {err[-1][:200]}" if err else "", delay)
             delay = BACKOFF[0] if self.clock() - started > BACKOFF[1] else min(delay * 2, BACKOFF[1])

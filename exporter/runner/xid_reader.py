@@ -2,6 +2,9 @@
 
     python -m fleetcanary.runner.xid_reader --source /dev/kmsg [--after-seq N]
 
+With `--source nvml` it waits on NVML's critical-XID events instead (no kernel log needed; the GPU's
+PCI bus ID comes with each event), exiting 3 where NVML or its events are not there.
+
 The kernel log is read as /dev/kmsg records ("PRI,SEQ,USEC,FLAGS;MESSAGE"), one per read on the
 device, one per line in a file (a recorded log, tests). The NVIDIA driver logs an XID as
 
@@ -89,11 +92,47 @@ def records_from_file(f):
         select.select([], [], [], POLL_SECONDS)
 
 
+UNAVAILABLE = 3  # exit status: this source cannot work here (no NVML, no events); the daemon stops trying
+
+
+def from_nvml() -> int:
+    """NVML's critical-XID events, for as long as the process lives: {"xid", "gpu", "pci"} per event."""
+    from fleetcanary.probes.lib import nvml
+
+    try:
+        session = nvml.open_session()
+    except nvml.NvmlUnavailable as e:
+        print(f"xid reader: NVML: {e}", file=sys.stderr)
+        return UNAVAILABLE
+    with session:
+        stream = session.xid_event_stream(session.handles())
+        try:
+            first = next(stream)           # registered: watching from here
+        except nvml.NvmlUnavailable as e:
+            print(f"xid reader: {e}", file=sys.stderr)
+            return UNAVAILABLE
+        emit({"ready": None})
+        try:
+            ev = first
+            while True:
+                if ev:
+                    emit({"xid": ev["xid"], "pci": ev["pci_bus_id"], "gpu": ev["gpu"], "message": "NVML event"})
+                ev = next(stream)
+        except (BrokenPipeError, KeyboardInterrupt):
+            return 0
+        except session.lib.NVMLError as e:
+            print(f"xid reader: NVML event wait: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", default="/dev/kmsg")
+    ap.add_argument("--source", default="/dev/kmsg", help="/dev/kmsg, a file of kmsg records, or nvml")
     ap.add_argument("--after-seq", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.source == "nvml":
+        return from_nvml()
     try:
         device = stat.S_ISCHR(os.stat(args.source).st_mode)
         if device:

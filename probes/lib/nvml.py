@@ -294,6 +294,38 @@ class Session:
         finally:
             self._try(lib.nvmlEventSetFree, evset)
 
+    def xid_event_stream(self, gpus: list[GpuHandle], wait_ms: int = 5000):
+        """Critical XID events for as long as the caller iterates: {"gpu", "xid", "pci_bus_id"} per event, None
+        after each `wait_ms` without one (so the caller can look up). Raises NVMLError on anything but a timeout;
+        NvmlUnavailable where events are unsupported."""
+        lib = self.lib
+        try:
+            evset = lib.nvmlEventSetCreate()
+        except lib.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML events unsupported: {exc}") from None
+        try:
+            bus = {}
+            for g in gpus:
+                try:
+                    lib.nvmlDeviceRegisterEvents(g.handle, lib.nvmlEventTypeXidCriticalError, evset)
+                    bus[g.index] = self.identity(g)["pci_bus_id"]
+                except lib.NVMLError:
+                    continue
+            if not bus:
+                raise NvmlUnavailable("no GPU takes XID event registrations")
+            while True:
+                try:
+                    data = lib.nvmlEventSetWait_v2(evset, wait_ms)
+                except lib.NVMLError as exc:
+                    if getattr(exc, "value", None) == lib.NVML_ERROR_TIMEOUT:
+                        yield None
+                        continue
+                    raise
+                gpu = next((g.index for g in gpus if g.handle == data.device), None)
+                yield {"gpu": gpu, "xid": int(data.eventData), "pci_bus_id": bus.get(gpu, "")}
+        finally:
+            self._try(lib.nvmlEventSetFree, evset)
+
     # --- records -------------------------------------------------------------
     def environment_facts(self) -> dict[str, Any]:
         handles = self.handles()

@@ -87,18 +87,9 @@ def test_the_watcher_catches_every_xid_exactly_once_across_restarts(tmp_path, se
 
 
 def test_the_daemon_counts_critical_xids_per_gpu_and_its_watched_time(tmp_path):
-    import yaml
-
-    from fleetcanary.core import config as configmod
-    from fleetcanary.daemon.service import Daemon
-
     log = tmp_path / "kmsg.log"
     log.write_text("")
-    cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
-           "gpu": {"xid_watch": "on", "xid_log": str(log)}}
-    p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    d = daemon_with(tmp_path, {"xid_watch": "on", "xid_log": str(log)})
     d.store.set_environment({**d.store.node_environment, "gpus": GPUS[:7]})   # GPU 7's facts not known yet
     w = d.xid_watch
     w.start()
@@ -129,17 +120,54 @@ def test_the_daemon_counts_critical_xids_per_gpu_and_its_watched_time(tmp_path):
     assert float(watch_line.rsplit(" ", 1)[1]) > 0
 
 
-def test_an_unreadable_kernel_log_leaves_the_watch_off(tmp_path):
+def daemon_with(tmp_path, gpu: dict):
     import yaml
 
     from fleetcanary.core import config as configmod
     from fleetcanary.daemon.service import Daemon
 
     cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
-           "gpu": {"xid_log": str(tmp_path / "absent")}}
+           "gpu": gpu}
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
-    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    return Daemon(configmod.load(p, env={}), config_path=str(p))
+
+
+def test_without_the_kernel_log_the_watch_reads_nvml_events(tmp_path, monkeypatch):
+    """The base DaemonSet mounts no kernel log: the watcher waits on NVML's critical-XID events (the recorded
+    degraded node: XIDs 63 and 94 on GPU 6), in its own process; the daemon maps them by PCI bus ID."""
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(FIXTURES / "nvml" / "h100_8gpu_degraded.json"))
+    d = daemon_with(tmp_path, {"xid_log": str(tmp_path / "absent")})
+    d.store.set_environment({**d.store.node_environment, "gpus": GPUS})
+    w = d.xid_watch
+    assert w is not None and w.source == "nvml"
+    w.start()
+    try:
+        wait_for(lambda: w.xids == 2, timeout=60, what="the two recorded XID events")
+        assert w.watching()
+        text = d.store.exposition.decode()
+    finally:
+        w.stop()
+        d.server.stop()
+    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 1.0' in text
+    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="94"} 1.0' in text
+
+
+def test_without_a_kernel_log_or_a_gpu_driver_the_watch_stops_trying(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLEETCANARY_FAKE_NVML", raising=False)
+    d = daemon_with(tmp_path, {"xid_log": str(tmp_path / "absent")})
+    w = d.xid_watch
+    w.start()
+    try:
+        wait_for(lambda: w.unavailable, timeout=60, what="the reader saying NVML is not here")
+        assert w.starts == 1 and not w.watching()
+    finally:
+        w.stop()
+        d.server.stop()
+
+
+def test_xid_watch_off_starts_nothing(tmp_path):
+    d = daemon_with(tmp_path, {"xid_watch": "off"})
     try:
         assert d.xid_watch is None
     finally:
