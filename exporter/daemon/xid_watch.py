@@ -2,10 +2,11 @@
 during the gpu_health probe's 2-second event wait of each minute (about 3% of the time).
 
 A long-lived reader process (fleetcanary.runner.xid_reader: the kernel log's NVRM Xid records, or NVML's
-critical-XID events where the kernel log is not mounted) writes one JSON line per record; this side maps each Xid's PCI bus ID to the GPU index the node's GPU facts
-give (the environment record the probe workers report: the daemon never loads NVML), counts the
-critical ones into fleetcanary_gpu_xid_errors_total{gpu, xid} (the counter gpu_health feeds, so the
-alert FleetCanaryGPUCriticalXid reads both), and adds the seconds it watched to
+critical-XID events where the kernel log is not mounted) writes one JSON line per record; this side maps
+each Xid's PCI bus ID to the GPU index the node's GPU facts give (the environment record the probe
+workers report: the daemon never loads NVML), counts the critical ones into
+fleetcanary_gpu_xid_errors_total{gpu, xid} (the counter gpu_health feeds, so the alert
+FleetCanaryGPUCriticalXid reads both), and adds the seconds it watched to
 fleetcanary_gpu_xid_watch_seconds_total, whose rate is the watched share of time. A reader that dies is
 restarted with a backoff, and goes on after the last record it read.
 """
