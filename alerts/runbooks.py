@@ -81,8 +81,12 @@ HARD = {
                               "`per_link: true`) and `-e` for its error counters; fabric manager status "
                               "(`systemctl status nvidia-fabricmanager`).",
                               "A failed link or NVSwitch port, fabric manager not running, a GPU needing a reset."),
-    "FleetCanaryGPUCriticalXid": ("The GPU reported a critical XID during the probe's event watch.",
-                                  "`dmesg | grep -i xid`; NVIDIA's XID catalogue for the code; drain if it repeats.",
+    "FleetCanaryGPUCriticalXid": ("The GPU reported a critical XID: seen by the exporter's continuous XID watch "
+                                  "(the kernel log or NVML's events, all the time) or by gpu_health's event wait. "
+                                  "A `gpu` label `pci:<bus id>` is a GPU whose facts the exporter had not read yet.",
+                                  "`dmesg | grep -i xid`; NVIDIA's XID catalogue for the code; drain if it repeats. "
+                                  "`rate(fleetcanary_gpu_xid_watch_seconds_total[5m])` near 1 means the node was "
+                                  "watched all the time (about 0.03: gpu_health's waits only).",
                                   "Memory errors (48, 63, 64, 94, 95), a fallen-off GPU (79), NVLink errors (74), "
                                   "GSP firmware errors (119, 120)."),
     "FleetCanaryGPUUncorrectableECC": ("The GPU counted uncorrectable ECC errors.",
