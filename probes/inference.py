@@ -49,6 +49,7 @@ from fleetcanary.probes.base import (
     Sample,
 )
 from fleetcanary.probes.lib import fanout, llm_client
+from fleetcanary.probes.lib.kube_pods import DaemonSetPods
 
 P = "fleetcanary_inference_"
 LABELS = ("target", "model")
@@ -123,7 +124,7 @@ class Target(BaseModel):
         return self
 
 
-class Config(ProbeConfig):
+class Config(ProbeConfig, DaemonSetPods):
     targets: tuple[Target, ...] = Field((), description="Endpoints to probe. None configured: the probe skips.")
     probers_per_target: int = Field(
         3, ge=0, le=1000, description="Nodes that probe each target, chosen by rendezvous hashing over the members "
@@ -134,11 +135,6 @@ class Config(ProbeConfig):
         "(`kubernetes_label_selector` in `kubernetes_namespace`), by node; static: `members`; self: this node "
         "only (it probes every target); auto: kubernetes in a pod, else self.")
     members: tuple[str, ...] = Field((), description="Member node names (members_from static); this node among them.")
-    kubernetes_namespace: str = Field(
-        "", description="Namespace of the DaemonSet's pods; empty: the service account's own namespace.")
-    kubernetes_label_selector: str = Field(
-        "app.kubernetes.io/name=fleetcanary", description="Label selector of the DaemonSet's pods.")
-    kubernetes_api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Timeout of the pod list call.")
 
 
 def assigned(config: Config, node: str) -> list[Target]:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetcanary.probes.lib.gpu_probe import GpuProbeConfig, GpuSeconds
+from fleetcanary.probes.lib.kube_pods import DaemonSetPods
 
 PROBE = "fabric"
 ELEMENT = 4  # float32
@@ -52,17 +53,12 @@ class Member(BaseModel):
         return v
 
 
-class Config(GpuProbeConfig):
+class Config(GpuProbeConfig, DaemonSetPods):
     expected_gpu_seconds: GpuSeconds = 5.0
     members_from: Literal["static", "kubernetes"] = Field(
         "static", description="static: the `members` list; kubernetes: the pods of this DaemonSet "
         "(`kubernetes_label_selector` in `kubernetes_namespace`), named by their node, at their pod IP.")
     members: tuple[Member, ...] = Field((), description="The fabric members (static); this node is among them.")
-    kubernetes_namespace: str = Field(
-        "", description="Namespace of the DaemonSet's pods; empty: the service account's own namespace.")
-    kubernetes_label_selector: str = Field(
-        "app.kubernetes.io/name=fleetcanary", description="Label selector of the DaemonSet's pods.")
-    kubernetes_api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Timeout of the pod list call.")
     member_name: str = Field("", description="This node's member name; empty: the daemon's node_name.")
     port: int = Field(29400, ge=1, le=65535, description="Rendezvous TCP port (members without their own :port).")
     slot_seconds: float = Field(

@@ -13,7 +13,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pydantic import BaseModel, Field
+
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class DaemonSetPods(BaseModel):
+    """Config fields of a probe that finds its fleet as the pods of this DaemonSet (the fabric probe's members,
+    the inference canary's probers)."""
+
+    kubernetes_namespace: str = Field(
+        "", description="Namespace of the DaemonSet's pods; empty: the service account's own namespace.")
+    kubernetes_label_selector: str = Field(
+        "app.kubernetes.io/name=fleetcanary", description="Label selector of the DaemonSet's pods.")
+    kubernetes_api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Timeout of the pod list call.")
 
 
 class KubeError(Exception):

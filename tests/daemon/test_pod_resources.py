@@ -59,12 +59,17 @@ def serve(sock: Path, name: str) -> Kubelet:
     return Kubelet(sock, recorded(name))
 
 
-def test_whole_gpus_held_by_pods_are_listed_by_uuid(sock):
-    k = serve(sock, "whole_gpus")
+def listed(sock: Path, name: str):
+    """One List call against a kubelet serving the recorded response `name`."""
+    k = serve(sock, name)
     try:
-        a = Client(str(sock), timeout_seconds=5).list()
+        return Client(str(sock), timeout_seconds=5).list()
     finally:
         k.stop()
+
+
+def test_whole_gpus_held_by_pods_are_listed_by_uuid(sock):
+    a = listed(sock, "whole_gpus")
     assert a.gpu_uuids == sorted([UUIDS[3], UUIDS[5], UUIDS[6]])
     assert a.mig_uuids == []
     assert a.pods == ["inference/vllm-llama-7b-6d9f8c7b5-x2k4q", "research/train-gpt-0"]   # the RDMA-only pod: no GPU
@@ -73,22 +78,14 @@ def test_whole_gpus_held_by_pods_are_listed_by_uuid(sock):
 
 
 def test_mig_slices_are_listed_for_the_worker_to_map_to_their_parent_gpu(sock):
-    k = serve(sock, "mig_mixed")
-    try:
-        a = Client(str(sock), timeout_seconds=5).list()
-    finally:
-        k.stop()
+    a = listed(sock, "mig_mixed")
     assert a.gpu_uuids == []
     assert len(a.mig_uuids) == 3 and all(m.startswith("MIG-") for m in a.mig_uuids)
     assert {h.resource for h in a.devices.values()} == {"nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"}
 
 
 def test_time_slicing_replicas_name_their_gpu(sock):
-    k = serve(sock, "time_slicing")
-    try:
-        a = Client(str(sock), timeout_seconds=5).list()
-    finally:
-        k.stop()
+    a = listed(sock, "time_slicing")
     assert a.gpu_uuids == [UUIDS[0]] and a.pods == ["notebooks/jupyter-alice", "notebooks/jupyter-bob"]
 
 
