@@ -1,5 +1,6 @@
 """No herd (fleetcanary.daemon.phase): a 500-node rollout starts at most a few daily burns in any minute, a node
-keeps its slot across restarts, and a node without a name keeps a seed in its state directory."""
+keeps its slot across restarts, and a node without a name keeps a seed in its state directory. (The GPU budget
+kept across restarts: tests/daemon/test_service.py.)"""
 from __future__ import annotations
 
 import json
@@ -77,39 +78,3 @@ def test_the_daemon_plans_its_invasive_probes_at_the_nodes_slots_and_the_rest_at
     finally:
         d.server.stop()
 
-
-def test_the_gpu_budget_survives_a_restart(tmp_path):
-    """GPU seconds spent before a restart still count after it (gpu-budget.json in the state directory); charges
-    older than a day, from the future, or malformed are dropped."""
-    import time
-
-    import yaml
-
-    from fleetcanary.core import config as configmod
-    from fleetcanary.daemon.service import Daemon
-    from tests.support.helpers import free_port
-
-    cfg = {"state_dir": str(tmp_path), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
-           "probes": {"gpu_bandwidth": {"params": {"device": "cpu", "d2d_bytes": 4 << 20, "host_bytes": 2 << 20,
-                                                   "repeats": 2}}}}
-    p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    d = Daemon(configmod.load(p, env={}), config_path=str(p))
-    try:
-        out = d.run_probe("gpu_bandwidth")
-        assert out.outcome == "success", out
-        spent = out.result["gpu_seconds"]["0"]
-        before = d.budget.left()["0"]
-    finally:
-        d.server.stop()
-    assert before == d.budget.seconds_per_window - spent
-    charges = json.loads((tmp_path / "gpu-budget.json").read_text())
-    now = time.time()
-    charges += [["1", now - 2 * DAY, 5.0, 3600.0, "x"], ["1", now + 600, 5.0, 3600.0, "x"], ["bad"], "junk"]
-    (tmp_path / "gpu-budget.json").write_text(json.dumps(charges))
-    d2 = Daemon(configmod.load(p, env={}), config_path=str(p))
-    try:
-        after = d2.budget.left()
-    finally:
-        d2.server.stop()
-    assert abs(after["0"] - before) < 1e-6 and "1" not in after

@@ -200,13 +200,18 @@ def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
     wait_for(lambda: not any(pid_alive(x) for x in pids), timeout=30, what="no faulty probe process left")
 
 
-def test_gpu_seconds_feed_the_metric_and_the_hourly_budget(tmp_path):
+def bandwidth_daemon(tmp_path) -> Daemon:
+    """A daemon (not started) whose gpu_bandwidth runs on the CPU, its state in tmp_path."""
     cfg = {"state_dir": str(tmp_path), "server": {"listen_address": f"127.0.0.1:{free_port()}"},
            "probes": {"gpu_bandwidth": {"params": {"device": "cpu", "d2d_bytes": 4 << 20, "host_bytes": 2 << 20,
                                                    "repeats": 2}}}}
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
-    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    return Daemon(configmod.load(p, env={}), config_path=str(p))
+
+
+def test_gpu_seconds_feed_the_metric_and_the_hourly_budget(tmp_path):
+    d = bandwidth_daemon(tmp_path)
     out = d.run_probe("gpu_bandwidth")
     assert out.outcome == "success", out
     spent = out.result["gpu_seconds"]["0"]
@@ -214,3 +219,27 @@ def test_gpu_seconds_feed_the_metric_and_the_hourly_budget(tmp_path):
     assert d.budget.left()["0"] == 18.0 - spent
     assert f'fleetcanary_gpu_probe_seconds_total{{gpu="0"}} {spent!r}' in d.store.exposition.decode()
     d.server.stop()
+
+
+def test_the_gpu_budget_survives_a_restart(tmp_path):
+    """GPU seconds spent before a restart still count after it (gpu-budget.json in the state directory); charges
+    older than a day, from the future, or malformed are dropped."""
+    d = bandwidth_daemon(tmp_path)
+    try:
+        out = d.run_probe("gpu_bandwidth")
+        assert out.outcome == "success", out
+        spent = out.result["gpu_seconds"]["0"]
+        before = d.budget.left()["0"]
+    finally:
+        d.server.stop()
+    assert before == d.budget.seconds_per_window - spent
+    charges = json.loads((tmp_path / "gpu-budget.json").read_text())
+    now = time.time()
+    charges += [["1", now - 2 * 86400, 5.0, 3600.0, "x"], ["1", now + 600, 5.0, 3600.0, "x"], ["bad"], "junk"]
+    (tmp_path / "gpu-budget.json").write_text(json.dumps(charges))
+    d2 = bandwidth_daemon(tmp_path)
+    try:
+        after = d2.budget.left()
+    finally:
+        d2.server.stop()
+    assert abs(after["0"] - before) < 1e-6 and "1" not in after
