@@ -1,7 +1,9 @@
-"""Reading a user-named text file with one-line errors (missing, directory, permissions, binary, gzip)."""
+"""Reading a user-named text file with one-line errors (missing, directory, permissions, binary, gzip), and
+replacing a small state file atomically."""
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 
@@ -29,3 +31,12 @@ def read_text(path: str | Path) -> str:
         raise TextFileError(f"{path}: not UTF-8 text (binary file?)") from None
     except OSError as exc:
         raise TextFileError(f"{path}: {exc.strerror or exc}") from None
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Replace the file's content in one step (a temporary file beside it, then a rename), so a crash leaves the
+    old content or the new, never half. OSError propagates."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

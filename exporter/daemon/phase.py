@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import secrets
 from pathlib import Path
+
+from fleetcanary.core.textfile import write_atomic
 
 log = logging.getLogger("fleetcanary.phase")
 FILE = "phase.json"
@@ -38,9 +39,7 @@ def seed(state_dir: str, node_name: str) -> str:
         log.warning("phase: %s unreadable (%s); drawing a new seed", path, e)
     new = secrets.token_hex(16)
     try:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"seed": new}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"seed": new}))
     except OSError as e:  # a read-only state directory: the phase holds until the next restart
         log.warning("phase: cannot keep the seed in %s: %s", path, e)
     return new

@@ -100,6 +100,7 @@ class Client:
         self.timeout = timeout_seconds
         self._channel = None
         self._call = None
+        self._request = None
 
     def _stub(self):
         if self._call is None:

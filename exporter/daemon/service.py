@@ -16,6 +16,7 @@ import time
 from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
+from fleetcanary.core.textfile import write_atomic
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon.confirm import Confirmer
@@ -229,14 +230,10 @@ class Daemon:
         log.info("GPU budget: %d charges of the last day restored", kept)
 
     def _save_budget(self) -> None:
-        path = self._budget_file()
         try:
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.budget.dump(time.time()), f)
-            os.replace(tmp, path)
+            write_atomic(self._budget_file(), json.dumps(self.budget.dump(time.time())))
         except OSError as e:
-            log.warning("GPU budget: cannot keep it in %s: %s", path, e)
+            log.warning("GPU budget: cannot keep it in %s: %s", self._budget_file(), e)
 
     def first_delays(self, jobs: dict, now: float | None = None) -> dict[str, float | None]:
         """Invasive GPU probes start at the node's slot of their interval (daemon/phase.py: no herd after a

@@ -161,7 +161,8 @@ def _with_torch(access: GpuAccess) -> GpuAccess:
         torch_util.resolve_device_kind("cpu" if access.kind == "cpu" else "auto")
     except ProbeSkipped as e:
         if access.gate is not None:  # which GPUs the run would have measured: NVML sees GPUs, torch no CUDA
-            raise ProbeSkipped(e.reason, f"{e.detail}; the gate left GPUs {access.gate.record()['measured_gpus']}"
-                               f" (skipped: {access.gate.record()['skipped_gpus']})") from None
+            gate = access.gate.record()
+            raise ProbeSkipped(e.reason, f"{e.detail}; the gate left GPUs {gate['measured_gpus']}"
+                               f" (skipped: {gate['skipped_gpus']})") from None
         raise
     return access
