@@ -103,7 +103,8 @@ class GpuConfig(Strict):
         description="Watch the kernel log for NVIDIA Xid records all the time (a long-lived reader process, "
         "restarted if it dies), so a critical XID is caught whenever it happens, not only in gpu_health's event "
         "waits: the kernel log where `xid_log` is readable (deploy/overlays/xid-watch mounts it), else NVML's "
-        "events. on: also log an error while the kernel log is not readable.")
+        "events. auto: NVML's events where no NVIDIA driver is loaded (/proc/driver/nvidia); on: the kernel log "
+        "regardless, and an error logged while it is not readable.")
     xid_log: str = Field("/dev/kmsg", description="What the XID watch reads: the kernel log (/dev/kmsg, or a "
                          "file of kmsg records), or `nvml` (NVML's critical-XID events, what it falls back to where "
                          "the kernel log is not readable; no GPU driver: the watch stays off).")

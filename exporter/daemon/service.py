@@ -35,6 +35,7 @@ OPPORTUNISTIC_REASONS = ("gpu_allocated", "gpu_busy")
 BUDGET_FILE = "gpu-budget.json"  # the GPU-time charges of the last day, kept across restarts
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
 
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"  # present while NVIDIA's kernel driver is loaded
 log = logging.getLogger("fleetcanary.daemon")
 
 
@@ -114,7 +115,10 @@ class Daemon:
         if g.xid_watch == "off":
             return None
         source = g.xid_log
-        if source != "nvml" and not os.access(source, os.R_OK):
+        if source != "nvml" and g.xid_watch == "auto" and not os.path.exists(NVIDIA_DRIVER):
+            # no NVIDIA driver loaded: the kernel log has no Xid to read; NVML's side says so and stops
+            source = "nvml"
+        elif source != "nvml" and not os.access(source, os.R_OK):
             (log.error if g.xid_watch == "on" else log.info)(
                 "xid watch: %s is not readable here; watching NVML's XID events instead", source)
             source = "nvml"

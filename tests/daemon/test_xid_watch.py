@@ -172,3 +172,24 @@ def test_xid_watch_off_starts_nothing(tmp_path):
         assert d.xid_watch is None
     finally:
         d.server.stop()
+
+
+def test_auto_leaves_the_kernel_log_alone_where_no_nvidia_driver_is_loaded(tmp_path, monkeypatch):
+    """A readable kernel log on a machine without NVIDIA's driver holds no Xid: auto watches NVML's events
+    (whose reader ends at once there) instead of keeping a reader on the kernel log; on keeps the log."""
+    from fleetcanary.daemon import service
+
+    log = tmp_path / "kmsg.log"
+    log.write_text("")
+    monkeypatch.setattr(service, "NVIDIA_DRIVER", str(tmp_path / "no-driver"))
+    d = daemon_with(tmp_path, {"xid_log": str(log)})
+    d.server.stop()
+    assert d.xid_watch.source == "nvml"
+    monkeypatch.setattr(service, "NVIDIA_DRIVER", str(log))  # a driver is loaded
+    d = daemon_with(tmp_path, {"xid_log": str(log)})
+    d.server.stop()
+    assert d.xid_watch.source == str(log)
+    monkeypatch.setattr(service, "NVIDIA_DRIVER", str(tmp_path / "no-driver"))
+    d = daemon_with(tmp_path, {"xid_watch": "on", "xid_log": str(log)})
+    d.server.stop()
+    assert d.xid_watch.source == str(log)
