@@ -40,9 +40,10 @@ from pathlib import Path
 import yaml
 
 try:  # installed: fleetcanary.rules; run as a script from a checkout: the modules beside this file
-    from fleetcanary.rules import rules_fabric, rules_nic
+    from fleetcanary.rules import rules_coverage, rules_fabric, rules_nic
 except ImportError:  # pragma: no cover - a checkout without the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rules_coverage
     import rules_fabric
     import rules_nic
 
@@ -91,6 +92,8 @@ class Settings:
     hold: bool = True             # a firing change-path or regression alert holds while its own change is still
                                   # worse by its floor (an ALERTS self-hold; docs/alerting.md, "Hold")
     pools: tuple[str, ...] = ()   # pools that get their own peer group (the rest share one)
+    coverage_min_share: float = 0.5  # FleetCanaryPoolUnmeasured: fewer of a pool's GPUs than this measured ...
+    coverage_intervals: int = 3      # ... by a probe in its last this many intervals
     figures: dict[str, dict] = field(default_factory=dict)  # per figure: floor, k_mad, history_floor, interval_minutes
 
     def figure(self, f: FigureRules) -> FigureRules:
@@ -363,7 +366,6 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           "times in the last hour."),
         a("FleetCanaryProbeStale",
           "((time() - fleetcanary_probe_last_success_timestamp_seconds) > 3 * fleetcanary_probe_interval_seconds) "
-          "and on(node, probe) (fleetcanary_probe_enabled == 1) "
           'unless on(node, probe) (increase(fleetcanary_probe_runs_total{outcome="skipped"}[1h]) > 0)',
           "15m", "warning", "A probe has not succeeded for 3 intervals",
           "Probe {{ $labels.probe }} on {{ $labels.node }} last succeeded {{ $value | humanizeDuration }} ago and "
@@ -381,13 +383,13 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           "30m", "warning", "A busy GPU's PCIe link runs below its maximum generation",
           "GPU {{ $labels.gpu }} on {{ $labels.node }} is at PCIe Gen{{ $value }} while not idle (idle GPUs "
           "lower the generation to save power; those are left out)."),
-        # per GPU: links active against links present (per link only with gpu_health's per_link)
-        a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_links_up < fleetcanary_gpu_nvlink_links", "0m", "critical",
+        # per GPU: links present but not active (per link only with gpu_health's per_link)
+        a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_links_down > 0", "0m", "critical",
           "An NVLink is down",
-          "GPU {{ $labels.gpu }} on {{ $labels.node }} has {{ $value }} of its "
-          """{{ with query (printf "fleetcanary_gpu_nvlink_links{node='%s', gpu='%s'}" $labels.node $labels.gpu) }}"""
-          "{{ . | first | value }}{{ else }}?{{ end }} NVLink links active; `nvidia-smi nvlink -s` names the "
-          "inactive ones."),
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} has {{ $value }} NVLink links down and "
+          """{{ with query (printf "fleetcanary_gpu_nvlink_links_up{node='%s', gpu='%s'}" """
+          """$labels.node $labels.gpu) }}"""
+          "{{ . | first | value }}{{ else }}?{{ end }} active; `nvidia-smi nvlink -s` names the inactive ones."),
         a("FleetCanaryGPUCriticalXid", "increase(fleetcanary_gpu_xid_errors_total[75m]) > 0", "0m", "critical",
           "A GPU reported a critical XID", "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID "
           "{{ $labels.xid }} in the last 75 minutes."),
@@ -555,13 +557,19 @@ def build(scale: float = 1.0, settings: Settings = SETTINGS) -> tuple[dict, dict
     fabric_rec = [dict(r, expr=with_selector(r["expr"], s.selector)) for r in rules_fabric.recording_rules()]
     fabric = [dict(a, expr=with_selector(a["expr"], s.selector), **{"for": c.t(seconds(a["for"]) / 60)})
               for a in rules_fabric.alert_rules(RUNBOOK)]
+    coverage_rec = [dict(r, expr=with_selector(r["expr"], s.selector)) for r in rules_coverage.recording_rules()]
+    coverage = [dict(a, expr=with_selector(a["expr"], s.selector))
+                for a in rules_coverage.alert_rules(lambda su, de, na: annotations(s, su, de, na),
+                                                    s.coverage_min_share, s.coverage_intervals, c.t(30))]
     hi = c.iv(s.hard_interval)
     recording = {"groups": [{"name": "fleetcanary-inventory", "interval": hi, "rules": inventory},
-                            {"name": "fleetcanary-fabric", "interval": hi, "rules": fabric_rec}]}
+                            {"name": "fleetcanary-fabric", "interval": hi, "rules": fabric_rec},
+                            {"name": "fleetcanary-coverage", "interval": c.iv(s.interval), "rules": coverage_rec}]}
     alerts = {"groups": [{"name": "fleetcanary-hard-failures", "interval": hi, "rules": hard},
                          *peer_groups, *alert_groups,
                          {"name": "fleetcanary-nic", "interval": hi, "rules": nic},
-                         {"name": "fleetcanary-fabric-alerts", "interval": hi, "rules": fabric}]}
+                         {"name": "fleetcanary-fabric-alerts", "interval": hi, "rules": fabric},
+                         {"name": "fleetcanary-coverage-alerts", "interval": c.iv(s.interval), "rules": coverage}]}
     return recording, alerts
 
 

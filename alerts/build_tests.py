@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generate the promtool tests of alerts/build.py's rules: alerts/tests/peers.test.yml,
-own_history.test.yml and hard_failures.test.yml (nic.test.yml and fabric.test.yml are
+own_history.test.yml and hard_failures.test.yml (nic.test.yml, fabric.test.yml and coverage.test.yml are
 hand-written).
 
 The exporter judges each series itself and publishes its statistics (fleetcanary.judge: the median
@@ -482,14 +482,12 @@ def hard_cases() -> list[dict]:
         case("FleetCanaryProbeStale", [(f'fleetcanary_probe_last_success_timestamp_seconds{{{n}, probe="gpu_health"}}',
                                         "0x60"),
                                        (f'fleetcanary_probe_interval_seconds{{{n}, probe="gpu_health"}}', "60x60"),
-                                       (f'fleetcanary_probe_enabled{{{n}, probe="gpu_health"}}', "1x60"),
                                        (f'fleetcanary_probe_runs_total{{{n}, probe="gpu_health", outcome="skipped"}}',
                                         "0x60")],
              "10m", "30m", {"node": "n1", "probe": "gpu_health"}, "30m 0s"),
         silent("FleetCanaryProbeStale",
                [(f'fleetcanary_probe_last_success_timestamp_seconds{{{n}, probe="gpu_bandwidth"}}', "0x60"),
                 (f'fleetcanary_probe_interval_seconds{{{n}, probe="gpu_bandwidth"}}', "60x60"),
-                (f'fleetcanary_probe_enabled{{{n}, probe="gpu_bandwidth"}}', "1x60"),
                 (f'fleetcanary_probe_runs_total{{{n}, probe="gpu_bandwidth", outcome="skipped"}}', "0+1x60")], "40m"),
         case("FleetCanaryGPUsMissing", [(f"fleetcanary_gpus_healthy{{{n}}}", "8 7x30"),
                                         (f"fleetcanary_gpus_expected{{{n}}}", "8x31")], "0m", "1m", {"node": "n1"},
@@ -511,8 +509,8 @@ def hard_cases() -> list[dict]:
                 (f'fleetcanary_gpu_pcie_link_generation_max{{{n}, gpu="1"}}', "5x40"),
                 (f'fleetcanary_gpu_clock_throttle_active{{{n}, gpu="1", reason="gpu_idle"}}', "1x40")], "35m"),
         case("FleetCanaryNVLinkDown", [(f'fleetcanary_gpu_nvlink_links_up{{{n}, gpu="5"}}', "18 17x30"),
-                                       (f'fleetcanary_gpu_nvlink_links{{{n}, gpu="5"}}', "18x31")], "0m", "1m",
-             {"node": "n1", "gpu": "5"}, "17", {"fleetcanary_gpu_nvlink_links": "18"}),
+                                       (f'fleetcanary_gpu_nvlink_links_down{{{n}, gpu="5"}}', "_ 1x30")], "0m", "1m",
+             {"node": "n1", "gpu": "5"}, "1", {"fleetcanary_gpu_nvlink_links_up": "17"}),
         case("FleetCanaryGPUCriticalXid", [(f'fleetcanary_gpu_xid_errors_total{{{n}, gpu="6", xid="79"}}',
                                             "0x10 1x50")], "9m", "12m", {"node": "n1", "gpu": "6", "xid": "79"},
              "1.0714285714285714"),

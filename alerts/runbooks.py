@@ -237,8 +237,9 @@ def driver_text(title: str, key: str, lower: bool = False) -> tuple[str, str, st
 
 def _texts(name: str, labels: dict, figures: dict):
     try:
-        from fleetcanary.rules import rules_fabric, rules_nic
+        from fleetcanary.rules import rules_coverage, rules_fabric, rules_nic
     except ImportError:  # pragma: no cover - a checkout without the editable install
+        import rules_coverage
         import rules_fabric
         import rules_nic
 
@@ -248,6 +249,8 @@ def _texts(name: str, labels: dict, figures: dict):
         return rules_nic.RUNBOOKS[name]
     if name in rules_fabric.RUNBOOKS:
         return rules_fabric.RUNBOOKS[name]
+    if name in rules_coverage.RUNBOOKS:
+        return rules_coverage.RUNBOOKS[name]
     f = figures[labels["figure"]]
     lower = not f.higher_is_better
     path = labels.get("path")

@@ -449,9 +449,9 @@ CONSTANTS = {"fleetcanary_rdma_port_present": 1.0, "fleetcanary_rdma_port_expect
              "fleetcanary_rdma_port_expected_rate_bytes_per_second": 50e9,
              "fleetcanary_rdma_port_link_width": 4.0, "fleetcanary_net_interface_present": 1.0,
              "fleetcanary_net_interface_up": 1.0, "fleetcanary_gpu_nvlink_up": 1.0,
-             "fleetcanary_gpu_nvlink_links": 18.0, "fleetcanary_gpu_nvlink_links_up": 18.0,
+             "fleetcanary_gpu_nvlink_links_up": 18.0,
              "fleetcanary_net_interface_speed_bytes_per_second": 12.5e9, "fleetcanary_net_interface_mtu_bytes": 9000.0,
-             "fleetcanary_config_last_reload_successful": 1.0, "fleetcanary_probe_enabled": 1.0,
+             "fleetcanary_config_last_reload_successful": 1.0,
              "fleetcanary_probe_success": 1.0, "fleetcanary_train_step_loss_check_pass": 1.0,
              "fleetcanary_inference_quality_pass": 1.0, "fleetcanary_inference_output_stable": 1.0,
              "fleetcanary_gpu_persistence_mode": 1.0}

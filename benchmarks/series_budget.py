@@ -77,7 +77,7 @@ def daemon_exposition(work: Path, params: dict[str, dict] | None = None, timeout
             enabled, ran = set(), {}
             for fam in text_string_to_metric_families(text):
                 for s in fam.samples:
-                    if s.name == "fleetcanary_probe_enabled" and s.value == 1:
+                    if s.name == "fleetcanary_probe_interval_seconds":
                         enabled.add(s.labels["probe"])
                     elif s.name == "fleetcanary_probe_runs_total" and s.value > 0:
                         ran[s.labels["probe"]] = s.labels["outcome"]

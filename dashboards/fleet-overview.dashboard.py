@@ -174,6 +174,24 @@ panels = [
           [("max by (probe) (" + in_pool("(time() - fleetcanary_probe_last_success_timestamp_seconds)"
                                          " / fleetcanary_probe_interval_seconds") + ")",
             "{{probe}}")], w=10, h=6),
+    panel("timeseries", "Coverage: share of the pool's GPUs measured in the last day",
+          "Of each pool's (GPU, invasive probe) pairs, the share a successful run measured in the last day (a daily "
+          "probe: in its last 2 intervals), from each node's fleetcanary_gpu_last_measured_timestamp_seconds "
+          "(pool:fleetcanary_gpu_measured:ratio_1d). GPUs held by tenants, busy or out of GPU-time budget skip, "
+          "and the peer and history alerts cannot judge what was not measured. Good: near 1 on an idle pool; on "
+          "a busy pool, the share you accept going unjudged (the free GPUs of a partly held node are measured "
+          "with deploy/overlays/gpu-allocation).", "percentunit",
+          [('pool:fleetcanary_gpu_measured:ratio_1d{pool=~"$pool"}', "{{pool}}")], w=12, h=8),
+    panel("table", "Coverage per probe: GPUs measured in their last 3 intervals",
+          "Per pool and invasive probe, the share of GPUs with a successful run in the probe's last 3 intervals, "
+          "what FleetCanaryPoolUnmeasured (warning) fires on below "
+          f"{S.coverage_min_share:.0%}. Good: near 1; a low probe beside 'Skips by reason' says why.",
+          "percentunit",
+          [instant('sum by (pool, probe) (((time() - fleetcanary_gpu_last_measured_timestamp_seconds) < bool '
+                   'on(node, probe) group_left() (3 * fleetcanary_probe_interval_seconds)) * on(node) '
+                   'group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"}) / count by (pool, probe) '
+                   '(fleetcanary_gpu_last_measured_timestamp_seconds * on(node) group_left(pool) '
+                   'node:fleetcanary_pool:info{pool=~"$pool"})')], w=12, h=8),
     panel("table", "Firing fleetcanary alerts",
           "Alerts firing now, by name and severity, with the number of nodes or GPUs. "
           "Good: empty. Each alert's runbook is linked from its runbook_url.", "none",

@@ -148,10 +148,10 @@ panels = [
            instant(f"fleetcanary_gpu_pcie_link_width_max{{{N}}}", ref="D")],
           w=12, transformations=[{"id": "merge", "options": {}}]),
     panel("timeseries", "NVLink links up per GPU",
-          "Active NVLink links per GPU, and the links the GPU has. Good: up equals total on every GPU "
-          "(18 on H100/H200 SXM).", "none",
+          "Active NVLink links per GPU, and the links it has that are not active (no series while none is "
+          "down). Good: 18 up on every H100/H200 SXM GPU and no down line.", "none",
           [(f"fleetcanary_gpu_nvlink_links_up{{{N}}}", "GPU {{gpu}} up"),
-           (f"fleetcanary_gpu_nvlink_links{{{N}}}", "GPU {{gpu}} total")], w=12),
+           (f"fleetcanary_gpu_nvlink_links_down{{{N}}}", "GPU {{gpu}} down")], w=12),
     panel("timeseries", "NVLink error counters (per hour)",
           "Increase of NVLink CRC, replay, recovery and ECC counters per GPU. Good: zero; replays that keep "
           "climbing come before a link goes down.", "none",
@@ -175,9 +175,10 @@ panels = [
            instant(f"max by (device, port) (fleetcanary_rdma_port_rate_bytes_per_second{{{N}}}) {GBPS}", ref="B"),
            instant(f"max by (device, port) (fleetcanary_rdma_port_expected_rate_bytes_per_second{{{N}}}) {GBPS}",
                    ref="C"),
-           instant(f"max by (device, port) (fleetcanary_rdma_port_link_width{{{N}}})", ref="D"),
+           instant(f"count by (device, port, link_width) (fleetcanary_rdma_port_info{{{N}}})", ref="D"),
            instant(f"sum by (device, port) (increase(fleetcanary_rdma_port_errors_total{{{N}}}[1h]))", ref="E")],
-          w=12, transformations=[{"id": "merge", "options": {}}]),
+          w=12, transformations=[{"id": "merge", "options": {}},  # lanes: the info series' link_width label
+                                 {"id": "organize", "options": {"excludeByName": {"Value #D": True}}}]),
     panel("timeseries", "RDMA port error and hardware counters (per hour)",
           "Increase over the last hour of each port's IBTA error counters (symbol errors, link downed, receive "
           "errors, ...) and its driver hardware counters (out_of_buffer, retries, CNPs; only with nic_health's "
@@ -263,8 +264,10 @@ panels = [
           "the others; one far lower at lower clocks is power-braked.", "watt",
           [(f"fleetcanary_gpu_sustained_power_watts{{{N}}}", "GPU {{gpu}}")], w=8),
     panel("timeseries", "Sustained burn: seconds in each throttle reason",
-          "Seconds of the burn each NVML clocks-event reason was active (reasons overlap). Good: only "
-          "sw_power_cap, alike on every GPU; thermal, power-brake or hw_slowdown seconds are a fault.", "s",
+          "Seconds of the burn each NVML clocks-event reason was active (reasons overlap), with gpu_sustained's "
+          "detail: true (else in the run record at /results; the slowdown share above is published either way). "
+          "Good: only sw_power_cap, alike on every GPU; thermal, power-brake or hw_slowdown seconds are a fault.",
+          "s",
           [(f"fleetcanary_gpu_sustained_throttle_seconds{{{N}}}", "GPU {{gpu}} {{reason}}")], w=8),
     panel("timeseries", "Training step time against the pool",
           "Step time (forward, backward, optimizer) of the canary transformer per GPU and dtype, with the "
@@ -291,6 +294,15 @@ panels = [
           "Wall time of each probe's last run, worker start to end. Good: steady and well under each probe's "
           "deadline; a rising duration comes before timeouts.", "s",
           [(f"fleetcanary_probe_duration_seconds{{{N}}}", "{{probe}}")], w=12),
+    panel("table", "Coverage: time since each GPU was last measured, per probe",
+          "For each GPU (rows) and invasive probe (columns), how long ago a successful run last measured it "
+          "(time() - fleetcanary_gpu_last_measured_timestamp_seconds; train_step and fabric per node, no GPU). A "
+          "GPU held by a pod, busy or out of GPU-time budget is skipped, and its judged statistics age out. "
+          "Good: every cell under about 1.5 of the probe's interval (15 min bandwidth, 30 min P2P, collectives "
+          "and compute, 1 h training step, 1 day sustained burn); a very large value is never measured.", "s",
+          [instant(f"time() - fleetcanary_gpu_last_measured_timestamp_seconds{{{N}}}")], w=12,
+          transformations=[{"id": "groupingToMatrix", "options": {"columnField": "probe", "rowField": "gpu",
+                                                                  "valueField": "Value"}}]),
     panel("timeseries", "GPU duty cycle of the invasive probes",
           "Share of each GPU's time the invasive probes (bandwidth, P2P, collectives, compute, sustained burn, "
           "training step) used over the last hour; the daily burn shows as a spike. "

@@ -109,7 +109,10 @@ def node_config(work: Path, params: dict[str, dict] | None = None) -> dict:
     probes["nic_health"] = {"params": {"sysfs_root": str(sysfs)}}
     for name, extra in (params or {}).items():
         probes.setdefault(name, {}).setdefault("params", {}).update(extra)
-    return {"node_name": "budget-node", "state_dir": str(work / "state"), "probes": probes}
+    # every probe at once (no per-node phase: the measurement waits for one run of each), the XID watch off
+    # (the series it adds is counted either way; its reader is a process this measurement does not need)
+    return {"node_name": "budget-node", "state_dir": str(work / "state"), "probes": probes,
+            "gpu": {"spread_first_runs": False, "xid_watch": "off"}}
 
 
 def families(text: str) -> dict[str, list[dict[str, str]]]:
@@ -379,8 +382,8 @@ def doc_section(result: dict) -> str:
             "`wrong_result` failures), which start at 0: `increase()` misses the first event of a series born at "
             "1. `fleetcanary_probe_runs_total` has success, failure and skipped from the start, for the "
             "probe-health alerts and the dashboards; timeout and crash, `fleetcanary_probe_invalid_samples_total` "
-            "and `fleetcanary_probe_confirmation_runs_total` once above 0. A probe that is off has its "
-            "`fleetcanary_probe_enabled` 0 and no other `fleetcanary_probe_*` series.",
+            "and `fleetcanary_probe_confirmation_runs_total` once above 0. A probe that is off has no "
+            "`fleetcanary_probe_*` series; `fleetcanary_probe_interval_seconds` lists the enabled ones.",
             "- Device counters a healthy node keeps at 0 (`MetricSpec.zero_published`): the ECC counts but the "
             "uncorrected volatile one (its alert reads `increase()` from 0), the remapped rows, the NVLink error "
             "sums, the RDMA port error counters but `link_downed` (its alert fires on any increase). A counter "

@@ -195,6 +195,9 @@ class Probe:
     Config: ClassVar[type[ProbeConfig]] = ProbeConfig
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     exclusive: ClassVar[str | None] = None      # "gpu": never overlaps another "gpu" probe
+    # What a successful run of an invasive ("gpu") probe counts as measured, for the coverage figure
+    # (fleetcanary_gpu_last_measured_timestamp_seconds): "gpu", each GPU it spent GPU time on; "node", the node.
+    coverage: ClassVar[str] = "gpu"
     # True: the daemon starts runs on the wall clock's multiples of the interval, without jitter,
     # so the same probe on every node starts together (the fabric probe's pairs meet in a slot).
     slot_aligned: ClassVar[bool] = False

@@ -106,8 +106,8 @@ class GpuHealth(Probe):
         MetricSpec(P + "remapped_rows_failed", "gauge", "1 if a row remapping failed, the GPU needs service; no "
                    "series while none has.", "boolean", ("gpu",)),
         MetricSpec(P + "nvlink_links_up", "gauge", "NVLink links of the GPU that are active.", "count", ("gpu",)),
-        MetricSpec(P + "nvlink_links", "gauge", "NVLink links the GPU has (present, active or not).", "count",
-                   ("gpu",)),
+        MetricSpec(P + "nvlink_links_down", "gauge", "NVLink links the GPU has that are not active; no series "
+                   "while every link is active (series budget).", "count", ("gpu",)),
         MetricSpec(P + "nvlink_up", "gauge", "1 if the NVLink link is active; with per_link only.", "boolean",
                    ("gpu", "link")),
         MetricSpec(P + "nvlink_errors_total", "counter",
@@ -174,8 +174,10 @@ class GpuHealth(Probe):
                             add(P + f"remapped_rows_{key}", {"gpu": gi}, 1)
                 links = session.nvlinks(g)
                 if links:  # a GPU without NVLink (PCIe cards, a VM) has no series
-                    add(P + "nvlink_links_up", {"gpu": gi}, sum(1 for link in links if link["up"]))
-                    add(P + "nvlink_links", {"gpu": gi}, len(links))
+                    up = sum(1 for link in links if link["up"])
+                    add(P + "nvlink_links_up", {"gpu": gi}, up)
+                    if up < len(links):  # the alert reads > 0; 0 is no series
+                        add(P + "nvlink_links_down", {"gpu": gi}, len(links) - up)
                 if config.per_link:
                     for link in links:
                         add(P + "nvlink_up", {"gpu": gi, "link": str(link["link"])}, link["up"])

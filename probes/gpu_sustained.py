@@ -14,13 +14,14 @@ throttle reasons every ``sample_interval_seconds`` (probes/lib/load_trace.py).
 
 Published per GPU: the ratio of the sustained throughput (median chunk rate over the last
 ``tail_fraction`` of the burn) to the initial throughput (median over the first
-``initial_seconds`` after the first two chunks), the hottest temperature, the seconds in each
-throttle reason that was active at all, and the share of the burn spent in a slowdown (thermal,
+``initial_seconds`` after the first two chunks), the hottest temperature, and the share of the
+burn spent in a slowdown (thermal,
 power brake, HW slowdown; the power cap is excluded because a healthy GPU reaches it under a
 full burn too). A GPU whose ratio or slowdown throttling differs from its peers' is the one
 with a failing fan, bad thermal contact or a power brake. The sustained throughput itself, the
-clocks and power over the tail and the burn's length are in the run record (/results), and
-series only with ``detail``. Nothing about the GPU's clocks, power limit or modes is changed.
+clocks and power over the tail, the seconds in each throttle reason that was active at all and the
+burn's length are in the run record (/results), and series only with ``detail``. Nothing about
+the GPU's clocks, power limit or modes is changed.
 
 If a compute process appears on a burning GPU (a job started), the burn stops at once and
 the run skips with gpu_busy.
@@ -60,6 +61,7 @@ RATIO = P + "throughput_ratio"
 CLOCK = P + "clock_hertz"
 POWER = P + "power_watts"
 TEMP = P + "temperature_celsius"
+CPU_CHUNK_SECONDS = 0.01  # on the CPU (tests), a chunk repeats its products at least this long
 THROTTLE = P + "throttle_seconds"
 SLOWDOWN = P + "slowdown_ratio"
 BURN = P + "burn_seconds"
@@ -83,9 +85,10 @@ class Config(GpuDeviceConfig):
                                  "sustained rate, clocks and power.")
     detail: bool = Field(
         False, description="Opt-in: the sustained throughput, the SM and memory clocks and the board power over the "
-        "burn's tail and the burn's length as series (fleetcanary_gpu_sustained_flops_per_second, _clock_hertz, "
-        "_power_watts, _burn_seconds: 5 series per GPU, 40 on an 8-GPU node). Off: in the run record only; the "
-        "throughput ratio, slowdown share, temperature and throttle seconds are published either way.")
+        "burn's tail, the seconds in each throttle reason and the burn's length as series "
+        "(fleetcanary_gpu_sustained_flops_per_second, _clock_hertz, _power_watts, _throttle_seconds, _burn_seconds: "
+        "5 series per GPU and one per throttle reason seen, 48 or more on an 8-GPU node). Off: in the run record "
+        "only; the throughput ratio, slowdown share and temperature are published either way.")
 
     @model_validator(mode="after")
     def _windows(self) -> Config:
@@ -114,7 +117,8 @@ class GpuSustained(Probe):
                    "detail only.", "watts", ("gpu",)),
         MetricSpec(TEMP, "gauge", "Hottest GPU temperature seen during the burn.", "celsius", ("gpu",)),
         MetricSpec(THROTTLE, "gauge", "Seconds of the burn each throttle (clocks event) reason was active, from "
-                   "NVML samples; reasons overlap. A reason never active in the burn has no series.", "seconds",
+                   "NVML samples; reasons overlap. A reason never active in the burn has no series; with detail only.",
+                   "seconds",
                    ("gpu", "reason")),
         MetricSpec(SLOWDOWN, "gauge", "Share of the burn with a thermal, power-brake or hardware slowdown reason "
                    "active. The power cap is left out: a full-load burn reaches it on healthy GPUs too (see "
@@ -160,11 +164,16 @@ class GpuSustained(Probe):
                     if sampler and sampler.intruder:
                         stopped_early = sorted(sampler.intruder)
                         break
-                    a = time.perf_counter()
-                    for _ in range(config.per_chunk):
-                        fns[0]()
-                    b = time.perf_counter()
-                    chunks[0].append((time.monotonic() - t0, work / (b - a)))
+                    # a chunk of at least CPU_CHUNK_SECONDS: tiny products would make millions of chunks a burn
+                    a, k = time.perf_counter(), 0
+                    while True:
+                        for _ in range(config.per_chunk):
+                            fns[0]()
+                        k += 1
+                        b = time.perf_counter()
+                        if b - a >= CPU_CHUNK_SECONDS:
+                            break
+                    chunks[0].append((time.monotonic() - t0, k * work / (b - a)))
         finally:
             burn = time.monotonic() - t0
             traces = sampler.stop() if sampler else {}
@@ -199,7 +208,7 @@ class GpuSustained(Probe):
             trace = traces.get(i if kind == "cuda" else (handles[0].index if handles else -1), [])
             acc = load_trace.account(trace, burn, tail_from) if trace else None
             if acc:
-                for reason, secs in acc["throttle_seconds"].items():
+                for reason, secs in acc["throttle_seconds"].items() if config.detail else ():
                     if secs > 0:  # a reason the burn never saw is not a series (9 reasons a GPU)
                         res.samples.append(Sample(THROTTLE, {"gpu": g, "reason": reason}, secs))
                 if acc["slowdown_ratio"] is not None:

@@ -119,7 +119,7 @@ class NicHealth(Probe):
         MetricSpec(R + "info", "gauge", "RDMA port identity, one series per port that exists: its link layer "
                    "(InfiniBand, or Ethernet for RoCE) and its device's HCA type, firmware version and board id "
                    "(empty where the driver has none); value 1.", "info",
-                   DP + ("link_layer", "hca_type", "fw_ver", "board_id")),
+                   DP + ("link_layer", "link_width", "hca_type", "fw_ver", "board_id")),
         MetricSpec(R + "present", "gauge", "0 for a port in expected_ports that does not exist; a port that exists "
                    "has no series (fleetcanary_rdma_port_info has it).", "boolean", DP),
         MetricSpec(R + "expected", "gauge", "1 if the port is in expected_ports, 0 if present but not listed; "
@@ -131,7 +131,6 @@ class NicHealth(Probe):
                    "port_states only.", "boolean", DP + ("state",)),
         MetricSpec(R + "rate_bytes_per_second", "gauge", "Signalling rate the port trained at (sysfs rate).",
                    "bytes_per_second", DP),
-        MetricSpec(R + "link_width", "gauge", "Lanes the port trained at (the 4 of 4X).", "count", DP),
         MetricSpec(R + "expected_rate_bytes_per_second", "gauge", "The rate configured as expected for the port.",
                    "bytes_per_second", DP),
         MetricSpec(R + "rate_below_expected", "gauge", "1 if an up port trained below its expected rate "
@@ -213,7 +212,8 @@ class NicHealth(Probe):
         key = f"{p.device}/{p.port}"
         if expected:
             add(R + "expected", dp, 1 if key in expected else 0)
-        add(R + "info", {**dp, "link_layer": (p.link_layer or "")[:32], **device}, 1)
+        width = str(p.rate[1]) if p.rate is not None else ""
+        add(R + "info", {**dp, "link_layer": (p.link_layer or "")[:32], "link_width": width, **device}, 1)
         if config.port_states:
             for metric, value, names in ((R + "state", p.state, STATES),
                                          (R + "physical_state", p.phys_state, PHYS_STATES)):
@@ -226,9 +226,8 @@ class NicHealth(Probe):
         if want is not None:
             add(R + "expected_rate_bytes_per_second", dp, _gbps(want))
         if p.rate is not None:
-            gbps, width, _ = p.rate
+            gbps, _, _ = p.rate
             add(R + "rate_bytes_per_second", dp, _gbps(gbps))
-            add(R + "link_width", dp, width)
             # A down port's rate is whatever it last negotiated or a default: judged only while up.
             if want is not None and p.up:
                 add(R + "rate_below_expected", dp, 1 if gbps < want else 0)

@@ -157,12 +157,14 @@ def exposition(healthy: int = 8, nvlink_down: tuple[int, ...] = (), remap_failed
 
     fam("fleetcanary_gpus_expected").add_metric([], 8)
     fam("fleetcanary_gpus_healthy").add_metric([], healthy)
-    links_up, links = fam("fleetcanary_gpu_nvlink_links_up", ("gpu",)), fam("fleetcanary_gpu_nvlink_links", ("gpu",))
+    links_up = fam("fleetcanary_gpu_nvlink_links_up", ("gpu",))
+    down = fam("fleetcanary_gpu_nvlink_links_down", ("gpu",))
     pending = fam("fleetcanary_gpu_remapped_rows_pending", ("gpu",))
     failed = fam("fleetcanary_gpu_remapped_rows_failed", ("gpu",))
     for g in range(8):
         links_up.add_metric([str(g)], 17 if g in nvlink_down else 18)
-        links.add_metric([str(g)], 18)
+        if g in nvlink_down:
+            down.add_metric([str(g)], 1)
         pending.add_metric([str(g)], 0)
         failed.add_metric([str(g)], 1 if g in remap_failed else 0)
     median = fam("fleetcanary_judge_median", judge.LABELS, judge.HELP["median"])

@@ -67,7 +67,6 @@ def healthy(node: str) -> dict[str, float]:
             for t in ("corrected", "uncorrected"):
                 s[f'fleetcanary_gpu_ecc_errors_total{{gpu="{g}",type="{t}",counter="{c}"}}'] = 0
         s[f'fleetcanary_gpu_nvlink_links_up{{gpu="{g}"}}'] = 18
-        s[f'fleetcanary_gpu_nvlink_links{{gpu="{g}"}}'] = 18
     return s
 
 

@@ -77,6 +77,17 @@ class Profile:
     # the share of time each node is busy (0: busy_per_day as given). Busy periods start at random (Poisson)
     # and overlapping ones merge, so a share s needs -ln(1 - s) / mean length periods a day
     busy_share: float = 0.0
+    # Busy fleets (issue 27): 1 = tenants' jobs hold 1, 2, 4 or 8 GPUs of a node (equally likely, on aligned
+    # blocks), busy_share is then the share of GPU time held; 0 = whole-node busy periods as above
+    busy_jobs: int = 0
+    # 1 = the kubelet's per-GPU allocation (deploy/overlays/gpu-allocation): GPU memory bandwidth measures the
+    # free GPUs of a partly held node; the collective (a different series on fewer GPUs) needs all 8 free.
+    # 0 = the node-wide check: any GPU held skips the node
+    per_gpu_gate: int = 0
+    # 1 = opportunistic runs (with per_gpu_gate): when a job ends, a due probe runs 2 s later (the daemon's
+    # due_invasive: last run skipped for a tenant, no success within the interval, or a freed GPU not measured
+    # within it), unless its next scheduled run comes first
+    opportunistic: int = 0
     outages: int = 12             # exporter outages of 1-3 h on distinct nodes
     outage_hours: tuple = (1.0, 3.0)
     upgrade_pool: str = "a"
@@ -140,7 +151,8 @@ class Node:
     gpu_off: np.ndarray
     coll_off: float
     outages: list = field(default_factory=list)   # [(a, b)]
-    busy: list = field(default_factory=list)      # [(a, b)]
+    busy: list = field(default_factory=list)      # [(a, b)]: any GPU held (the node-wide check's view)
+    gpu_busy: list = field(default_factory=list)  # per GPU: [(a, b)] (busy_jobs; else each is `busy`)
     upgrade_at: float | None = None
     runs: dict = field(default_factory=dict)      # probe -> dict of arrays
     junk: dict = field(default_factory=dict)      # "gpu N" / "node" -> list of run times
@@ -180,8 +192,10 @@ class Fleet:
         for n in self.nodes:
             self._busy(n, rng)
             n.runs["gpu_bandwidth"] = self._runs(n, p.bw_interval_s, 30.0, rng) | {"timeout": p.bw_timeout_s}
-            n.runs["collectives"] = self._runs(n, p.coll_interval_s, 60.0, rng) | {"timeout": p.coll_timeout_s}
+            n.runs["collectives"] = self._runs(n, p.coll_interval_s, 60.0, rng, "collectives") | \
+                {"timeout": p.coll_timeout_s}
         self._values(rng)
+        self._opportunistic(np.random.default_rng([p.seed, 11]))  # its own stream, as the confirmations
         self._confirmations(np.random.default_rng([p.seed, 7]))  # its own stream: the scheduled runs stay as they were
         self._first_degraded_runs()
 
@@ -246,7 +260,47 @@ class Fleet:
         for e in self.events:
             self.fault.setdefault((e.node, e.gpu, e.family), []).append(e)
 
+    @staticmethod
+    def _merge(iv) -> list[tuple]:
+        merged: list[list[float]] = []
+        for a, b in sorted(iv):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return [tuple(x) for x in merged]
+
+    def _jobs(self, n: Node, rng) -> None:
+        """Tenants' jobs of 1, 2, 4 or 8 GPUs on aligned blocks, Poisson starts, busy_hours long; per-GPU
+        arrivals tuned so that each GPU is held busy_share of the time (overlapping jobs on a GPU merge)."""
+        mean_h, sizes = sum(self.p.busy_hours) / 2, (1, 2, 4, 8)
+        per_gpu_day = -math.log(1 - self.p.busy_share) / mean_h * 24
+        per_node_day = per_gpu_day * 8 / (sum(sizes) / len(sizes))
+        k = rng.poisson(per_node_day * self.p.days)
+        starts = self.start + rng.uniform(0, self.p.days * DAY, k)
+        size = rng.choice(sizes, k)
+        block = rng.integers(0, 8, k)
+        length = rng.uniform(*self.p.busy_hours, k) * HOUR
+        per_gpu: list[list] = [[] for _ in range(8)]
+        for a, sz, bl, ln in zip(starts.tolist(), size.tolist(), block.tolist(), length.tolist(), strict=True):
+            first = (bl // sz) * sz
+            for g in range(first, first + sz):
+                per_gpu[g].append((a, a + ln))
+        n.gpu_busy = [self._merge(iv) for iv in per_gpu]
+        n.busy = self._merge([x for iv in n.gpu_busy for x in iv])
+
+    def held(self, n: Node, probe: str, t: float) -> tuple[bool, np.ndarray]:
+        """At a run's start: whether it skips (outcome 2) and which GPUs it leaves out (tenants hold them)."""
+        if self.p.busy_jobs and self.p.per_gpu_gate and probe == "gpu_bandwidth":
+            h = np.array([self._inside(t, iv) for iv in n.gpu_busy])
+            return bool(h.all()), h
+        skip = self._inside(t, n.busy)
+        return skip, np.full(8, skip)
+
     def _busy(self, n: Node, rng) -> None:
+        if self.p.busy_jobs:
+            self._jobs(n, rng)
+            return
         per_day = self.p.busy_per_day
         if self.p.busy_share > 0:
             mean_h = sum(self.p.busy_hours) / 2
@@ -254,21 +308,17 @@ class Fleet:
         k = rng.poisson(per_day * self.p.days)
         iv = sorted((a, a + float(rng.uniform(*self.p.busy_hours)) * HOUR)
                     for a in (self.start + rng.uniform(0, self.p.days * DAY, k)).tolist())
-        merged: list[list[float]] = []
-        for a, b in iv:
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        n.busy = [tuple(x) for x in merged]
+        n.busy = self._merge(iv)
+        n.gpu_busy = [n.busy] * 8
 
     @staticmethod
     def _inside(t: float, ivs) -> bool:
         return any(a <= t < b for a, b in ivs)
 
-    def _runs(self, n: Node, interval: float, dur: float, rng) -> dict:
-        """The probe's runs on this node: finish times and outcomes (0 success, 1 failure, 2 skipped)."""
-        fin, out = [], []
+    def _runs(self, n: Node, interval: float, dur: float, rng, probe: str = "gpu_bandwidth") -> dict:
+        """The probe's runs on this node: finish times, outcomes (0 success, 1 failure, 2 skipped) and the GPUs
+        each left out for a tenant."""
+        fin, out, held = [], [], []
         sched = self.start + float(rng.uniform(0, 10))
         oi = 0
         while sched < self.end:
@@ -281,9 +331,17 @@ class Fleet:
                 oi += 1
                 continue
             fin.append(t + dur)
-            out.append(2 if self._inside(t, n.busy) else (1 if rng.random() < self.p.fail else 0))
+            if self.p.busy_jobs:  # one draw a run whatever the gate, so both gates see the same runs
+                failed = rng.random() < self.p.fail
+                skip, h = self.held(n, probe, t)
+                out.append(2 if skip else (1 if failed else 0))
+                held.append(h)
+            else:
+                out.append(2 if self._inside(t, n.busy) else (1 if rng.random() < self.p.fail else 0))
+                held.append(np.full(8, out[-1] == 2))
             sched += interval
-        return {"fin": np.array(fin), "out": np.array(out, dtype=np.int8), "interval": interval}
+        return {"fin": np.array(fin), "out": np.array(out, dtype=np.int8), "interval": interval,
+                "held": np.array(held, dtype=bool).reshape(len(fin), 8), "trigger": np.zeros(len(fin), dtype=np.int8)}
 
     # ------------------------------------------------------------------ figures
     def _noise(self, rng, scale: float, size) -> np.ndarray:
@@ -335,6 +393,8 @@ class Fleet:
             for probe in ("gpu_bandwidth", "collectives"):
                 r = n.runs[probe]
                 r["vals"] = self._figures(n, probe, r["fin"], r["out"], rng)
+                if probe == "gpu_bandwidth":
+                    r["vals"][r["held"]] = np.nan  # GPUs a tenant held: not measured by that run
                 r["confirmation"] = np.zeros(len(r["fin"]), dtype=bool)
 
     def _confirmations(self, rng) -> None:
@@ -367,11 +427,14 @@ class Fleet:
                     nxt = fin[i + 1] - dur if i + 1 < len(fin) else self.end
                     if start + dur >= min(nxt, self.end) or any(a <= start + dur and start < b for a, b in n.outages):
                         continue
-                    o = 2 if self._inside(start, n.busy) else (1 if rng.random() < p.fail else 0)
+                    skip, h = self.held(n, probe, start)
+                    o = 2 if skip else (1 if rng.random() < p.fail else 0)
                     row = self._figures(n, probe, np.array([start + dur]), np.array([o], dtype=np.int8), rng)
+                    if probe == "gpu_bandwidth":
+                        row[0][h] = np.nan
                     if o == 0:  # remembered; a confirmation asks for nothing more
                         seen.jumped(record(probe, row[0], "confirmation"), (probe,), p.confirm_change)
-                    extra.append((start + dur, o, row[0]))
+                    extra.append((start + dur, o, row[0], h))
                 if not extra:
                     continue
                 t = np.concatenate([fin, [e[0] for e in extra]])
@@ -379,7 +442,46 @@ class Fleet:
                 r["fin"] = t[order]
                 r["out"] = np.concatenate([out, np.array([e[1] for e in extra], dtype=np.int8)])[order]
                 r["vals"] = np.concatenate([vals, np.array([e[2] for e in extra])])[order]
+                r["held"] = np.concatenate([r["held"], np.array([e[3] for e in extra], dtype=bool)])[order]
+                r["trigger"] = np.concatenate([r["trigger"], np.ones(len(extra), dtype=np.int8)])[order]
                 r["confirmation"] = np.concatenate([r["confirmation"], np.ones(len(extra), dtype=bool)])[order]
+
+    def _opportunistic(self, rng) -> None:
+        """Opportunistic runs (Profile.opportunistic): at each end of a tenant's job, a run of each probe that is
+        due then (exporter/daemon/service.py, due_invasive) 2 s later, on the GPUs free then, unless a run is in
+        progress, the next scheduled run would start before it ends, or the exporter is down."""
+        p = self.p
+        if not (p.busy_jobs and p.per_gpu_gate and p.opportunistic):
+            return
+        for n in self.nodes:
+            for probe, dur in (("gpu_bandwidth", 30.0), ("collectives", 60.0)):
+                r = n.runs[probe]
+                iv = r["interval"]
+                freed = sorted((b, g) for g, ivs in enumerate(n.gpu_busy) for _, b in ivs) \
+                    if probe == "gpu_bandwidth" else sorted((b, None) for _, b in n.busy)
+                for b, g in freed:
+                    start, end = b + 2.0, b + 2.0 + dur
+                    if end >= self.end or any(a <= end and start < z for a, z in n.outages):
+                        continue
+                    fin, out, held = r["fin"], r["out"], r["held"]
+                    k = int(np.searchsorted(fin, start, side="right"))  # runs finished by then: fin[:k]
+                    if k < len(fin) and fin[k] - dur <= end:  # one in progress, or the next comes first
+                        continue
+                    ok = out[:k] == 0
+                    last_ok = fin[:k][ok].max() if ok.any() else -math.inf
+                    seen = ok & ~held[:k, g] if g is not None else ok
+                    last_seen = fin[:k][seen].max() if seen.any() else -math.inf
+                    due = (k > 0 and out[k - 1] == 2) or start - last_ok >= iv or start - last_seen >= iv
+                    skip, h = self.held(n, probe, start)
+                    if not due or skip:
+                        continue
+                    o = 1 if rng.random() < p.fail else 0
+                    row = self._figures(n, probe, np.array([end]), np.array([o], dtype=np.int8), rng)[0]
+                    if probe == "gpu_bandwidth":
+                        row[h] = np.nan
+                    for key, v in (("fin", end), ("out", o), ("vals", row), ("held", h), ("trigger", 2),
+                                   ("confirmation", False)):
+                        r[key] = np.insert(r[key], k, v, axis=0)
 
     def _first_degraded_runs(self) -> None:
         for e in self.events:
@@ -387,6 +489,8 @@ class Fleet:
             if e.family == "gpu_memory_bandwidth" or e.family == "collective_bus_bandwidth":
                 r = n.runs["gpu_bandwidth" if e.family == "gpu_memory_bandwidth" else "collectives"]
                 ok = r["out"] == 0
+                if e.family == "gpu_memory_bandwidth" and e.gpu is not None:
+                    ok = ok & ~r["held"][:, int(e.gpu)]  # a run that left the GPU to its tenant did not see it
                 after = e.start + (0.05 / e.size * DAY if e.kind == "ramp" else 0)
                 hits = r["fin"][ok & (r["fin"] >= after)]
                 if e.kind == "intermittent":
@@ -526,7 +630,6 @@ class Fleet:
                            np.where(ub, e["last_success"][i0:i1], np.nan), tsi))
                 put("fleetcanary_probe_interval_seconds", "gauge",
                     const(f"fleetcanary_probe_interval_seconds{{{pl}}}", int(n.runs[probe]["interval"]), ts_up))
-                put("fleetcanary_probe_enabled", "gauge", const(f"fleetcanary_probe_enabled{{{pl}}}", 1, ts_up))
         for key, texts in fam.items():
             metric, typ = key.split("\t")
             f.write(f"# TYPE {metric} {typ}\n")
@@ -561,4 +664,13 @@ class Fleet:
                 "junk_runs": sum(len(v) for n in self.nodes for v in n.junk.values()),
                 "confirmation_runs": {pr: int(sum(n.runs[pr]["confirmation"].sum() for n in self.nodes))
                                       for pr in runs},
+                # busy fleets: the share of GPU time tenants held, the GPU measurements a run left to them, the
+                # opportunistic runs, and the share of (GPU, 15-minute) slots with a fresh measurement
+                "gpu_busy_share": round(sum(b - a for n in self.nodes for iv in n.gpu_busy for a, b in iv)
+                                        / (len(self.nodes) * 8 * p.days * DAY), 3),
+                "gpu_measurements_left_out": int(sum((n.runs["gpu_bandwidth"]["held"]
+                                                      & (n.runs["gpu_bandwidth"]["out"] != 2)[:, None]).sum()
+                                                     for n in self.nodes)),
+                "opportunistic_runs": {pr: int(sum((n.runs[pr]["trigger"] == 2).sum() for n in self.nodes))
+                                       for pr in runs},
                 "events": kinds}

@@ -169,6 +169,10 @@ def union(fleet: Fleet, name: str, family: str, rows_eps: list[tuple],
                 [round((first[id(e)] - e.detect_from) / 60), after_busy(fleet, e)] for e in hit
                 if e.detect_from is not None)
             recall[label]["ttd_each_min"] = sorted(round(x, 1) for x in t)
+        onset = [(first[id(e)] - e.start) / 60 for e in hit]
+        if onset:  # from the fault's start: includes waiting for a run that sees it (busy fleets)
+            recall[label]["ttd_onset_median_min"] = round(statistics.median(onset), 1)
+            recall[label]["ttd_onset_each_min"] = sorted(round(x, 1) for x in onset)
     return {"alert": name, "kind": "union", "family": family, "recall": recall}
 
 

@@ -55,8 +55,6 @@ PROBE_SUCCESS = _m("fleetcanary_probe_success", "gauge",
                    f"1 if the probe's last run succeeded, else 0. {SCHEDULED}", ("probe",))
 PROBE_DURATION = _m("fleetcanary_probe_duration_seconds", "gauge",
                     f"Wall time of the probe's last run, worker start to end. {SCHEDULED}", ("probe",))
-PROBE_LAST_RUN = _m("fleetcanary_probe_last_run_timestamp_seconds", "gauge",
-                    "Unix time the probe last finished a run, whatever its outcome.", ("probe",))
 PROBE_LAST_SUCCESS = _m("fleetcanary_probe_last_success_timestamp_seconds", "gauge",
                         "Unix time the probe last finished a successful run.", ("probe",))
 PROBE_RUNS = _m("fleetcanary_probe_runs_total", "counter",
@@ -67,16 +65,20 @@ PROBE_FAILURES = _m("fleetcanary_probe_failures_total", "counter",
                     "Failed probe runs by the probe's failure reason.", ("probe", "reason"))
 PROBE_CRASHES = _m("fleetcanary_probe_crashes_total", "counter",
                    "Crashed probe runs by reason: " + ", ".join(CRASH_REASONS) + ".", ("probe", "reason"))
-PROBE_ENABLED = _m("fleetcanary_probe_enabled", "gauge", "1 if the probe is enabled in the running config; 0 for "
-                   "one that is off, which has no other fleetcanary_probe_* series.", ("probe",))
 PROBE_INTERVAL = _m("fleetcanary_probe_interval_seconds", "gauge",
-                    "The probe's configured interval; staleness alerts use it.", ("probe",))
+                    "The probe's configured interval, one series per enabled probe (a probe that is off publishes "
+                    "no fleetcanary_probe_* series); staleness and coverage rules use it.", ("probe",))
 PROBE_CONFIRMATIONS = _m("fleetcanary_probe_confirmation_runs_total", "counter",
                          "Extra runs started a few minutes after a run in which a figure the alerts' fast path judges "
                          "jumped (confirm_change); counted in runs_total too. Probes with such figures only, once "
                          "above 0.", ("probe",))
 PROBE_INVALID = _m("fleetcanary_probe_invalid_samples_total", "counter",
                    "Samples a probe returned that its metric specs do not declare; dropped. Once above 0.", ("probe",))
+GPU_LAST_MEASURED = _m("fleetcanary_gpu_last_measured_timestamp_seconds", "gauge",
+                       "Coverage: unix time a successful run of the invasive probe last measured the GPU (0: not "
+                       "since the state directory began); time() minus it is how long the GPU has gone unmeasured. "
+                       "One series per GPU and enabled invasive probe; gpu empty for a probe measured per node "
+                       "(train_step, fabric).", ("gpu", "probe"))
 GPU_PROBE_SECONDS = _m("fleetcanary_gpu_probe_seconds_total", "counter",
                        "GPU time spent by invasive probes, per GPU, seconds.", ("gpu",))
 CONFIG_RELOAD_OK = _m("fleetcanary_config_last_reload_successful", "gauge",
@@ -90,7 +92,6 @@ HISTORY_ERRORS = _m("fleetcanary_history_write_errors_total", "counter",
 CLOCK_JUMPS = _m("fleetcanary_clock_jumps_total", "counter",
                  "Wall-clock steps of 5 s or more seen against the monotonic clock; every probe is planned again "
                  "after one.")
-START_TIME = _m("fleetcanary_start_time_seconds", "gauge", "Unix time the exporter started.")
 BUILD_INFO = _m("fleetcanary_build_info", "info", "Build identity; value 1.", ("version", "commit", "python_version"))
 NODE_INFO = _m("fleetcanary_node_info", "info",
                "The stable part of this node's environment record; value 1. The node label comes from relabeling; "
@@ -134,17 +135,15 @@ class _StateCollector:
     def collect(self):
         s = self.store
         probes = list(s.probes)
-        success, dur, last, last_ok = (m.family() for m in (PROBE_SUCCESS, PROBE_DURATION, PROBE_LAST_RUN,
-                                                             PROBE_LAST_SUCCESS))
+        success, dur, last_ok = (m.family() for m in (PROBE_SUCCESS, PROBE_DURATION, PROBE_LAST_SUCCESS))
         runs, skips, fails, crashes = (m.family() for m in (PROBE_RUNS, PROBE_SKIPS, PROBE_FAILURES, PROBE_CRASHES))
-        enabled, interval, invalid = (m.family() for m in (PROBE_ENABLED, PROBE_INTERVAL, PROBE_INVALID))
+        interval, invalid = (m.family() for m in (PROBE_INTERVAL, PROBE_INVALID))
         confirmations = PROBE_CONFIRMATIONS.family()
         for name in probes:
             st = s.state[name]
             cls = s.probes[name]
-            enabled.add_metric([name], 1.0 if name in s.enabled else 0.0)
             if name not in s.enabled:
-                continue  # a probe that is off: its enabled 0 and nothing else (~10 series each)
+                continue  # a probe that is off: nothing (~10 series each)
             if name in s.intervals:
                 interval.add_metric([name], s.intervals[name])
             for outcome, n in st.runs.items():
@@ -165,10 +164,9 @@ class _StateCollector:
             if st.last is not None:
                 success.add_metric([name], 1.0 if st.last.outcome == "success" else 0.0)
                 dur.add_metric([name], st.last.wall_seconds)
-                last.add_metric([name], st.last_run_ts or 0.0)
             if st.last_success_ts is not None:
                 last_ok.add_metric([name], st.last_success_ts)
-        yield from (success, dur, last, last_ok, runs, skips, fails, crashes, enabled, interval, invalid, confirmations)
+        yield from (success, dur, last_ok, runs, skips, fails, crashes, interval, invalid, confirmations)
 
         # Probe families, from their declared specs.
         for name in probes:
@@ -197,6 +195,10 @@ class _StateCollector:
         for g, secs in sorted(s.gpu_seconds.items()):
             gpu.add_metric([g], secs)
         yield gpu
+        covered = GPU_LAST_MEASURED.family()
+        for g, probe, ts in s.coverage():
+            covered.add_metric([g, probe], ts)
+        yield covered
         yield CONFIG_RELOAD_OK.family(s.config_reload_ok)
         yield CONFIG_RELOAD_TS.family(s.config_reload_ts)
         reloads = CONFIG_RELOADS.family()
@@ -205,7 +207,6 @@ class _StateCollector:
         yield reloads
         yield HISTORY_ERRORS.family(s.history_write_errors)
         yield CLOCK_JUMPS.family(s.clock_jumps)
-        yield START_TIME.family(s.start_time)
         build = BUILD_INFO.family()
         build.add_metric([], {"version": version(), "commit": git_commit(),
                               "python_version": platform.python_version()})

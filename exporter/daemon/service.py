@@ -22,7 +22,7 @@ from fleetcanary.daemon import phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
-from fleetcanary.daemon.state import ResultStore
+from fleetcanary.daemon.state import ResultStore, measured
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
@@ -33,6 +33,7 @@ from fleetcanary.runner.isolation import become_subreaper, kill_all_workers, rea
 
 OPPORTUNISTIC_REASONS = ("gpu_allocated", "gpu_busy")
 BUDGET_FILE = "gpu-budget.json"  # the GPU-time charges of the last day, kept across restarts
+COVERAGE_FILE = "coverage.json"   # when each GPU was last measured by each invasive probe
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
 
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"  # present while NVIDIA's kernel driver is loaded
@@ -59,6 +60,7 @@ class Daemon:
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
         # exporter restart must not look like a driver change to the fleet's rules).
         self.store.set_environment({**environment.collect(with_gpu=False), **self.store.judge.facts})
+        self._restore_coverage()
         self.kube = self._kube(settings)
         self.pod_resources = self._pod_resources(settings)
         self.xid_watch = self._xid_watch(settings)
@@ -153,12 +155,21 @@ class Daemon:
             return
         freed = sorted(set(before.devices) - set(after.devices))
         if freed:
-            due = self.run_opportunistic()
+            due = self.run_opportunistic(self._gpu_indices(freed))
             log.info("GPU devices freed (%s); due now: %s", ", ".join(freed), ", ".join(due) or "none")
 
-    def due_invasive(self, now: float | None = None) -> list[str]:
+    def _gpu_indices(self, devices: list[str]) -> set[str]:
+        """The GPU indices of device-plugin IDs (GPU UUIDs, time-slicing replicas GPU-...::N), from the GPU facts
+        the workers reported; IDs it cannot place (MIG devices) are left out."""
+        by_uuid = {str(g.get("uuid")): str(g["index"]) for g in self.store.node_environment.get("gpus") or []
+                   if isinstance(g, dict) and "index" in g and g.get("uuid")}
+        return {by_uuid[d.split("::", 1)[0]] for d in devices if d.split("::", 1)[0] in by_uuid}
+
+    def due_invasive(self, now: float | None = None, freed: set[str] | None = None) -> list[str]:
         """Invasive GPU probes that are due, shortest first (their GPU seconds per run): the last run skipped for
-        a tenant (gpu_allocated, gpu_busy), or no success within the interval."""
+        a tenant (gpu_allocated, gpu_busy), no success within the interval, or (``freed``: GPU indices a pod
+        just let go of) a freed GPU the probe has not measured within its interval (its runs measured the
+        others while a tenant held it)."""
         now = time.time() if now is None else now
         with self._settings_lock:
             entries = self.settings.probe_entries()
@@ -172,15 +183,18 @@ class Daemon:
             for_tenant = last is not None and last.outcome == "skipped" and last.reason in OPPORTUNISTIC_REASONS
             ok_at = st.last_success_ts if st else None
             stale = ok_at is None or now - ok_at >= entries[name].interval_seconds
-            if for_tenant or stale:
+            interval = entries[name].interval_seconds
+            unmeasured = bool(freed) and self.probe_map[name].coverage == "gpu" and any(
+                now - self.store.last_measured.get((g, name), 0.0) >= interval for g in freed)
+            if for_tenant or stale or unmeasured:
                 cost = getattr(entries[name].params, "expected_gpu_seconds", entries[name].timeout_seconds)
                 due.append((cost, name))
         return [n for _, n in sorted(due)]
 
-    def run_opportunistic(self) -> list[str]:
+    def run_opportunistic(self, freed: set[str] | None = None) -> list[str]:
         """Queue one run of each due invasive probe within seconds, shortest first (staggered a second apart;
         the exclusive "gpu" class serializes them, the gate and the budget decide on each GPU)."""
-        due = self.due_invasive()
+        due = self.due_invasive(freed=freed)
         for i, name in enumerate(due):
             self.scheduler.run_once(name, OPPORTUNISTIC_DELAY_SECONDS + i, trigger="opportunistic")
         return due
@@ -238,6 +252,25 @@ class Daemon:
             write_atomic(self._budget_file(), json.dumps(self.budget.dump(time.time())))
         except OSError as e:
             log.warning("GPU budget: cannot keep it in %s: %s", self._budget_file(), e)
+
+    def _restore_coverage(self) -> None:
+        path = os.path.join(self.settings.state_dir, COVERAGE_FILE)
+        try:
+            with open(path) as f:
+                entries = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.warning("coverage: %s unreadable (%s); every GPU counts as unmeasured until its next run", path, e)
+            return
+        self.store.restore_coverage(entries if isinstance(entries, list) else [])
+
+    def _save_coverage(self) -> None:
+        path = os.path.join(self.settings.state_dir, COVERAGE_FILE)
+        try:
+            write_atomic(path, json.dumps(self.store.dump_coverage()))
+        except OSError as e:
+            log.warning("coverage: cannot keep it in %s: %s", path, e)
 
     def first_delays(self, jobs: dict, now: float | None = None) -> dict[str, float | None]:
         """Invasive GPU probes start at the node's slot of their interval (daemon/phase.py: no herd after a
@@ -303,6 +336,8 @@ class Daemon:
             return None
         out.trigger = trigger
         self.store.apply(out)
+        if out.ok and measured(self.probe_map[name], out):
+            self._save_coverage()
         self._maybe_confirm(name, entry, out)
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)

@@ -69,6 +69,16 @@ class Histogram:
         self.count += 1
 
 
+def measured(cls: type[Probe] | None, out: RunRecord) -> list[tuple[str, str]]:
+    """The (gpu, probe) pairs a successful run of an invasive probe measured: the GPUs it spent GPU time on
+    (its gate's free GPUs), or ("", probe) for a probe measured per node (Probe.coverage)."""
+    if cls is None or cls.exclusive != "gpu":
+        return []
+    if cls.coverage == "node":
+        return [("", out.probe)]
+    return [(g[:16], out.probe) for g in out.gpu_seconds if g.isdigit()]
+
+
 class ResultStore:
     def __init__(self, probes: dict[str, type[Probe]], enabled: list[str], judge: FigureStore | None = None) -> None:
         self._lock = threading.Lock()
@@ -82,6 +92,9 @@ class ResultStore:
         self.counters: dict[str, dict[LabelKey, float]] = defaultdict(dict)
         self.histograms: dict[str, dict[LabelKey, Histogram]] = defaultdict(dict)
         self.gpu_seconds: dict[str, float] = defaultdict(float)
+        # coverage: (gpu, probe) -> unix time a successful run of the invasive probe last measured the GPU
+        # (gpu "" for a probe measured per node); daemon/service.py keeps it in the state directory
+        self.last_measured: dict[tuple[str, str], float] = {}
         self.node_environment: dict[str, Any] = {}
         self.node_extra_labels: dict[str, str] = {}
         self.kube = None  # daemon.kube.Snapshot when the Kubernetes integration runs
@@ -91,7 +104,6 @@ class ResultStore:
         self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
         self.history_write_errors = 0
         self.clock_jumps = 0
-        self.start_time = time.time()
         self.exposition: bytes = b""
         self.version = 0
 
@@ -175,6 +187,9 @@ class ResultStore:
                 st.gauges_at = None
             for gpu, secs in out.gpu_seconds.items():
                 self.gpu_seconds[gpu[:16]] += secs
+            if out.ok:
+                for key in measured(self.probes.get(out.probe), out):
+                    self.last_measured[key] = max(self.last_measured.get(key, 0.0), out.finished_at)
             if out.environment:
                 # A fact the run could not tell (no NVML in that worker) keeps the last known one.
                 known = {k: v for k, v in self.node_environment.items() if v != envmod.UNKNOWN}
@@ -269,7 +284,42 @@ class ResultStore:
             self.exposition = data
             self.version += 1
 
+    def restore_coverage(self, entries: list) -> int:
+        """Coverage kept in the state directory ([[gpu, probe, unix time], ...]); what is unreadable is left
+        out. The number restored."""
+        kept = 0
+        with self._lock:
+            for e in entries:
+                try:
+                    gpu, probe, ts = str(e[0])[:16], str(e[1]), float(e[2])
+                except (TypeError, ValueError, IndexError):
+                    continue
+                if probe in self.probes and ts == ts and ts > 0:
+                    self.last_measured[(gpu, probe)] = max(self.last_measured.get((gpu, probe), 0.0), ts)
+                    kept += 1
+        self.rerender()
+        return kept
+
+    def dump_coverage(self) -> list:
+        with self._lock:
+            return [[g, p, ts] for (g, p), ts in sorted(self.last_measured.items())]
+
     # --- reads ------------------------------------------------------------------
+    def coverage(self) -> list[tuple[str, str, float]]:
+        """(gpu, probe, unix time of its last fresh run or 0) for each enabled invasive probe and each GPU the
+        node has (the environment's GPUs, and any measured before); a probe measured per node has gpu ""."""
+        gpus = {str(g["index"]) for g in self.node_environment.get("gpus") or []
+                if isinstance(g, dict) and "index" in g}
+        gpus |= {g for g, _ in self.last_measured if g}
+        out = []
+        for name in self.enabled:
+            cls = self.probes.get(name)
+            if cls is None or cls.exclusive != "gpu":
+                continue
+            for g in (sorted(gpus, key=lambda x: (len(x), x)) if cls.coverage == "gpu" else [""]):
+                out.append((g, name, self.last_measured.get((g, name), 0.0)))
+        return out
+
     def node_labels(self) -> dict[str, str]:
         labels = envmod.stable_labels(self.node_environment) if self.node_environment else \
             dict.fromkeys(envmod.STABLE_FIELDS, envmod.UNKNOWN)

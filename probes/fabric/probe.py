@@ -53,6 +53,7 @@ class Fabric(Probe):
     name = "fabric"
     Config = Config
     exclusive = "gpu"
+    coverage = "node"  # a measurement of the node's network path
     slot_aligned = True
     default_enabled = False        # needs members and a secret
     default_interval_seconds = 300.0

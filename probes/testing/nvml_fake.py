@@ -36,6 +36,7 @@ tick walks the trace one sample per tick whatever the order of its reads.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,7 +299,8 @@ class FakeNvml:
             if e["gpu"] in registered:
                 self._events.pop(i)
                 return _Event(self.devices[e["gpu"]], self.nvmlEventTypeXidCriticalError, int(e["xid"]))
-        raise NVMLError(NVML_ERROR_TIMEOUT)
+        time.sleep(max(timeout_ms, 0) / 1000)  # NVML blocks for the timeout when no event comes (a waiter's loop
+        raise NVMLError(NVML_ERROR_TIMEOUT)     # would spin on a fake that returned at once)
 
     def nvmlEventSetFree(self, evset):
         evset["handles"].clear()

@@ -97,11 +97,11 @@ def probe_series(store, probe: str) -> dict[str, float]:
             if k[0].startswith("fleetcanary_probe_") and dict(k[1]).get("probe") == probe}
 
 
-def test_a_probe_that_is_off_has_its_enabled_0_and_nothing_else():
+def test_a_probe_that_is_off_publishes_nothing():
     store = ResultStore(dict(PROBES), [p for p in PROBES if p != "fabric"])
     store.set_enabled([p for p in PROBES if p != "fabric"], dict.fromkeys(PROBES, 60.0), {})
-    assert probe_series(store, "fabric") == {"fleetcanary_probe_enabled": 0}
-    assert set(probe_series(store, "gpu_health")) == {"fleetcanary_probe_enabled", "fleetcanary_probe_interval_seconds",
+    assert probe_series(store, "fabric") == {}
+    assert set(probe_series(store, "gpu_health")) == {"fleetcanary_probe_interval_seconds",
                                                       "fleetcanary_probe_runs_total"}
     # the declared-at-zero skip of fabric (its partner-availability rules) only while fabric is on
     assert reasons(store, "fleetcanary_probe_skips_total") == {}

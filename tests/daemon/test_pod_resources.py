@@ -265,7 +265,8 @@ def test_a_pod_that_ends_queues_the_due_invasive_probes_shortest_first(tmp_path,
     now = time.time()
     d.store.apply(RunRecord(probe="gpu_bandwidth", outcome="skipped", reason="gpu_allocated", started_at=now - 5,
                             wall_seconds=1.0))
-    d.store.apply(RunRecord(probe="gpu_compute", outcome="success", started_at=now - 5, wall_seconds=1.0))
+    d.store.apply(RunRecord(probe="gpu_compute", outcome="success", started_at=now - 5, wall_seconds=1.0,
+                            result={"gpu_seconds": {str(g): 1.0 for g in range(8)}}))  # every GPU, just now
     k = serve(sock, "whole_gpus")
     try:
         d.pod_resources.refresh()
@@ -286,3 +287,30 @@ def test_a_pod_that_ends_queues_the_due_invasive_probes_shortest_first(tmp_path,
     assert queued[-1][0] == "gpu_sustained"                              # the 20-second burn last
     assert all(t == "opportunistic" for _, _, t in queued)
     assert [q[1] for q in queued] == sorted(q[1] for q in queued) and len({q[1] for q in queued}) == len(queued)
+
+
+def test_a_freed_gpu_the_probe_has_not_measured_within_its_interval_makes_it_due(tmp_path, sock, monkeypatch):
+    """gpu_compute succeeded just now, on the 5 GPUs the tenants left free: it is not due, but once the pods
+    holding GPUs 3, 5 and 6 end, those three have not been measured within its interval, and it is."""
+    import yaml
+
+    from fleetcanary.core import config as configmod
+    from fleetcanary.core.record import RunRecord
+    from fleetcanary.daemon.service import Daemon
+    from tests.support.helpers import free_port
+
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(NVML))
+    cfg = {"state_dir": str(tmp_path / "state"), "server": {"listen_address": f"127.0.0.1:{free_port()}"}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    d.server.stop()
+    d.store.set_environment({**d.store.node_environment,
+                             "gpus": [{"index": i, "uuid": u} for i, u in enumerate(UUIDS)]})
+    now = time.time()
+    d.store.apply(RunRecord(probe="gpu_compute", outcome="success", started_at=now - 5, wall_seconds=1.0,
+                            result={"gpu_seconds": {str(g): 1.0 for g in (0, 1, 2, 4, 7)}}))
+    assert "gpu_compute" not in d.due_invasive()
+    assert d._gpu_indices([UUIDS[3], UUIDS[5] + "::2", "MIG-unknown"]) == {"3", "5"}
+    assert "gpu_compute" in d.due_invasive(freed={"3", "5"})
+    assert "gpu_compute" not in d.due_invasive(freed={"1"})  # measured just now

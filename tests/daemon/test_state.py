@@ -53,7 +53,7 @@ def test_failed_run_clears_values_and_skip_keeps_them():
     v = parse(store)
     assert "fleetcanary_test_fault_value[('mode', 'm')]" not in v
     assert v["fleetcanary_probe_success[('probe', 'ok')]"] == 0.0
-    assert v["fleetcanary_probe_last_run_timestamp_seconds[('probe', 'ok')]"] == 3005.0
+    assert v["fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]"] == 1001.0  # not a success
     assert v["fleetcanary_probe_runs_total[('outcome', 'timeout'), ('probe', 'ok')]"] == 1.0
 
 
@@ -140,3 +140,31 @@ def test_a_scrape_drops_expired_figures():
         assert b'fleetcanary_probe_last_success_timestamp_seconds{probe="ok"} 1001.0' in server.metrics_body(False)
     finally:
         server.httpd.server_close()
+
+
+def test_coverage_is_per_gpu_and_invasive_probe_from_successful_runs_only():
+    """The recorded node's 8 GPUs; gpu_bandwidth measured GPUs 0-4 (3 held by pods), then skipped; train_step is
+    measured per node; a failed run measures nothing; a non-invasive probe has no coverage series."""
+    store = ResultStore(PROBES, ["gpu_bandwidth", "train_step", "host_memory_bandwidth"])
+    store.set_environment({"gpus": [{"index": i} for i in range(8)]})
+    v = parse(store)
+    cov = "fleetcanary_gpu_last_measured_timestamp_seconds"
+    assert {k: x for k, x in v.items() if k.startswith(cov)} == {
+        **{f"{cov}[('gpu', '{g}'), ('probe', 'gpu_bandwidth')]": 0.0 for g in range(8)},
+        f"{cov}[('gpu', ''), ('probe', 'train_step')]": 0.0}
+    store.apply(RunRecord("gpu_bandwidth", "success", started_at=1000.0, wall_seconds=5.0,
+                          result={"gpu_seconds": {str(g): 0.5 for g in (0, 1, 2, 4, 7)}}))
+    store.apply(RunRecord("gpu_bandwidth", "skipped", "gpu_allocated", started_at=2000.0))
+    store.apply(RunRecord("gpu_bandwidth", "failure", "other", started_at=3000.0,
+                          result={"gpu_seconds": {"3": 0.5}}))
+    store.apply(RunRecord("train_step", "success", started_at=4000.0, wall_seconds=1.0,
+                          result={"gpu_seconds": {"5": 0.3}}))
+    v = parse(store)
+    for g in range(8):
+        assert v[f"{cov}[('gpu', '{g}'), ('probe', 'gpu_bandwidth')]"] == (1005.0 if g in (0, 1, 2, 4, 7) else 0.0)
+    assert v[f"{cov}[('gpu', ''), ('probe', 'train_step')]"] == 4001.0
+    assert not [k for k in v if k.startswith(cov) and "host_memory" in k]
+    # kept across a restart: what the daemon writes to the state directory, read back by a new store
+    again = ResultStore(PROBES, ["gpu_bandwidth", "train_step"])
+    assert again.restore_coverage([*store.dump_coverage(), ["0", "no_such_probe", 5.0], "garbage", ["1"]]) == 6
+    assert parse(again)[f"{cov}[('gpu', '7'), ('probe', 'gpu_bandwidth')]"] == 1005.0

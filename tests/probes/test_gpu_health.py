@@ -33,8 +33,8 @@ def test_degraded_h100_node_shows_every_fault(tmp_path, monkeypatch):
     assert value(r, P + "pcie_link_generation", gpu="2") == 5 and value(r, P + "pcie_link_generation_max", gpu="2") == 5
     # NVLink 7 of GPU 5 is down, with its error counters; the rest are up. Per GPU by default: the links
     # active and present, the error counters each summed over the GPU's links, the link label empty
-    assert value(r, P + "nvlink_links_up", gpu="5") == 17 and value(r, P + "nvlink_links", gpu="5") == 18
-    assert value(r, P + "nvlink_links_up", gpu="4") == 18 and value(r, P + "nvlink_links", gpu="4") == 18
+    assert value(r, P + "nvlink_links_up", gpu="5") == 17 and value(r, P + "nvlink_links_down", gpu="5") == 1
+    assert value(r, P + "nvlink_links_up", gpu="4") == 18 and value(r, P + "nvlink_links_down", gpu="4") is None
     assert not [k for k in samples(r) if k[0] == P + "nvlink_up"]  # per link with per_link only
     assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="crc_flit") == 88211
     assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="replay") == 1423
@@ -89,7 +89,7 @@ def test_nvlink_errors_sum_over_links_and_per_link_is_opt_in(tmp_path, monkeypat
     # the state per link too, beside the per-GPU counts the alert reads
     assert sum(1 for k in samples(r) if k[0] == P + "nvlink_up") == 8 * 18
     assert value(r, P + "nvlink_up", gpu="5", link="7") == 0 and value(r, P + "nvlink_up", gpu="5", link="6") == 1
-    assert value(r, P + "nvlink_links_up", gpu="5") == 17 and value(r, P + "nvlink_links", gpu="5") == 18
+    assert value(r, P + "nvlink_links_up", gpu="5") == 17 and value(r, P + "nvlink_links_down", gpu="5") == 1
 
 
 def test_a_gpu_sum_is_left_out_when_a_link_missed_its_read():
@@ -175,7 +175,7 @@ def test_recorded_h200_facts_replay(tmp_path, monkeypatch):
     r = run(tmp_path, expected_gpus=1)
     assert value(r, "fleetcanary_gpus_visible") == 1 and value(r, "fleetcanary_gpus_healthy") == 1
     assert value(r, P + "pcie_link_generation", gpu="0") == 5 and value(r, P + "pcie_link_width", gpu="0") == 16
-    assert not [k for k in samples(r) if k[0] in (P + "nvlink_up", P + "nvlink_links_up", P + "nvlink_links")]
+    assert not [k for k in samples(r) if k[0] in (P + "nvlink_up", P + "nvlink_links_up", P + "nvlink_links_down")]
     assert value(r, P + "clock_throttle_active", gpu="0", reason="gpu_idle") == 1
     assert value(r, P + "remapped_rows_pending", gpu="0") is None
     info = next(dict(k[1]) for k in samples(r) if k[0] == P + "info")

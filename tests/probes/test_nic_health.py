@@ -62,14 +62,14 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
     assert port(r, R + "state", "mlx5_0", state="active") == 1 and port(r, R + "state", "mlx5_0", state="down") == 0
     assert port(r, R + "physical_state", "mlx5_0", state="link_up") == 1
     assert port(r, R + "rate_bytes_per_second", "mlx5_0") == 400 * GB
-    assert port(r, R + "link_width", "mlx5_0") == 4
+    assert info(r, "mlx5_0")["link_width"] == "4"  # a label of the port's identity (series budget)
     assert port(r, R + "expected_rate_bytes_per_second", "mlx5_0") == 400 * GB
     assert port(r, R + "rate_below_expected", "mlx5_0") == 0
     assert port(r, R + "errors_total", "mlx5_0", counter="symbol_error") == 0  # read; the exporter hides a 0
     assert port(r, R + "counters_saturated", "mlx5_0") is None  # none saturated: no series
     # the downtrained port: NDR speed on 2 lanes is 200 Gb/s
     assert port(r, R + "rate_bytes_per_second", "mlx5_2") == 200 * GB
-    assert port(r, R + "link_width", "mlx5_2") == 2
+    assert info(r, "mlx5_2")["link_width"] == "2"
     assert port(r, R + "rate_below_expected", "mlx5_2") == 1 and port(r, R + "up", "mlx5_2") == 1
     # error counters as the HCA counts them; symbol_error stuck at its 16-bit maximum
     assert port(r, R + "errors_total", "mlx5_1", counter="link_downed") == 3
@@ -87,7 +87,8 @@ def test_ndr_node_ports_rates_counters_and_the_missing_port(tmp_path):
     assert port(r, R + "hw_events_total", "mlx5_4", counter="out_of_buffer") == 12
     assert port(r, R + "hw_events_total", "mlx5_4", counter="np_cnp_sent") == 4711
     assert port(r, R + "hw_events_total", "mlx5_4", counter="rx_write_requests") is None
-    assert info(r, "mlx5_4") == {"device": "mlx5_4", "port": "1", "link_layer": "Ethernet", "hca_type": "MT4125",
+    assert info(r, "mlx5_4") == {"device": "mlx5_4", "port": "1", "link_layer": "Ethernet", "link_width": "4",
+                                 "hca_type": "MT4125",
                                  "fw_ver": "22.39.1002", "board_id": "MT_0000000359"}  # the device's identity too
     # the port without a cable: down, polling, and no rate judgement while down
     assert port(r, R + "up", "mlx5_5") == 0
@@ -121,7 +122,7 @@ def test_hdr_node_speed_downtrain_armed_port_and_old_rate_format(tmp_path):
     assert port(r, R + "rate_bytes_per_second", "mlx5_0") == 200 * GB
     assert port(r, R + "rate_below_expected", "mlx5_0") == 0
     # a 4X HDR port that trained at EDR speed: all lanes, half the rate
-    assert port(r, R + "link_width", "mlx5_1") == 4
+    assert info(r, "mlx5_1")["link_width"] == "4"
     assert port(r, R + "rate_bytes_per_second", "mlx5_1") == 100 * GB
     assert port(r, R + "rate_below_expected", "mlx5_1") == 1
     # LinkUp but only ARMED (no subnet manager activated it): not up, no rate judgement

@@ -101,7 +101,7 @@ def test_soak_accelerated_cycles_leak_no_memory_fds_or_processes(tmp_path):
         reload(probes)
         t0 = time.monotonic()
         wait_for(lambda: total_runs() >= cycles, timeout=cycles * 2 + 120, interval=2, what=f"{cycles} cycles")
-        # read while the probes are enabled: a disabled probe publishes only fleetcanary_probe_enabled
+        # read while the probes are enabled: a disabled probe publishes no fleetcanary_probe_* series
         text = d.metrics()
         rss1, fds1, zombies = quiesced()
     finally:

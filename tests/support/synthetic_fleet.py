@@ -6,8 +6,9 @@ errors, XIDs, ECC, row remaps, GPU probe time, NCCL collective sweeps, the compu
 canaries (matmul FLOP/s per dtype, the SDC verdict, the last sustained burn, the training
 step) and a firing ALERTS series. One GPU is 8% slow, one NVLink is down, one GPU computes
 10% slower matmuls, one gives a wrong SDC checksum, one throttles in the burn and one trains
-5% slower, so worst-N panels have a worst. nic_health's RDMA ports and interface (nic()): node 2 has a
-downtrained port and one counting symbol errors.
+5% slower, so worst-N panels have a worst. Coverage: node 4's GPUs 0-2 are held by a pod after the
+first hour. nic_health's RDMA ports and interface (nic()): node 2 has a downtrained port and one
+counting symbol errors.
 
 The compute figures are placeholders, not measurements: matmul 7.8e14 FLOP/s (the bf16
 figure issue #19 reports for the H200 lent to the project, used for every dtype), the burn's
@@ -44,7 +45,9 @@ def nic(add, node: str, n: int, steps: int) -> None:
         add("fleetcanary_rdma_port_up", "gauge", pl, [1] * steps)
         add("fleetcanary_rdma_port_rate_bytes_per_second", "gauge", pl, [(200e9 if slow else 400e9) / 8] * steps)
         add("fleetcanary_rdma_port_expected_rate_bytes_per_second", "gauge", pl, [400e9 / 8] * steps)
-        add("fleetcanary_rdma_port_link_width", "gauge", pl, [2 if slow else 4] * steps)
+        width = "2" if slow else "4"
+        add("fleetcanary_rdma_port_info", "gauge", {**pl, "link_layer": "InfiniBand", "link_width": width},
+            [1] * steps)
         add("fleetcanary_rdma_port_rate_below_expected", "gauge", pl, [1 if slow else 0] * steps)
         for counter in ("symbol_error", "link_downed"):
             rising = (n, d, counter) == (2, 1, "symbol_error")
@@ -84,6 +87,17 @@ def write(path: Path, end: int) -> tuple[int, int]:
         add("fleetcanary_node_info", "gauge", {"node": node, "pool": "train-a", "cpu_model": "Xeon 8480",
                                                "driver_version": "570.124.06", "gpu_model": "H100"}, const(1))
         add("fleetcanary_build_info", "gauge", {"node": node, "job": "fleetcanary", "version": "0.1.0"}, const(1))
+        # coverage: gpu_bandwidth every 15 minutes on every GPU but node 4's GPUs 0-2 (held by a pod since the
+        # fleet's first hour), train_step per node every hour
+        for probe, interval in (("gpu_bandwidth", 900), ("train_step", 3600)):
+            add("fleetcanary_probe_interval_seconds", "gauge", {"node": node, "probe": probe}, const(interval))
+        add("fleetcanary_gpu_last_measured_timestamp_seconds", "gauge",
+            {"node": node, "gpu": "", "probe": "train_step"}, [t - t % 3600 for t in ts], digits=12)
+        for g in GPUS:
+            held = n == 4 and g < 3
+            add("fleetcanary_gpu_last_measured_timestamp_seconds", "gauge",
+                {"node": node, "gpu": str(g), "probe": "gpu_bandwidth"},
+                [min(t, ts[11]) - min(t, ts[11]) % 900 if held else t - t % 900 for t in ts], digits=12)
         for g in GPUS:
             gl = {"node": node, "gpu": str(g)}
             slow = 0.92 if (n, g) == (3, 5) else 1.0
@@ -95,7 +109,8 @@ def write(path: Path, end: int) -> tuple[int, int]:
             for key, v in (("generation", 5), ("generation_max", 5), ("width", 16), ("width_max", 16)):
                 add(f"fleetcanary_gpu_pcie_link_{key}", "gauge", gl, const(v))
             add("fleetcanary_gpu_nvlink_links_up", "gauge", gl, const(17 if (n, g) == (2, 1) else 18))
-            add("fleetcanary_gpu_nvlink_links", "gauge", gl, const(18))
+            if (n, g) == (2, 1):
+                add("fleetcanary_gpu_nvlink_links_down", "gauge", gl, const(1))
             add("fleetcanary_gpu_nvlink_errors_total", "counter", {**gl, "link": "0", "counter": "replay"},
                 [k // 12 for k in range(steps)])
             add("fleetcanary_gpu_xid_errors_total", "counter", {**gl, "xid": "79"}, const(0))
