@@ -392,10 +392,16 @@ def doc_section(result: dict) -> str:
             "- States as 0/1 series publish their 1s only: the throttle reasons active now, the SDC verdict's "
             "current status, a GPU lost, a row remap pending or failed, an RDMA port expected but absent, an RDMA "
             "port's saturated counters; the alerts read them with `== 1`, `> 0` or `max_over_time`, which absence "
-            "satisfies. The sustained burn's throttle reasons with seconds above 0.",
+            "satisfies. NVLink links down per GPU (`fleetcanary_gpu_nvlink_links_down`, read with `> 0`).",
             "- Facts that change rarely are labels of an info series: persistence mode, MIG mode and the power "
-            "limit of `fleetcanary_gpu_info`; an RDMA device's HCA type, firmware and board of "
-            "`fleetcanary_rdma_port_info`.", "",
+            "limit of `fleetcanary_gpu_info`; an RDMA device's HCA type, firmware and board, and the port's link "
+            "width, of `fleetcanary_rdma_port_info`.",
+            "- Folded to make room for coverage (`fleetcanary_gpu_last_measured_timestamp_seconds`, one series per "
+            "GPU and invasive probe): each probe's last-run timestamp (`fleetcanary_probe_runs_total` says it "
+            "runs, `/results` when), `fleetcanary_probe_enabled` (an enabled probe has its "
+            "`fleetcanary_probe_interval_seconds`, one that is off nothing), `fleetcanary_start_time_seconds` "
+            "(`process_start_time_seconds` is the same), `process_virtual_memory_bytes` and `process_max_fds`, "
+            "the burn's throttle seconds per reason (gpu_sustained `detail`; its slowdown share stays).", "",
             "Opt-in detail (read by no rule): set the param under the probe's `params` in the config file. A "
             "param that changes the labels of a counter (`per_link`) leaves the counter's other form exported "
             "until the exporter restarts.", "",
