@@ -91,7 +91,7 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
             while time.monotonic() < deadline:
                 try:
                     text = get(url).decode()
-                    if all(f'fleetcanary_probe_last_run_timestamp_seconds{{probe="{p}"}}' in text for p in CPU_PROBES):
+                    if all(f'fleetcanary_probe_duration_seconds{{probe="{p}"}}' in text for p in CPU_PROBES):
                         break
                 except OSError:
                     pass

@@ -478,7 +478,7 @@ def value(family: str, labels: dict, model: str, rng: random.Random, t: float) -
         return 0.0
     if f.endswith(("_total", "_bucket", "_count", "_sum")):
         return float(int(t / 60) % 100000)  # grows a little every minute
-    if f.endswith("_timestamp_seconds") or f == "fleetcanary_start_time_seconds":
+    if f.endswith("_timestamp_seconds"):
         return float(int(t))
     if f.endswith("interval_seconds"):
         from fleetcanary.probes import PROBES
