@@ -36,6 +36,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "unsupported",       # the hardware or platform lacks the feature
     "peer_unavailable",  # a cross-node probe's partner of the slot did not meet it in time (absent, busy, late)
     "not_assigned",      # other nodes probe the targets (the inference canary's k probers per endpoint)
+    "preempted",         # a scheduled claim pod (overlays/scheduled-runs) was preempted mid-run
 )
 
 # Failure reasons every probe may use in addition to its own ``failure_reasons``.

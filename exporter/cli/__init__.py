@@ -131,6 +131,8 @@ TOOLS: dict[str, tuple[str, str]] = {
     "simulate-llm": ("fleetcanary.offline.simulate_llm", "run the reference OpenAI-compatible streaming server"),
     "loadtest": ("fleetcanary.offline.loadtest",
                  "find the highest request rate an LLM endpoint sustains within an SLO"),
+    "claim": ("fleetcanary.runner.claim",
+              "a claim pod's process: run the exporter's jobs, leave the records in its inbox"),
     "rules": ("fleetcanary.rules.build",
               "write the alert and recording rules with your settings (selectors, thresholds, pools)"),
 }

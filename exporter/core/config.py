@@ -128,6 +128,30 @@ class NodeConditionConfig(Strict):
                                      description="Re-patch the condition at least this often (lastHeartbeatTime).")
 
 
+class ClaimConfig(Strict):
+    enabled: bool = Field(
+        False, description="Scheduled runs (deploy/overlays/scheduled-runs): when tenants have kept the invasive "
+        "probes off this node's GPUs for `after_seconds`, ask the scheduler for GPU time with a lowest-priority, "
+        "non-preempting pod bound to this node that requests the GPUs, runs the due probes and leaves its records "
+        "in `inbox` for this exporter to publish. Needs create, get and delete on pods in the namespace.")
+    after_seconds: float = Field(21600.0, ge=600, le=604800, description="How long an invasive probe must have "
+                                 "had no successful run, its last run skipped for a tenant, before a claim is made.")
+    image: str = Field("", description="The claim pod's image (this exporter's; the overlay sets it).")
+    namespace: str = Field("", description="Where the claim pod is created; empty: POD_NAMESPACE.")
+    priority_class: str = Field("fleetcanary-claim", description="The claim pod's PriorityClass: the lowest "
+                                "priority, preemptionPolicy Never (it never displaces a pod).")
+    service_account: str = Field("fleetcanary-claim", description="The claim pod's service account (no API "
+                                 "access; its token is not mounted).")
+    gpus: int = Field(0, ge=0, le=64, description="nvidia.com/gpu the claim requests; 0: the node's capacity.")
+    pending_seconds: float = Field(3600.0, ge=60, le=86400, description="A claim the scheduler has not placed "
+                                   "within this is withdrawn (deleted) and asked again after `after_seconds`.")
+    max_run_seconds: int = Field(1800, ge=60, le=86400, description="The claim pod's activeDeadlineSeconds.")
+    inbox: str = Field("", description="Where claim pods leave their records (a hostPath both mount); empty: "
+                       "state_dir/inbox.")
+    inbox_host_path: str = Field("/var/lib/fleetcanary-inbox", description="The host directory the claim pod "
+                                 "mounts as its inbox (the overlay mounts the same into this exporter at `inbox`).")
+
+
 class KubernetesConfig(Strict):
     mode: str = Field("auto", pattern="^(auto|on|off)$",
                       description="auto: use the API when running in a pod (KUBERNETES_SERVICE_HOST set).")
@@ -155,6 +179,7 @@ class KubernetesConfig(Strict):
         5.0, ge=1, le=300, description="How often the pod-resources socket is read; a view older than three "
         "refreshes is dropped.")
     node_condition: NodeConditionConfig = Field(default_factory=NodeConditionConfig)
+    claim: ClaimConfig = Field(default_factory=ClaimConfig)
 
 
 class ProbeEntryBase(Strict):

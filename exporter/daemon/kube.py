@@ -31,7 +31,7 @@ CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 FAILED = ("failure", "timeout", "crash")
 ERROR_REASONS = ("unauthorized", "forbidden", "not_found", "client_error", "server_error", "timeout",
                  "connection", "bad_response")
-OPERATIONS = ("read_node", "list_pods", "patch_node_status")
+OPERATIONS = ("read_node", "list_pods", "patch_node_status", "create_pod", "read_pod", "delete_pod")
 
 
 def in_cluster(environ=os.environ) -> bool:

@@ -17,6 +17,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.core.textfile import write_atomic
+from fleetcanary.daemon import claim as claimmod
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon.confirm import Confirmer
@@ -62,6 +63,7 @@ class Daemon:
         self.store.set_environment({**environment.collect(with_gpu=False), **self.store.judge.facts})
         self._restore_coverage()
         self.kube = self._kube(settings)
+        self.claimer = self._claimer(settings)
         self.pod_resources = self._pod_resources(settings)
         self.xid_watch = self._xid_watch(settings)
         if self.kube is not None:
@@ -111,6 +113,22 @@ class Daemon:
                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return None
         return kube
+
+    def _claimer(self, settings):
+        """Scheduled runs through Kubernetes (daemon/claim.py): with the API and kubernetes.claim on."""
+        c = settings.kubernetes.claim
+        if not c.enabled or self.kube is None:
+            if c.enabled:
+                log.error("kubernetes.claim: no Kubernetes API here; no claims are made")
+            return None
+        namespace = c.namespace or os.environ.get("POD_NAMESPACE", "")
+        if not namespace or not c.image:
+            log.error("kubernetes.claim: %s unset; no claims are made",
+                      "the namespace (POD_NAMESPACE)" if not namespace else "the image")
+            return None
+        name, uid = os.environ.get("POD_NAME", ""), os.environ.get("POD_UID", "")
+        owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid} if name and uid else None
+        return claimmod.Claimer(self, self.kube.api, namespace, owner)
 
     def _xid_watch(self, settings):
         g = settings.gpu
@@ -335,10 +353,14 @@ class Daemon:
             log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.wall_seconds)
             return None
         out.trigger = trigger
+        self._publish(name, out, history)
+        self._maybe_confirm(name, entry, out)
+        return out
+
+    def _publish(self, name: str, out: RunRecord, history) -> None:
         self.store.apply(out)
         if out.ok and measured(self.probe_map[name], out):
             self._save_coverage()
-        self._maybe_confirm(name, entry, out)
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)
         if out.outcome in ("success", "skipped"):
@@ -352,7 +374,20 @@ class Daemon:
             except HistoryError as exc:
                 self.store.count_history_error()
                 log.error("results history: %s", exc)
-        return out
+
+    def ingest(self, out: RunRecord) -> None:
+        """A run record from a claim pod (daemon/claim.py): charged to the GPU budget and published as a fresh
+        run, as if this process's own worker had made it."""
+        with self._settings_lock:
+            settings = self.settings
+            history = self.history
+        entry = settings.probe_entries()[out.probe]
+        window = budget_window(entry.interval_seconds)
+        for gpu, secs in out.gpu_seconds.items():
+            self.budget.add(gpu, secs, window=window, probe=out.probe)
+        if out.gpu_seconds:
+            self._save_budget()
+        self._publish(out.probe, out, history)
 
     def _maybe_confirm(self, name: str, entry, out: RunRecord) -> None:
         metrics = self.probe_map[name].confirm_metrics
@@ -379,6 +414,8 @@ class Daemon:
             self.pod_resources.start()
         if self.xid_watch is not None:
             self.xid_watch.start()
+        if self.claimer is not None:
+            self.claimer.start()
         jobs = self._jobs()
         self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))
         self.scheduler.start()
@@ -395,6 +432,8 @@ class Daemon:
             self.pod_resources.stop()
         if self.xid_watch is not None:
             self.xid_watch.stop()
+        if self.claimer is not None:
+            self.claimer.stop()
         kill_all_workers(self.settings.worker_kill_grace_seconds)
         reap_orphans()
         self.server.stop()

@@ -1,10 +1,11 @@
 """A local HTTPS server that speaks the slice of the Kubernetes API fleetcanary uses.
 
-GET /api/v1/nodes/NAME, GET /api/v1/pods?fieldSelector=... (spec.nodeName= and
-status.phase!= terms honoured, as the API server does), GET
-/api/v1/namespaces/NS/pods?labelSelector=k=v,... (equality terms) and PATCH
-/api/v1/nodes/NAME/status. Every request must carry the bearer token. A test can make
-an operation answer 403/500 or hang (until released) to drive the client's error paths.
+GET /api/v1/nodes/NAME, GET
+/api/v1/pods?fieldSelector=... (spec.nodeName= and status.phase!= terms honoured, as the API server does), GET
+/api/v1/namespaces/NS/pods?labelSelector=k=v,... (equality terms), PATCH /api/v1/nodes/NAME/status, and POST
+/api/v1/namespaces/NS/pods, GET and DELETE /api/v1/namespaces/NS/pods/NAME (a created pod is Pending until the
+test sets its phase; 409 if it exists). Every request must carry the bearer token. A test can make an
+operation answer 403/500 or hang (until released) to drive the client's error paths.
 """
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ class KubeAPI(ServerThread):
         self.hang: set[str] = set()             # operations that do not answer until release()
         self.patches: list[tuple[str, dict]] = []   # (content type, body)
         self.requests: list[tuple[str, str, str]] = []  # (method, path+query, authorization)
+        self.created: list[dict] = []           # pods created through the API, as stored
+        self.deleted: list[str] = []            # names of pods deleted through the API
+        self.clock = None                       # a callable for creationTimestamp (default: now)
         self._release = threading.Event()
         api = self
 
@@ -97,6 +101,11 @@ class KubeAPI(ServerThread):
                     self._handle("list_pods", lambda: self._reply(200, {
                         "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"},
                         "items": [p for p in api.pods if selects(sel, p)]}))
+                elif url.path.startswith("/api/v1/namespaces/") and url.path.split("/")[5:6] == ["pods"] \
+                        and len(url.path.split("/")) == 7:
+                    ns, name = url.path.split("/")[4], url.path.split("/")[6]
+                    self._handle("read_pod", lambda: self._reply(200, p) if (p := api.pod(ns, name))
+                                 else self._status(404, "NotFound"))
                 elif url.path.startswith("/api/v1/namespaces/") and url.path.endswith("/pods"):
                     ns = url.path.split("/")[4]
                     sel = urllib.parse.parse_qs(url.query).get("labelSelector", [""])[0]
@@ -106,6 +115,39 @@ class KubeAPI(ServerThread):
                                   and labels_match(sel, p["metadata"].get("labels") or {})]}))
                 else:
                     self._status(404, "NotFound")
+
+            def do_POST(self):
+                url = urllib.parse.urlsplit(self.path)
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                ns = url.path.split("/")[4]
+
+                def create():
+                    name = body["metadata"]["name"]
+                    if api.pod(ns, name):
+                        self._status(409, "AlreadyExists")
+                        return
+                    created = {**body, "metadata": {**body["metadata"], "namespace": ns, "uid": f"uid-{name}",
+                                                    "creationTimestamp": api.now()},
+                               "status": {"phase": "Pending"}}
+                    api.pods.append(created)
+                    api.created.append(created)
+                    self._reply(201, created)
+                self._handle("create_pod", create)
+
+            def do_DELETE(self):
+                url = urllib.parse.urlsplit(self.path)
+                ns, name = url.path.split("/")[4], url.path.split("/")[6]
+
+                def delete():
+                    p = api.pod(ns, name)
+                    if not p:
+                        self._status(404, "NotFound")
+                        return
+                    api.pods.remove(p)
+                    api.deleted.append(name)
+                    self._reply(200, p)
+                self._handle("delete_pod", delete)
 
             def do_PATCH(self):
                 url = urllib.parse.urlsplit(self.path)
@@ -119,6 +161,16 @@ class KubeAPI(ServerThread):
                 self._handle("patch_node_status", ok)
 
         super().__init__(Handler, tls=tls_context(cert), on_close=[self.release])  # hung requests end first
+
+    def pod(self, ns: str, name: str) -> dict | None:
+        return next((p for p in self.pods if p["metadata"].get("namespace") == ns
+                     and p["metadata"].get("name") == name), None)
+
+    def now(self) -> str:
+        import datetime
+
+        t = self.clock() if self.clock else datetime.datetime.now(datetime.timezone.utc).timestamp()
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     @property
     def environ(self) -> dict[str, str]:

@@ -1,0 +1,252 @@
+"""Scheduled runs through Kubernetes (deploy/overlays/scheduled-runs; kubernetes.claim in the config).
+
+On a node that tenants keep busy, the invasive probes skip for as long as the GPUs are held. With claims on,
+when an invasive probe has had no successful run for `after_seconds` and its last run was skipped for a tenant,
+the exporter asks the scheduler for GPU time: one pod per node (fleetcanary-claim-NODE), bound to this node by
+node affinity, requesting its GPUs, at the lowest priority and with preemptionPolicy Never (its PriorityClass),
+so it waits until the GPUs are free, never displaces a tenant, and is the first pod preempted when a tenant
+needs them. Once placed, the pod runs the due probes (`fleetcanary claim`, fleetcanary.runner.claim) and leaves
+each record in the inbox, a host directory both pods mount; this side reads the inbox, publishes each record as
+a fresh run (trigger "claim", charged to the GPU budget) and deletes the pod once it has ended. A claim the
+scheduler has not placed within `pending_seconds` is withdrawn. The API calls: create, get and delete pods in
+this namespace (the overlay's Role); the claim pod itself has no API access.
+
+Kueue and cluster autoscalers: docs/deploy.md, "Scheduled runs".
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetcanary.core.record import RecordError, RunRecord
+from fleetcanary.daemon.scheduler import budget_window
+from fleetcanary.runner import job as jobmod
+
+log = logging.getLogger("fleetcanary.claim")
+TICK_SECONDS = 30.0
+TENANT_REASONS = ("gpu_allocated", "gpu_busy")
+INBOX_MOUNT = "/inbox"
+ENDED = ("Succeeded", "Failed")
+
+
+def pod_name(node: str) -> str:
+    name = re.sub(r"[^a-z0-9-]+", "-", ("fleetcanary-claim-" + node).lower())
+    return name[:63].rstrip("-")
+
+
+def claim_pod(cfg, node: str, namespace: str, spec: dict, gpus: int, owner: dict | None = None) -> dict:
+    """The claim pod (a plain dict, as the API takes it)."""
+    meta: dict[str, Any] = {"name": pod_name(node), "namespace": namespace,
+                            "labels": {"app.kubernetes.io/name": "fleetcanary", "app.kubernetes.io/component": "claim"},
+                            "annotations": {"fleetcanary.io/node": node,
+                                            "fleetcanary.io/probes": ",".join(j["job"]["name"] for j in spec["jobs"])}}
+    if owner:
+        meta["ownerReferences"] = [owner]  # gone with the exporter pod that asked
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {
+            "priorityClassName": cfg.priority_class,
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": int(cfg.max_run_seconds),
+            "terminationGracePeriodSeconds": 30,
+            "serviceAccountName": cfg.service_account,
+            "automountServiceAccountToken": False,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "claim", "image": cfg.image, "imagePullPolicy": "IfNotPresent",
+                "args": ["claim", "--inbox", INBOX_MOUNT, "--spec", json.dumps(spec, separators=(",", ":"))],
+                "env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}],
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus), "memory": "8Gi"},
+                              "requests": {"cpu": "1", "memory": "2Gi"}},
+                "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "inbox", "mountPath": INBOX_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}],
+            }],
+            "volumes": [{"name": "inbox", "hostPath": {"path": cfg.inbox_host_path, "type": "Directory"}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+        },
+    }
+
+
+class Claimer:
+    def __init__(self, daemon, api, namespace: str, owner: dict | None = None, clock=time.time) -> None:
+        """daemon: fleetcanary.daemon.service.Daemon; api: a kubernetes CoreV1Api."""
+        self.daemon = daemon
+        self.api = api
+        self.namespace = namespace
+        self.owner = owner
+        self.clock = clock
+        self.started = clock()
+        self.last_ask = -float("inf")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def cfg(self):
+        return self.daemon.settings.kubernetes.claim
+
+    @property
+    def inbox(self) -> Path:
+        return Path(self.cfg.inbox or os.path.join(self.daemon.settings.state_dir, "inbox"))
+
+    # --- what is due -------------------------------------------------------------------------------------
+    def due(self, now: float | None = None) -> list[str]:
+        """Invasive probes a tenant has kept off this node for `after_seconds`, cheapest first: the last run
+        skipped for a tenant, and no success (nor a GPU measured, nor this exporter started) since then."""
+        now = self.clock() if now is None else now
+        d = self.daemon
+        entries = d.settings.probe_entries()
+        out = []
+        for name in d._enabled(d.settings):
+            if d.probe_map[name].exclusive != "gpu":
+                continue
+            st = d.store.state.get(name)
+            last = st.last if st else None
+            if last is None or last.outcome != "skipped" or last.reason not in TENANT_REASONS:
+                continue
+            measured = [ts for (_, p), ts in d.store.last_measured.items() if p == name]
+            since = max([self.started, st.last_success_ts or 0.0, *measured])
+            if now - since >= self.cfg.after_seconds:
+                cost = getattr(entries[name].params, "expected_gpu_seconds", entries[name].timeout_seconds)
+                out.append((cost, name))
+        return [n for _, n in sorted(out)]
+
+    def spec(self, names: list[str]) -> dict:
+        """The jobs the claim pod runs, built as the daemon builds its own (no tenant allocation: the pod's
+        GPUs are its own)."""
+        d = self.daemon
+        settings = d.settings
+        entries = settings.probe_entries()
+        jobs = []
+        for name in names:
+            entry = entries[name]
+            window = budget_window(entry.interval_seconds)
+            left = d.budget.left(window=window, probe=name, interval=entry.interval_seconds)
+            context = jobmod.probe_context(settings, left, {"allocation_source": "claim"},
+                                           budget_window_seconds=window)
+            jobs.append({"job": jobmod.build(name, d.probe_map[name], entry.params.model_dump(mode="json"), context),
+                         "timeout_seconds": entry.timeout_seconds})
+        return {"node_name": settings.node_name, "kill_grace_seconds": settings.worker_kill_grace_seconds,
+                "jobs": jobs}
+
+    def gpus(self) -> int:
+        if self.cfg.gpus:
+            return self.cfg.gpus
+        k = self.daemon.kube.snapshot() if self.daemon.kube is not None else None
+        return (k.gpu_capacity if k is not None and k.gpu_capacity else 0) or \
+            len(self.daemon.store.node_environment.get("gpus") or []) or 1
+
+    # --- the inbox -----------------------------------------------------------------------------------------
+    def ingest(self) -> int:
+        """Publish every whole record in the inbox and delete it; a file that is not a record of an invasive
+        probe is logged and deleted. Partial files (*.tmp) of a claim killed while writing are deleted once
+        older than the claim's deadline."""
+        n = 0
+        try:
+            files = sorted(self.inbox.glob("*.json"))
+            stale = [p for p in self.inbox.glob("*.tmp")
+                     if self.clock() - p.stat().st_mtime > self.cfg.max_run_seconds]
+        except OSError as exc:
+            log.error("claim inbox %s: %s", self.inbox, exc)
+            return 0
+        for path in files:
+            try:
+                rec = RunRecord.from_json(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+                cls = self.daemon.probe_map.get(rec.probe)
+                if cls is None or cls.exclusive != "gpu":
+                    raise RecordError(f"probe {rec.probe!r} is not an invasive probe of this exporter")
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                log.error("claim inbox: %s: %s; dropped", path.name, str(exc).splitlines()[0][:200] if str(exc) else
+                          type(exc).__name__)
+            else:
+                rec.trigger = "claim"
+                self.daemon.ingest(rec)
+                n += 1
+            path.unlink(missing_ok=True)
+        for path in stale:
+            path.unlink(missing_ok=True)
+        return n
+
+    # --- the pod -----------------------------------------------------------------------------------------
+    def _call(self, operation: str, fn, *args, **kw):
+        """An API call, its error counted (fleetcanary_kubernetes_api_errors_total) and re-raised."""
+        try:
+            return fn(*args, _request_timeout=self.daemon.kube._timeout(), **kw)
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                self.daemon.kube._error(operation, exc)
+            raise
+
+    def _read(self):
+        try:
+            return self._call("read_pod", self.api.read_namespaced_pod, pod_name(self.daemon.settings.node_name),
+                              self.namespace)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 404:
+                return None
+            raise
+
+    def tick(self, now: float | None = None) -> str:
+        """One look: ingest, then end, withdraw or make the claim. What it did (for logs and tests)."""
+        now = self.clock() if now is None else now
+        got = self.ingest()
+        node = self.daemon.settings.node_name
+        try:
+            pod = self._read()
+        except Exception:  # noqa: BLE001 - counted; the next tick tries again
+            return "error"
+        if pod is not None:
+            phase = (pod.status.phase if pod.status else None) or "Pending"
+            created = pod.metadata.creation_timestamp if pod.metadata else None
+            age = now - created.timestamp() if isinstance(created, datetime.datetime) else 0.0
+            if phase in ENDED or (phase == "Pending" and age > self.cfg.pending_seconds):
+                try:
+                    self._call("delete_pod", self.api.delete_namespaced_pod, pod_name(node), self.namespace)
+                except Exception:  # noqa: BLE001 - counted; the next tick tries again
+                    return "error"
+                log.info("claim pod %s %s; deleted", pod_name(node),
+                         phase.lower() if phase in ENDED else f"not placed within {self.cfg.pending_seconds:.0f} s")
+                self.ingest()
+                return "deleted" if phase in ENDED else "withdrawn"
+            return "ingested" if got else "waiting"
+        due = self.due(now)
+        if not due or now - self.last_ask < self.cfg.after_seconds:
+            return "ingested" if got else "none"
+        body = claim_pod(self.cfg, node, self.namespace, self.spec(due), self.gpus(), self.owner)
+        try:
+            self._call("create_pod", self.api.create_namespaced_pod, self.namespace, body)
+        except Exception:  # noqa: BLE001 - counted (a 409: one exists already; read next tick)
+            return "error"
+        self.last_ask = now
+        log.info("claim pod %s asked for %s GPUs to run %s", pod_name(node), body["spec"]["containers"][0]
+                 ["resources"]["limits"]["nvidia.com/gpu"], ", ".join(due))
+        return "created"
+
+    # --- the thread --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._loop, name="claim", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(TICK_SECONDS):
+            try:
+                self.tick()
+            except Exception:  # never let the claim thread die
+                log.exception("claim: unexpected error")

@@ -1,0 +1,198 @@
+"""Scheduled runs through Kubernetes (fleetcanary.daemon.claim, fleetcanary.runner.claim): the daemon asks the API
+stand-in for a claim pod once tenants have kept an invasive probe off the node, `fleetcanary claim` runs the pod's
+jobs for real and leaves its records in the inbox, the daemon publishes them as fresh runs and deletes the pod;
+preemption ends in one clean skipped record; a claim never placed is withdrawn; junk in the inbox is dropped."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetcanary.core.record import RunRecord
+from tests.support.gpu import FIXTURES
+from tests.support.helpers import free_port, metric_value, wait_for
+from tests.support.kube_api import KubeAPI, node
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE = "gpu-a"
+SMALL = {"device": "cpu", "d2d_bytes": 1 << 20, "host_bytes": 1 << 20, "repeats": 1, "warmup": 0}
+NVML = FIXTURES / "h100_8gpu_healthy.json"
+
+
+@pytest.fixture
+def api(tmp_path):
+    a = KubeAPI(tmp_path)
+    a.nodes[NODE] = node(NODE, {}, 8)
+    yield a
+    a.close()
+
+
+def daemon(tmp_path, api, now: list[float]):
+    from fleetcanary.core import config as configmod
+    from fleetcanary.daemon.claim import Claimer
+    from fleetcanary.daemon.kube import Kube
+    from fleetcanary.daemon.service import Daemon
+
+    cfg = {"node_name": NODE, "state_dir": str(tmp_path / "state"),
+           "server": {"listen_address": f"127.0.0.1:{free_port()}"}, "gpu": {"xid_watch": "off"},
+           "kubernetes": {"mode": "off", "api_timeout_seconds": 2.0,
+                          "claim": {"enabled": True, "image": "registry.example/fleetcanary:test",
+                                    "after_seconds": 3600, "pending_seconds": 600}},
+           "probes": {"gpu_bandwidth": {"params": SMALL, "timeout_seconds": 120}}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    settings = configmod.load(p, env={})
+    d = Daemon(settings, config_path=str(p))
+    d.kube = Kube.in_cluster(settings.kubernetes, NODE, on_change=d._kube_changed, token_file=str(api.token_file),
+                             ca_file=str(api.ca_file), environ=api.environ)
+    assert d.kube.sync()
+    d.claimer = Claimer(d, d.kube.api, "fleetcanary", {"apiVersion": "v1", "kind": "Pod", "name": "fleetcanary-x",
+                                                       "uid": "u-1"}, clock=lambda: now[0])
+    d.claimer.inbox.mkdir(parents=True, exist_ok=True)
+    api.clock = lambda: now[0]  # the pods' creationTimestamp on the claimer's clock
+    return d
+
+
+def held(d, at: float) -> None:
+    d.store.apply(RunRecord("gpu_bandwidth", "skipped", "gpu_allocated", "GPUs held by team1/trainer-0",
+                            started_at=at, wall_seconds=0.5))
+
+
+def claim(inbox: Path, spec: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "FLEETCANARY_FAKE_NVML": str(NVML)}
+    return subprocess.Popen([sys.executable, "-m", "fleetcanary", "claim", "--inbox", str(inbox), "--spec", spec],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_a_node_kept_busy_gets_a_claim_pod_whose_runs_are_published(tmp_path, api, monkeypatch):
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(NVML))
+    t0 = time.time()
+    now = [t0]
+    d = daemon(tmp_path, api, now)
+    try:
+        held(d, t0)
+        now[0] = t0 + 600
+        assert d.claimer.tick() == "none"            # held for 10 minutes: not yet
+        now[0] = t0 + 3700
+        assert d.claimer.tick() == "created"
+        assert d.claimer.tick() == "waiting"         # Pending: one claim at a time
+        (pod,) = api.created
+        spec = pod["spec"]
+        assert pod["metadata"]["name"] == "fleetcanary-claim-gpu-a"
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert spec["priorityClassName"] == "fleetcanary-claim" and spec["restartPolicy"] == "Never"
+        assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "fleetcanary-claim"
+        assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"][0]["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [NODE]}]
+        (c,) = spec["containers"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"  # the node's capacity from the API
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert spec["volumes"][0]["hostPath"]["path"] == "/var/lib/fleetcanary-inbox"
+        args = c["args"]
+        assert args[:3] == ["claim", "--inbox", "/inbox"] and args[3] == "--spec"
+        assert [j["job"]["name"] for j in json.loads(args[4])["jobs"]] == ["gpu_bandwidth"]
+        # the scheduler places it: its process runs the jobs and leaves the records in the inbox
+        proc = claim(d.claimer.inbox, args[4])
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        api.pod("fleetcanary", "fleetcanary-claim-gpu-a")["status"]["phase"] = "Succeeded"
+        assert d.claimer.tick() == "deleted"
+        text = d.store.exposition.decode()
+    finally:
+        d.server.stop()
+    assert api.deleted == ["fleetcanary-claim-gpu-a"]
+    last = d.store.state["gpu_bandwidth"].last
+    assert (last.outcome, last.trigger) == ("success", "claim"), (last.outcome, last.reason, last.detail)
+    assert d.store.last_measured[("0", "gpu_bandwidth")] == last.finished_at  # coverage: GPU 0 measured
+    assert metric_value(text, "fleetcanary_probe_runs_total", probe="gpu_bandwidth", outcome="success") == 1.0
+    assert not list(d.claimer.inbox.iterdir())       # every record taken, nothing left behind
+    assert d.budget.left(window=3600, probe="gpu_bandwidth", interval=900)["0"] < 18.0  # charged to the budget
+
+
+def test_preemption_mid_run_leaves_one_clean_skipped_record(tmp_path):
+    from fleetcanary.runner import job as jobmod
+    from tests.support.fault_probes import FAULT_PROBES
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    pid_file = tmp_path / "hang.pid"
+    context = {"node_name": NODE, "state_dir": str(tmp_path), "gpu": {}, "kube": {}}
+    jobs = [{"job": jobmod.build("hang", FAULT_PROBES["hang"], {"pid_file": str(pid_file)}, context),
+             "timeout_seconds": 300},
+            {"job": jobmod.build("ok", FAULT_PROBES["ok"], {}, context), "timeout_seconds": 60}]
+    proc = claim(inbox, json.dumps({"jobs": jobs, "kill_grace_seconds": 1.0}))
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60, what="the hang worker")
+        worker = int(pid_file.read_text().split()[0])
+        proc.send_signal(signal.SIGTERM)             # the kubelet preempts the pod
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    files = sorted(inbox.iterdir())
+    assert len(files) == 1 and files[0].suffix == ".json", files  # the run in flight only; no partial file
+    rec = RunRecord.from_json(json.loads(files[0].read_text()))
+    assert (rec.probe, rec.outcome, rec.reason, rec.trigger) == ("hang", "skipped", "preempted", "claim")
+    assert not rec.samples
+    wait_for(lambda: not Path(f"/proc/{worker}").exists() or
+             Path(f"/proc/{worker}/stat").read_text().split(")")[-1].split()[0] == "Z",
+             timeout=30, what="the preempted worker gone")
+
+
+def test_a_claim_the_scheduler_never_places_is_withdrawn_and_not_asked_again_at_once(tmp_path, api):
+    t0 = time.time()
+    now = [t0]
+    d = daemon(tmp_path, api, now)
+    now[0] = t0 + 3700
+    try:
+        held(d, t0)
+        assert d.claimer.tick() == "created"
+        now[0] += 601                                 # pending_seconds passed, still Pending
+        assert d.claimer.tick() == "withdrawn"
+        assert d.claimer.tick() == "none"             # asked 10 minutes ago: not again before after_seconds
+        now[0] += 3600
+        assert d.claimer.tick() == "created"
+    finally:
+        d.server.stop()
+    assert api.deleted == ["fleetcanary-claim-gpu-a"] and len(api.created) == 2
+
+
+def test_junk_in_the_inbox_is_dropped_with_one_line_each(tmp_path, api, caplog):
+    now = [time.time()]
+    d = daemon(tmp_path, api, now)
+    d.server.stop()
+    inbox = d.claimer.inbox
+    (inbox / "1-junk.json").write_text("{not json")
+    (inbox / "2-host.json").write_text(json.dumps(RunRecord("host_memory_bandwidth", "success").to_json()))
+    (inbox / "3-partial.json.tmp").write_text("{")   # a claim killed while writing: left until its deadline
+    with caplog.at_level(logging.ERROR, logger="fleetcanary.claim"):
+        assert d.claimer.ingest() == 0
+    assert sorted(p.name for p in inbox.iterdir()) == ["3-partial.json.tmp"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "fleetcanary.claim"]
+    assert len(lines) == 2 and "1-junk.json" in lines[0] and "not an invasive probe" in lines[1]
+    assert d.store.state["host_memory_bandwidth"].last is None
+
+
+def test_an_api_that_refuses_the_claim_is_counted_and_survived(tmp_path, api):
+    t0 = time.time()
+    now = [t0]
+    d = daemon(tmp_path, api, now)
+    now[0] = t0 + 3700
+    try:
+        held(d, t0)
+        api.fail["create_pod"] = 403
+        assert d.claimer.tick() == "error"
+        text = d.store.exposition.decode()
+    finally:
+        d.server.stop()
+    assert metric_value(text, "fleetcanary_kubernetes_api_errors_total", operation="create_pod",
+                        reason="forbidden") == 1.0
