@@ -17,7 +17,7 @@ DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
 VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
             "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric", "deploy/overlays/gpu-allocation",
-            "deploy/overlays/xid-watch"]
+            "deploy/overlays/xid-watch", "deploy/overlays/scheduled-runs"]
 build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
@@ -99,6 +99,15 @@ def test_the_daemonset_is_locked_down(variant):
     if path.endswith("xid-watch"):  # the kernel log, read-only
         targets |= {"/dev/kmsg"}
         assert next(m for m in c["volumeMounts"] if m["name"] == "kmsg")["readOnly"] is True
+    if path.endswith("scheduled-runs"):  # the claim pods' inbox, shared with them, owned by the exporter's UID
+        targets |= {"/var/lib/fleetcanary/inbox"}
+        (init,) = spec["initContainers"]
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False
+        assert {e["name"] for e in c["env"]} >= {"POD_NAMESPACE", "POD_NAME", "POD_UID"}
+        assert cfg.kubernetes.claim.enabled and cfg.kubernetes.claim.image == c["image"]
+    else:
+        assert "initContainers" not in spec
     if path.endswith("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
         targets |= {cfg.kubernetes.pod_resources_socket.rsplit("/", 1)[0]}
         assert next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")["readOnly"] is True
@@ -145,9 +154,16 @@ def test_rbac_grants_the_least_it_needs(variant):
         assert granted == base | {("nodes/status", "patch")}, path
     else:
         assert granted == base, path
-    sa = one(docs, "ServiceAccount")["metadata"]["name"]
-    for b in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
+    # namespaced: a claim's pod (overlays/scheduled-runs), nothing else
+    in_ns = {(res, verb) for d in docs if d["kind"] == "Role" for r in d["rules"]
+             for res in r["resources"] for verb in r["verbs"]}
+    assert in_ns == ({("pods", "create"), ("pods", "get"), ("pods", "delete")}
+                     if cfg.kubernetes.claim.enabled else set()), path
+    sa = one(docs, "ServiceAccount", "fleetcanary")["metadata"]["name"]
+    for b in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": "fleetcanary"}]
+    claim_sa = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] != sa]
+    assert all(d["automountServiceAccountToken"] is False for d in claim_sa)  # the claim pod: no API at all
 
 
 def test_the_config_map_is_a_valid_fleetcanary_config(variant, tmp_path):

@@ -46,6 +46,8 @@ def claim_pod(cfg, node: str, namespace: str, spec: dict, gpus: int, owner: dict
     meta: dict[str, Any] = {"name": pod_name(node), "namespace": namespace,
                             "labels": {"app.kubernetes.io/name": "fleetcanary", "app.kubernetes.io/component": "claim"},
                             "annotations": {"fleetcanary.io/node": node,
+                                            # never what keeps a node from scaling down
+                                            "cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
                                             "fleetcanary.io/probes": ",".join(j["job"]["name"] for j in spec["jobs"])}}
     if owner:
         meta["ownerReferences"] = [owner]  # gone with the exporter pod that asked

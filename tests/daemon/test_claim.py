@@ -88,6 +88,7 @@ def test_a_node_kept_busy_gets_a_claim_pod_whose_runs_are_published(tmp_path, ap
         spec = pod["spec"]
         assert pod["metadata"]["name"] == "fleetcanary-claim-gpu-a"
         assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
         assert spec["priorityClassName"] == "fleetcanary-claim" and spec["restartPolicy"] == "Never"
         assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "fleetcanary-claim"
         assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -196,3 +197,18 @@ def test_an_api_that_refuses_the_claim_is_counted_and_survived(tmp_path, api):
         d.server.stop()
     assert metric_value(text, "fleetcanary_kubernetes_api_errors_total", operation="create_pod",
                         reason="forbidden") == 1.0
+
+
+def test_the_claim_pod_validates_against_the_kubernetes_schema(tmp_path, api):
+    import kubernetes_validate
+
+    from fleetcanary.daemon.claim import claim_pod
+    from tests.test_deploy import K8S_VERSION
+
+    now = [time.time()]
+    d = daemon(tmp_path, api, now)
+    d.server.stop()
+    body = claim_pod(d.claimer.cfg, NODE, "fleetcanary", d.claimer.spec(["gpu_bandwidth"]), 8,
+                     {"apiVersion": "v1", "kind": "Pod", "name": "fleetcanary-x", "uid": "u-1"})
+    kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+    assert body["spec"]["securityContext"]["runAsNonRoot"] is True
