@@ -66,7 +66,9 @@ RUNBOOKS: dict[str, tuple[str, str, str]] = {
         "platform team, not a page.",
         "The description's skip reasons. `gpu_allocated`/`gpu_busy`: tenants hold the GPUs (expected on a full "
         "pool; deploy/overlays/gpu-allocation lets the free GPUs of a partly held node be measured, and "
-        "opportunistic runs use the gaps between jobs). `budget`: the GPU-time budget is spent "
+        "opportunistic runs use the gaps between jobs; on nodes held whole for days, "
+        "deploy/overlays/scheduled-runs asks "
+        "the scheduler for GPU time with a lowest-priority claim pod). `budget`: the GPU-time budget is spent "
         "(`gpu.budget_ratio`). Other reasons, or none: the probe fails or does not run; see "
         "FleetCanaryProbeFailing and the exporter-health dashboard. Per GPU: "
         "`time() - fleetcanary_gpu_last_measured_timestamp_seconds{probe=\"...\"}`; the pool's share over time: "
