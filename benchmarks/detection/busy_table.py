@@ -80,6 +80,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="the 195-node fleet (default: --quick, 60 nodes)")
+    ap.add_argument("--reuse", action="store_true", help="read a run's JSON where it exists instead of running it")
     ap.add_argument("--shares", default=",".join(str(s) for s in SHARES), help="GPU-time shares held, comma-separated")
     args = ap.parse_args()
     tag = "" if args.full else "-60"
@@ -87,7 +88,8 @@ def main() -> int:
     for share in (float(x) for x in args.shares.split(",")):
         for mode, gate, opp in MODES:
             name = f"detection-busy{round(share * 100)}{tag}" + ("-gpugate" if gate else "") + ("-opp" if opp else "")
-            d = run(share, gate, opp, args.full, ROOT / "benchmarks/results" / f"{name}.json")
+            out = ROOT / "benchmarks/results" / f"{name}.json"
+            d = json.loads(out.read_text()) if args.reuse and out.exists() else run(share, gate, opp, args.full, out)
             rows.append(row(share, mode, d))
             print(f"[{time.monotonic() - t0:5.0f}s] {share:.0%} {mode}: done", flush=True)
     text = table(rows)

@@ -520,7 +520,8 @@ class Fleet:
         k_all = np.searchsorted(fin, t, side="right") - 1   # the last run finished by the scrape
         ns = np.flatnonzero(out != 2)
         k_ns = np.searchsorted(fin[ns], t, side="right") - 1  # the last run that was not a skip
-        k = np.where(k_ns >= 0, ns[np.clip(k_ns, 0, None)], -1)
+        # a node whose runs all skipped (held the whole time) has none: every scrape is "no run yet"
+        k = np.where(k_ns >= 0, ns[np.clip(k_ns, 0, None)], -1) if len(ns) else np.full(len(t), -1)
         kk = np.clip(k, 0, None)
         max_age = self.p.fresh_intervals * r["interval"] + r["timeout"]
         fresh = (k >= 0) & (out[kk] == 0) & (fin[kk] >= restart) & (t - fin[kk] <= max_age)
@@ -534,7 +535,7 @@ class Fleet:
             res[name] = (cum[k_all + 1] - cum[k_rs + 1]).astype(float)
         succ = np.flatnonzero(out == 0)
         k_s = np.searchsorted(fin[succ], t, side="right") - 1
-        last = np.where(k_s >= 0, fin[succ][np.clip(k_s, 0, None)], np.nan)
+        last = np.where(k_s >= 0, fin[succ][np.clip(k_s, 0, None)], np.nan) if len(succ) else np.full(len(t), np.nan)
         res["last_success"] = np.where(last >= restart, last, np.nan)
         return res
 
@@ -652,7 +653,10 @@ class Fleet:
 
     def summary(self) -> dict:
         p = self.p
-        busy = sum(b - a for n in self.nodes for a, b in n.busy) / (len(self.nodes) * p.days * DAY)
+        def held(ivs) -> float:  # within the fleet's week (a job may run past its end)
+            return sum(max(0.0, min(b, self.end) - max(a, self.start)) for a, b in ivs)
+
+        busy = sum(held(n.busy) for n in self.nodes) / (len(self.nodes) * p.days * DAY)
         runs = {pr: sum(len(n.runs[pr]["fin"]) for n in self.nodes) for pr in ("gpu_bandwidth", "collectives")}
         skipped = {pr: int(sum((n.runs[pr]["out"] == 2).sum() for n in self.nodes)) for pr in runs}
         kinds: dict[str, int] = {}
@@ -666,7 +670,7 @@ class Fleet:
                                       for pr in runs},
                 # busy fleets: the share of GPU time tenants held, the GPU measurements a run left to them, the
                 # opportunistic runs, and the share of (GPU, 15-minute) slots with a fresh measurement
-                "gpu_busy_share": round(sum(b - a for n in self.nodes for iv in n.gpu_busy for a, b in iv)
+                "gpu_busy_share": round(sum(held(iv) for n in self.nodes for iv in n.gpu_busy)
                                         / (len(self.nodes) * 8 * p.days * DAY), 3),
                 "gpu_measurements_left_out": int(sum((n.runs["gpu_bandwidth"]["held"]
                                                       & (n.runs["gpu_bandwidth"]["out"] != 2)[:, None]).sum()
