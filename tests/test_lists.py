@@ -315,6 +315,7 @@ def test_every_manifest_is_in_its_kustomization():
         named = set(doc.get("resources", []))
         for gen in doc.get("configMapGenerator", []) + doc.get("secretGenerator", []):
             named |= set(gen.get("files", []))
+        named |= {p["path"] for p in doc.get("patches", []) if "path" in p}  # a patch file
         for p in sorted(kust.parent.glob("*.yaml")):
             if p.name != "kustomization.yaml" and p.name not in named:
                 problems.append(f"{kust.relative_to(ROOT)}: {p.name} beside it is not among its resources")
