@@ -342,3 +342,65 @@ def test_alerts_route_group_inhibit_and_resolve_through_a_real_alertmanager(stac
         assert {a["labels"]["node"] for a in n["payload"]["alerts"]} == {node}, n["payload"]
     wait_for(lambda: not [a for a in am.alerts() if a["status"]["state"] == "active"], timeout=DEADLINE,
              what="no active alert left in Alertmanager")
+
+
+def matcher(m: str):
+    """An Alertmanager matcher string -> (label, predicate on the label's value, "" when absent)."""
+    name, op, value = re.fullmatch(r'(\w+)(=~|!~|!=|=)"(.*)"', m).groups()
+    return name, {"=": lambda v: v == value, "!=": lambda v: v != value,
+                  "=~": lambda v: re.fullmatch(value, v) is not None,
+                  "!~": lambda v: re.fullmatch(value, v) is None}[op]
+
+
+def candidates() -> list[dict]:
+    """A label set each shipped alert raises with: its name, its static labels, and the labels of what it
+    judges (node and GPU; a judged series' figure and series)."""
+    out = []
+    for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
+        for g in yaml.safe_load((ALERTS / f).read_text())["groups"]:
+            for r in g["rules"]:
+                if "alert" not in r:
+                    continue
+                labels = {"alertname": r["alert"], **r.get("labels", {}), "node": "n1", "gpu": "3"}
+                if "fleetcanary_judge_" in r["expr"]:
+                    labels |= {"figure": "gpu_memory_bandwidth", "series": "d2d"}
+                out.append(labels)
+    return out
+
+
+def test_every_inhibit_rule_mutes_an_alert_the_rules_raise(tmp_path):
+    """For each inhibit rule of the example: a source and a target among the shipped alerts (the labels they
+    raise with), sharing its `equal` labels, sent to a real Alertmanager with the example's config: the target
+    is inhibited by that source. A rule no pair of shipped alerts can meet fails here."""
+    import json
+    import urllib.request
+
+    cfg = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
+    alerts = candidates()
+    pairs = []
+    for rule in cfg["inhibit_rules"]:
+        src = [matcher(m) for m in rule["source_matchers"]]
+        tgt = [matcher(m) for m in rule["target_matchers"]]
+        found = next(((s, t) for s in alerts for t in alerts if s is not t
+                      and all(ok(s.get(k, "")) for k, ok in src) and all(ok(t.get(k, "")) for k, ok in tgt)
+                      and all(s.get(k, "") == t.get(k, "") for k in rule.get("equal", []))), None)
+        assert found, f"inhibit rule {rule} can match no pair of shipped alerts"
+        pairs.append(found)
+    _, test_cfg = alertmanager_config("http://127.0.0.1:9")
+    am = Alertmanager(tmp_path / "am", test_cfg)
+    try:
+        for i, (s, t) in enumerate(pairs):
+            body = [{"labels": {**s, "node": f"n{i}"}}, {"labels": {**t, "node": f"n{i}"}}]
+            req = urllib.request.Request(am.url + "/api/v2/alerts", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+            assert urllib.request.urlopen(req, timeout=10).status == 200
+
+        def muted():
+            got = {(a["labels"]["alertname"], a["labels"]["node"]): a["status"] for a in am.alerts()}
+            return all(got.get((t["alertname"], f"n{i}"), {}).get("inhibitedBy") and
+                       not got.get((s["alertname"], f"n{i}"), {}).get("inhibitedBy")
+                       for i, (s, t) in enumerate(pairs))
+        wait_for(muted, timeout=60, what="each rule's target inhibited by its source")
+    finally:
+        am.stop()
+    assert len(pairs) == len(cfg["inhibit_rules"]) == 4
