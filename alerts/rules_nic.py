@@ -164,8 +164,8 @@ RUNBOOKS: dict[str, tuple[str, str, str]] = {
     "FleetCanaryNICSysfsUnreadable": (
         "nic_health could not read or parse some port or interface files for half an hour: those values are "
         "missing from the metrics and the alerts above cannot see them.",
-        "`curl NODE:9835/results` and read nic_health's `extra.problems` (each file and why); `cat` the file on "
-        "the node.",
+        "`curl -s localhost:9835/results` and read nic_health's `extra.problems` (each file and why); `cat` the "
+        "file on the node.",
         "A driver that returns errors for a counter (firmware fault), a kernel with another format, a container "
         "without /sys mounted as expected (sysfs_root)."),
 }
