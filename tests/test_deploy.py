@@ -270,3 +270,22 @@ def test_locust_loadtest_example_builds_validates_and_wires_workers_to_the_maste
         spec = pod["spec"]["template"]["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_manifests_run_the_image_of_this_version(variant):
+    """Every fleetcanary image the manifests name (containers, init containers, the claim pod's config) is tagged
+    with the package's version, the version fleetcanary_build_info reports."""
+    import tomllib
+
+    from fleetcanary.core.version import version
+
+    path, docs = variant
+    want = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version() == want
+    images = [c["image"] for d in docs if d["kind"] == "DaemonSet"
+              for kind in ("containers", "initContainers") for c in d["spec"]["template"]["spec"].get(kind, [])]
+    cfg = configmod.settings_model()(**config_of(docs))
+    if cfg.kubernetes.claim.enabled:
+        images.append(cfg.kubernetes.claim.image)
+    ours = [i for i in images if i.rsplit(":", 1)[0].endswith("/fleetcanary")]
+    assert ours and all(i.rsplit(":", 1)[1] == want for i in ours), (path, images, want)
