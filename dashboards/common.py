@@ -6,7 +6,19 @@ Panels are placed left to right, top to bottom, on Grafana's 24-column grid.
 """
 from __future__ import annotations
 
-from grafanalib.core import BarChart, Dashboard, GridPos, Stat, Table, Target, Template, Templating, Time, TimeSeries
+from grafanalib.core import (
+    BarChart,
+    Dashboard,
+    DashboardLink,
+    GridPos,
+    Stat,
+    Table,
+    Target,
+    Template,
+    Templating,
+    Time,
+    TimeSeries,
+)
 
 from fleetcanary.rules import build as rules
 
@@ -92,8 +104,27 @@ def layout(panels: list) -> list:
     return panels
 
 
+NODE_UID = "fleetcanary-node"
+# A table cell naming a node opens that node's dashboard, same time range and data source
+# (tests/dashboards/test_dashboards.py checks that each link's dashboard and variables exist).
+NODE_LINK = {"title": "Node detail: ${__value.raw}",
+             "url": f"/d/{NODE_UID}?var-node=${{__value.raw}}&var-datasource=${{datasource}}&${{__url_time_range}}"}
+
+
+def node_links(field: str = "node") -> list[dict]:
+    """Table overrides: the `field` column links to the node dashboard."""
+    return [{"matcher": {"id": "byName", "options": field}, "properties": [{"id": "links", "value": [NODE_LINK]}]}]
+
+
 def dashboard(title: str, uid: str, description: str, panels: list, variables: list[Template]) -> Dashboard:
-    d = Dashboard(title=title, uid=uid, description=description, tags=["fleetcanary"],
+    # every fleetcanary dashboard links to the others, keeping the time range and the variables
+    links = [DashboardLink(title="fleetcanary", type="dashboards", tags=["fleetcanary"], asDropdown=True,
+                           keepTime=True, includeVars=True)]
+    if uid != NODE_UID:  # tables elsewhere: a node column opens the node's dashboard
+        for p in panels:
+            if isinstance(p, Table):
+                p.overrides = [*p.overrides, *node_links()]
+    d = Dashboard(title=title, uid=uid, description=description, tags=["fleetcanary"], links=links,
                   panels=layout(panels), templating=Templating([datasource_var(), *variables]),
                   time=Time("now-24h", "now"), refresh="1m", timezone="utc", schemaVersion=37,
                   graphTooltip=1)

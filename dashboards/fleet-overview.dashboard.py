@@ -29,6 +29,10 @@ OTHER_MODELS = 'unless on(node) node:fleetcanary_gpu_model:info{model!~"$model"}
 CUR, PREV = 'baseline="current_driver"', 'baseline="previous_driver"'
 STATES = 'fleetcanary_judge_series{figure=~"$figure"}'
 WORST = columns({"Value": "worse by"})
+FIRING = 'ALERTS{alertstate="firing", alertname=~"FleetCanary.*"}'
+# when each firing alert became active: ALERTS_FOR_STATE carries the alert's labels without alertstate
+FIRING_SINCE = f'(ALERTS_FOR_STATE{{alertname=~"FleetCanary.*"}} and ignoring(alertstate) {FIRING})'
+
 PEERS = ("Peers: the nodes of the same pool, model and driver version measuring the same figure and series "
          "(docs/alerting.md). Worse by: how far the series is on the bad side of the reference, 0.05 = 5% "
          "(below for bandwidths and FLOP/s, above for latencies and step times); the worst 5 per figure. ")
@@ -192,11 +196,22 @@ panels = [
                    'group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"}) / count by (pool, probe) '
                    '(fleetcanary_gpu_last_measured_timestamp_seconds * on(node) group_left(pool) '
                    'node:fleetcanary_pool:info{pool=~"$pool"})')], w=12, h=8),
-    panel("table", "Firing fleetcanary alerts",
-          "Alerts firing now, by name and severity, with the number of nodes or GPUs. "
-          "Good: empty. Each alert's runbook is linked from its runbook_url.", "none",
-          [instant('sum by (alertname, severity) (ALERTS{alertstate="firing", alertname=~"FleetCanary.*"})')],
-          w=12, h=8),
+    panel("table", "Firing fleetcanary alerts: which node, since when, how bad",
+          "Every fleetcanary alert firing now, one row each: its node, GPU, figure and series, the path that "
+          "fired, its severity, since when it has been active (ALERTS_FOR_STATE) and, for a judged series, how "
+          "far its change against its own best day is below its peers' median change (0.05 = 5% worse; the "
+          "change path fires beyond the figure's floor and "
+          f"{S.figure(FIGURES['gpu_memory_bandwidth']).k_mad:g} MADs). A node opens its dashboard. Good: empty. "
+          "Each alert's runbook is linked from its runbook_url.", "none",
+          [instant(f'{FIRING_SINCE} * 1000', ref="A"),
+           instant(f"({shortfall(change_ratio, J[0])}) and on(node, gpu, figure, series) {FIRING}", ref="B")],
+          w=24, h=8, transformations=[{"id": "merge", "options": {}},
+                                     columns({"Value #A": "firing since", "Value #B": "worse than peers by"},
+                                             hide=("Time", "job", "instance", "__name__", "alertstate"))],
+          overrides=[{"matcher": {"id": "byName", "options": "firing since"},
+                      "properties": [{"id": "unit", "value": "dateTimeAsIso"}]},
+                     {"matcher": {"id": "byName", "options": "worse than peers by"},
+                      "properties": [{"id": "unit", "value": "percentunit"}]}]),
     panel("table", "Skips by reason (last hour)",
           "Probe runs that did not run, by reason: gpu_busy and gpu_allocated are the canary keeping out of "
           "jobs' way; no_gpu, driver_unavailable or budget_exhausted on a GPU node need a look; "

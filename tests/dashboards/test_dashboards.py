@@ -33,7 +33,7 @@ NEEDS_SYNTHETIC = re.compile(r"fleetcanary_gpu_|gpu:|node_gpu:|fleetcanary_gpu_m
                              r"collective_bus_bandwidth_bytes_per_second:peer|fleetcanary_train_step_|"
                              r"fleetcanary_rdma_|fleetcanary_net_interface_|fabric|"
                              r"fleetcanary_judge_(median|newest|change|drift)|:fleetcanary_judge_")
-PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "ALERTS", "process_resident_memory_bytes",
+PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "ALERTS", "ALERTS_FOR_STATE", "process_resident_memory_bytes",
                   "process_cpu_seconds_total", "process_open_fds"}
 PROMQL_WORDS = {"by", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "without", "bool",
                 "offset", "le"}
@@ -294,3 +294,40 @@ def test_template_variable_queries_resolve(live, synthetic):
             if not rows:
                 empty.append(f"{name}: ${v['name']}: {v['query']}")
     assert not empty, "variables with no values:\n" + "\n".join(empty)
+
+
+def test_every_link_opens_a_dashboard_with_the_variables_it_sets():
+    """Data links (a node cell opens that node's dashboard) and dashboard links: the target uid exists, every
+    `var-NAME` of the URL is a variable there, and a tag link finds the other fleetcanary dashboards."""
+    by_uid = {b["uid"]: b for b in boards().values()}
+    found = 0
+    for name, board in boards().items():
+        for link in board.get("links", []):
+            tagged = [b for b in by_uid.values() if set(link["tags"]) <= set(b["tags"]) and b["uid"] != board["uid"]]
+            assert link["type"] == "dashboards" and len(tagged) >= 2, (name, link)
+            assert link["keepTime"] and link["includeVars"], (name, link)
+        for p in board["panels"]:
+            overrides = p.get("fieldConfig", {}).get("overrides", [])
+            links = [lk for o in overrides for prop in o["properties"] if prop["id"] == "links" for lk in prop["value"]]
+            links += p.get("fieldConfig", {}).get("defaults", {}).get("links", [])
+            for lk in links:
+                m = re.fullmatch(r"/d/([\w-]+)\?(.*)", lk["url"])
+                assert m and m.group(1) in by_uid, (name, p["title"], lk["url"])
+                target_vars = {v["name"] for v in by_uid[m.group(1)]["templating"]["list"]}
+                for var in re.findall(r"var-(\w+)=", m.group(2)):
+                    assert var in target_vars, (name, p["title"], var)
+                found += 1
+    assert found >= 10, found
+
+
+def test_the_firing_alerts_table_names_node_gpu_since_and_how_far(synthetic):
+    board = boards()["fleet-overview.json"]
+    p = next(p for p in board["panels"] if p["title"].startswith("Firing fleetcanary alerts"))
+    since, worse = (synthetic.query(substitute(t["expr"], ".*", "15m"), synthetic.end) for t in p["targets"])
+    rows = {(r["metric"]["alertname"], r["metric"]["node"], r["metric"].get("gpu")): float(r["value"][1])
+            for r in since}
+    assert set(rows) == {("FleetCanaryNVLinkDown", synthetic_fleet.NODES[2], "1"),
+                         ("FleetCanaryGPUMemoryBandwidthBelowPeers", synthetic_fleet.NODES[3], "5")}
+    assert all(v / 1000 < synthetic.end for v in rows.values())  # a time before now, in ms for Grafana
+    assert {(r["metric"]["node"], r["metric"]["gpu"]) for r in worse} == {(synthetic_fleet.NODES[3], "5")}
+    assert max(float(r["value"][1]) for r in worse) > 0.05  # the 8% slow GPU's change below its peers'

@@ -157,8 +157,12 @@ def write(path: Path, end: int) -> tuple[int, int]:
                     {"node": node, "collective": coll, "size_bytes": str(size), "ranks": "8", "backend": "nccl"},
                     noisy(bus))
     _fabric(add, ts, steps)
-    add("ALERTS", "gauge", {"alertname": "FleetCanaryNVLinkDown", "alertstate": "firing", "severity": "critical",
-                            "node": NODES[2], "gpu": "1"}, const(1))
+    nvlink = {"alertname": "FleetCanaryNVLinkDown", "severity": "critical", "node": NODES[2], "gpu": "1"}
+    slow = {"alertname": "FleetCanaryGPUMemoryBandwidthBelowPeers", "severity": "warning", "path": "change",
+            "node": NODES[3], "gpu": "5", "figure": "gpu_memory_bandwidth", "series": "d2d"}
+    for alert in (nvlink, slow):
+        add("ALERTS", "gauge", {**alert, "alertstate": "firing"}, const(1))
+        add("ALERTS_FOR_STATE", "gauge", alert, const(ts[2]), digits=12)  # active since the fleet's third step
     with open(path, "w") as f:
         for name, (kind, lines) in fams.items():
             base = name[:-len("_total")] if kind == "counter" else name
