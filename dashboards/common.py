@@ -37,8 +37,18 @@ def query_var(name: str, label: str, query: str, multi: bool = True) -> Template
                     allValue=".*" if multi else None, refresh=2, sort=1, default="$__all" if multi else None)
 
 
+# Several clusters in one Prometheus (Thanos, Mimir, federation with a `cluster` external label): every raw
+# fleetcanary selector is narrowed to $cluster, whose All (.*) also matches series without the label, so a
+# single-cluster Prometheus (no such label, an empty variable) shows everything.
+CLUSTER = 'cluster=~"$cluster"'
+
+
+def cluster_var() -> Template:
+    return query_var("cluster", "Cluster", "label_values(fleetcanary_build_info, cluster)")
+
+
 def pool_var() -> Template:
-    return query_var("pool", "Pool", "label_values(fleetcanary_node_info, pool)")
+    return query_var("pool", "Pool", f"label_values(fleetcanary_node_info{{{CLUSTER}}}, pool)")
 
 
 def model_var() -> Template:
@@ -46,7 +56,8 @@ def model_var() -> Template:
 
 
 def node_var(multi: bool = False) -> Template:
-    return query_var("node", "Node", 'label_values(fleetcanary_node_info{pool=~"$pool"}, node)', multi=multi)
+    return query_var("node", "Node", f'label_values(fleetcanary_node_info{{{CLUSTER}, pool=~"$pool"}}, node)',
+                     multi=multi)
 
 
 def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> Target:
@@ -120,12 +131,15 @@ def dashboard(title: str, uid: str, description: str, panels: list, variables: l
     # every fleetcanary dashboard links to the others, keeping the time range and the variables
     links = [DashboardLink(title="fleetcanary", type="dashboards", tags=["fleetcanary"], asDropdown=True,
                            keepTime=True, includeVars=True)]
+    for p in panels:
+        for t in p.targets:
+            t.expr = rules.with_selector(t.expr, CLUSTER)
     if uid != NODE_UID:  # tables elsewhere: a node column opens the node's dashboard
         for p in panels:
             if isinstance(p, Table):
                 p.overrides = [*p.overrides, *node_links()]
     d = Dashboard(title=title, uid=uid, description=description, tags=["fleetcanary"], links=links,
-                  panels=layout(panels), templating=Templating([datasource_var(), *variables]),
+                  panels=layout(panels), templating=Templating([datasource_var(), cluster_var(), *variables]),
                   time=Time("now-24h", "now"), refresh="1m", timezone="utc", schemaVersion=37,
                   graphTooltip=1)
     return d.auto_panel_ids()
