@@ -237,7 +237,12 @@ class Claimer:
 
     # --- the thread --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        self.inbox.mkdir(parents=True, exist_ok=True)
+        try:
+            self.inbox.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # the claim pods would have nowhere to leave their records: make none
+            log.error("kubernetes.claim: the inbox %s cannot be made (%s); no claims are made", self.inbox,
+                      exc.strerror or exc)
+            return
         self._thread = threading.Thread(target=self._loop, name="claim", daemon=True)
         self._thread.start()
 

@@ -35,7 +35,7 @@ def api(tmp_path):
     a.close()
 
 
-def daemon(tmp_path, api, now: list[float]):
+def daemon(tmp_path, api, now: list[float], **claim):
     from fleetcanary.core import config as configmod
     from fleetcanary.daemon.claim import Claimer
     from fleetcanary.daemon.kube import Kube
@@ -45,7 +45,7 @@ def daemon(tmp_path, api, now: list[float]):
            "server": {"listen_address": f"127.0.0.1:{free_port()}"}, "gpu": {"xid_watch": "off"},
            "kubernetes": {"mode": "off", "api_timeout_seconds": 2.0,
                           "claim": {"enabled": True, "image": "registry.example/fleetcanary:test",
-                                    "after_seconds": 3600, "pending_seconds": 600}},
+                                    "after_seconds": 3600, "pending_seconds": 600, **claim}},
            "probes": {"gpu_bandwidth": {"params": SMALL, "timeout_seconds": 120}}}
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -56,7 +56,8 @@ def daemon(tmp_path, api, now: list[float]):
     assert d.kube.sync()
     d.claimer = Claimer(d, d.kube.api, "fleetcanary", {"apiVersion": "v1", "kind": "Pod", "name": "fleetcanary-x",
                                                        "uid": "u-1"}, clock=lambda: now[0])
-    d.claimer.inbox.mkdir(parents=True, exist_ok=True)
+    if not claim:
+        d.claimer.inbox.mkdir(parents=True, exist_ok=True)
     api.clock = lambda: now[0]  # the pods' creationTimestamp on the claimer's clock
     return d
 
@@ -212,3 +213,14 @@ def test_the_claim_pod_validates_against_the_kubernetes_schema(tmp_path, api):
                      {"apiVersion": "v1", "kind": "Pod", "name": "fleetcanary-x", "uid": "u-1"})
     kubernetes_validate.validate(body, K8S_VERSION, strict=True)
     assert body["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_an_inbox_that_cannot_be_made_turns_claims_off_without_stopping_the_daemon(tmp_path, api, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    d = daemon(tmp_path, api, [time.time()], inbox=str(blocker / "inbox"))  # under a file: mkdir fails
+    d.server.stop()
+    with caplog.at_level(logging.ERROR, logger="fleetcanary.claim"):
+        d.claimer.start()
+    assert d.claimer._thread is None
+    assert any("no claims are made" in r.getMessage() for r in caplog.records)
