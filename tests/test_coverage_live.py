@@ -89,8 +89,8 @@ def test_pool_coverage_is_recorded_and_the_held_pool_alone_is_reported_on_a_live
                  for r in prom.query("pool:fleetcanary_gpu_measured:ratio_1d")}
         per_node = {(r["metric"]["node"], r["metric"].get("gpu", ""), r["metric"]["probe"]): float(r["value"][1])
                     for r in prom.query("fleetcanary_gpu_last_measured_timestamp_seconds")}
-        panels = {(title, expr): prom.query(expr.replace("$pool", ".*").replace("$node", "b1"))
-                  for title, expr in coverage_panels()}
+        panels = {(title, expr): prom.query(expr.replace("$pool", ".*").replace("$cluster", ".*")
+                                            .replace("$node", "b1")) for title, expr in coverage_panels()}
     finally:
         if prom:
             prom.stop()

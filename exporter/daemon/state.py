@@ -307,7 +307,8 @@ class ResultStore:
     # --- reads ------------------------------------------------------------------
     def coverage(self) -> list[tuple[str, str, float]]:
         """(gpu, probe, unix time of its last fresh run or 0) for each enabled invasive probe and each GPU the
-        node has (the environment's GPUs, and any measured before); a probe measured per node has gpu ""."""
+        node has (the environment's GPUs, and any measured before); a probe measured per node has gpu "" (on a
+        node with GPUs). A node without GPUs has none."""
         gpus = {str(g["index"]) for g in self.node_environment.get("gpus") or []
                 if isinstance(g, dict) and "index" in g}
         gpus |= {g for g, _ in self.last_measured if g}
@@ -316,7 +317,11 @@ class ResultStore:
             cls = self.probes.get(name)
             if cls is None or cls.exclusive != "gpu":
                 continue
-            for g in (sorted(gpus, key=lambda x: (len(x), x)) if cls.coverage == "gpu" else [""]):
+            if cls.coverage == "gpu":
+                keys = sorted(gpus, key=lambda x: (len(x), x))
+            else:  # per node: on a node with GPUs (a GPU-less node's skips are not a coverage gap)
+                keys = [""] if gpus or ("", name) in self.last_measured else []
+            for g in keys:
                 out.append((g, name, self.last_measured.get((g, name), 0.0)))
         return out
 

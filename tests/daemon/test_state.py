@@ -168,3 +168,11 @@ def test_coverage_is_per_gpu_and_invasive_probe_from_successful_runs_only():
     again = ResultStore(PROBES, ["gpu_bandwidth", "train_step"])
     assert again.restore_coverage([*store.dump_coverage(), ["0", "no_such_probe", 5.0], "garbage", ["1"]]) == 6
     assert parse(again)[f"{cov}[('gpu', '7'), ('probe', 'gpu_bandwidth')]"] == 1005.0
+
+
+def test_a_node_without_gpus_publishes_no_coverage():
+    store = ResultStore(PROBES, ["gpu_bandwidth", "train_step"])
+    store.set_environment({"gpus": []})
+    assert not [k for k in parse(store) if k.startswith("fleetcanary_gpu_last_measured_timestamp_seconds")]
+    store.apply(RunRecord("train_step", "success", started_at=10.0, wall_seconds=1.0))  # measured on the CPU
+    assert parse(store)["fleetcanary_gpu_last_measured_timestamp_seconds[('gpu', ''), ('probe', 'train_step')]"] == 11.0
