@@ -67,6 +67,16 @@ def held(d, at: float) -> None:
                             started_at=at, wall_seconds=0.5))
 
 
+def held_for_an_hour(tmp_path, api):
+    """A daemon whose gpu_bandwidth a tenant has kept off the node for just over after_seconds."""
+    t0 = time.time()
+    now = [t0]
+    d = daemon(tmp_path, api, now)
+    now[0] = t0 + 3700
+    held(d, t0)
+    return d, now
+
+
 def claim(inbox: Path, spec: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "FLEETCANARY_FAKE_NVML": str(NVML)}
     return subprocess.Popen([sys.executable, "-m", "fleetcanary", "claim", "--inbox", str(inbox), "--spec", spec],
@@ -151,12 +161,8 @@ def test_preemption_mid_run_leaves_one_clean_skipped_record(tmp_path):
 
 
 def test_a_claim_the_scheduler_never_places_is_withdrawn_and_not_asked_again_at_once(tmp_path, api):
-    t0 = time.time()
-    now = [t0]
-    d = daemon(tmp_path, api, now)
-    now[0] = t0 + 3700
+    d, now = held_for_an_hour(tmp_path, api)
     try:
-        held(d, t0)
         assert d.claimer.tick() == "created"
         now[0] += 601                                 # pending_seconds passed, still Pending
         assert d.claimer.tick() == "withdrawn"
@@ -185,12 +191,8 @@ def test_junk_in_the_inbox_is_dropped_with_one_line_each(tmp_path, api, caplog):
 
 
 def test_an_api_that_refuses_the_claim_is_counted_and_survived(tmp_path, api):
-    t0 = time.time()
-    now = [t0]
-    d = daemon(tmp_path, api, now)
-    now[0] = t0 + 3700
+    d, _ = held_for_an_hour(tmp_path, api)
     try:
-        held(d, t0)
         api.fail["create_pod"] = 403
         assert d.claimer.tick() == "error"
         text = d.store.exposition.decode()

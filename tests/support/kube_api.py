@@ -116,10 +116,12 @@ class KubeAPI(ServerThread):
                 else:
                     self._status(404, "NotFound")
 
+            def _body(self) -> dict:
+                return json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+
             def do_POST(self):
                 url = urllib.parse.urlsplit(self.path)
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = self._body()
                 ns = url.path.split("/")[4]
 
                 def create():
@@ -151,8 +153,7 @@ class KubeAPI(ServerThread):
 
             def do_PATCH(self):
                 url = urllib.parse.urlsplit(self.path)
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = self._body()
                 name = url.path.split("/")[4] if url.path.endswith("/status") else ""
 
                 def ok():
