@@ -47,6 +47,8 @@ class Daemon:
                  clock: Clock | None = None) -> None:
         """reap_everything: this process starts no children but workers (true for `run`).
         clock: where the schedule's and the GPU budget's time comes from (tests pass a fake one)."""
+        # First: a bad web config is the one line the operator sees, before any state is read or logged.
+        web = webconfig.load(settings.server.web_config_file)  # WebConfigError: the caller reports it
         self.reap_everything = reap_everything
         self._settings_lock = threading.Lock()
         self.settings = settings
@@ -75,7 +77,6 @@ class Daemon:
         self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2), clock=self.clock)
         self.scheduler.on_clock_jump = lambda step: self.store.count_clock_jump()
         host, port = configmod.parse_listen_address(settings.server.listen_address)
-        web = webconfig.load(settings.server.web_config_file)  # WebConfigError: the caller reports it
         self.server = MetricsServer(self.store, host, port, health=self.healthy, ready=self.ready,
                                     request_timeout=settings.server.request_timeout_seconds, web=web)
         self._stopping = threading.Event()
