@@ -57,9 +57,13 @@ def test_every_fault_is_classified_and_the_daemon_keeps_serving(tmp_path):
             text = d.metrics()
             ok = all((value(text, "fleetcanary_probe_runs_total", probe=n, outcome=o) or 0) >= 2
                      for n, (o, _) in FAULTS.items())
-            return text if ok and scraper.count >= 20 else None  # and scraped throughout, however slowly
+            # and a worker of each fault that notes its PID got that far at least once (on a loaded machine a
+            # worker may start slower than the hang deadline sized at the test's start: that run is a timeout
+            # too, but leaves no PID to check for leaks)
+            noted = all((pid_dir / n).exists() for n in ("hang", "ignore_term", "abort"))
+            return text if ok and noted and scraper.count >= 20 else None  # and scraped throughout, however slowly
         text = wait_for(each_twice, timeout=300, interval=0.5,
-                        what="every fault probe classified twice and 20 scrapes")
+                        what="every fault probe classified twice, each hanging worker's PID noted, and 20 scrapes")
     finally:
         scraper.stop()
         rc = d.stop()
@@ -70,7 +74,7 @@ def test_every_fault_is_classified_and_the_daemon_keeps_serving(tmp_path):
             assert value(text, "fleetcanary_probe_crashes_total", probe=n, reason=reason) >= 2, n
     assert value(text, "fleetcanary_probe_success", probe="flood") == 1.0
     pids = pids_in(pid_dir)
-    assert len(pids) >= 4
+    assert len(pids) >= 3
     # each was SIGKILLed (group sweep) before its run was recorded; 30 s only bounds what the kernel cannot end
     wait_for(lambda: not leaked(pids), timeout=30, what="no probe process left")
     assert "Traceback" not in d.log()
