@@ -21,10 +21,21 @@ POOL = "on(node) group_left(pool) node:fleetcanary_pool:info"
 DAY = 86400
 
 
-def measured(window: str) -> str:
+def measured(window: str, pool: str = "") -> str:
     """1 for each (GPU, probe) series whose last fresh run is within `window` seconds (an expression over the
-    probe's fleetcanary_probe_interval_seconds), else 0; each with its node's pool."""
-    return (f"((time() - {COVERED}) < bool on(node, probe) group_left() ({window})) * {POOL}")
+    probe's fleetcanary_probe_interval_seconds), else 0; each with its node's pool (`pool`: a matcher on it)."""
+    return f"((time() - {COVERED}) < bool on(node, probe) group_left() ({window})) * {POOL}{pool and '{' + pool + '}'}"
+
+
+def share(window: str, by: str, pool: str = "") -> str:
+    """The share of (GPU, probe) pairs measured within `window`, by `by` (the recording rule, the alert, the
+    dashboards' coverage panel)."""
+    return (f"sum by ({by}) ({measured(window, pool)}) "
+            f"/ count by ({by}) ({COVERED} * {POOL}{pool and '{' + pool + '}'})")
+
+
+def intervals(n: int) -> str:
+    return f"{n} * fleetcanary_probe_interval_seconds"
 
 
 def recording_rules() -> list[dict]:
@@ -33,24 +44,22 @@ def recording_rules() -> list[dict]:
 
     return [
         rec("pool:fleetcanary_gpu_measured:ratio_1d",
-            f"sum by (pool) ({measured(f'clamp_min(2 * fleetcanary_probe_interval_seconds, {DAY})')}) "
-            f"/ count by (pool) ({COVERED} * {POOL})"),
+            share(f"clamp_min({intervals(2)}, {DAY})", "pool")),
     ]
 
 
-def alert_rules(annotations: Callable[[str, str, str], dict], min_share: float, intervals: int,
+def alert_rules(annotations: Callable[[str, str, str], dict], min_share: float, n_intervals: int,
                 for_: str) -> list[dict]:
     """The alert; `annotations` is alerts/build.py's (summary, description, runbook_url)."""
     skips = ("sort_desc(sum by (reason) (increase(fleetcanary_probe_skips_total{probe='%s'}[1d]) "
              "* on(node) group_left(pool) node:fleetcanary_pool:info{pool='%s'}) > 0)")
-    expr = (f"sum by (pool, probe) ({measured(f'{intervals} * fleetcanary_probe_interval_seconds')}) "
-            f"/ count by (pool, probe) ({COVERED} * {POOL}) < {min_share:g}")
+    expr = f"{share(intervals(n_intervals), 'pool, probe')} < {min_share:g}"
     return [{
         "alert": "FleetCanaryPoolUnmeasured", "expr": expr, "for": for_, "labels": {"severity": "warning"},
         "annotations": annotations(
             "Most of a pool's GPUs went unmeasured by a probe",
             f"In pool {{{{ $labels.pool }}}}, {{{{ $value | humanizePercentage }}}} of the GPUs had a successful "
-            f"{{{{ $labels.probe }}}} run in its last {intervals} intervals (this alert: under "
+            f"{{{{ $labels.probe }}}} run in its last {n_intervals} intervals (this alert: under "
             f"{min_share:.0%}); the peer and history alerts cannot judge the rest. Skips in the pool in the last "
             f"day, by reason: {{{{ range query (printf \"{skips}\" $labels.probe $labels.pool) }}}}"
             "{{ .Labels.reason }} {{ .Value | printf \"%.0f\" }}; {{ else }}none{{ end }}",

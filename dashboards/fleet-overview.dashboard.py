@@ -16,6 +16,7 @@ from common import (
     per_figure,
     pool_var,
     query_var,
+    rules,
     sel,
     shortfall,
 )
@@ -29,6 +30,7 @@ OTHER_MODELS = 'unless on(node) node:fleetcanary_gpu_model:info{model!~"$model"}
 CUR, PREV = 'baseline="current_driver"', 'baseline="previous_driver"'
 STATES = 'fleetcanary_judge_series{figure=~"$figure"}'
 WORST = columns({"Value": "worse by"})
+COVERAGE = rules.rules_coverage  # the coverage expressions the rules use
 FIRING = 'ALERTS{alertstate="firing", alertname=~"FleetCanary.*"}'
 # when each firing alert became active: ALERTS_FOR_STATE carries the alert's labels without alertstate
 FIRING_SINCE = f'(ALERTS_FOR_STATE{{alertname=~"FleetCanary.*"}} and ignoring(alertstate) {FIRING})'
@@ -186,16 +188,13 @@ panels = [
           "a busy pool, the share you accept going unjudged (the free GPUs of a partly held node are measured "
           "with deploy/overlays/gpu-allocation).", "percentunit",
           [('pool:fleetcanary_gpu_measured:ratio_1d{pool=~"$pool"}', "{{pool}}")], w=12, h=8),
-    panel("table", "Coverage per probe: GPUs measured in their last 3 intervals",
-          "Per pool and invasive probe, the share of GPUs with a successful run in the probe's last 3 intervals, "
-          "what FleetCanaryPoolUnmeasured (warning) fires on below "
+    panel("table", f"Coverage per probe: GPUs measured in their last {S.coverage_intervals} intervals",
+          "Per pool and invasive probe, the share of GPUs with a successful run in the probe's last "
+          f"{S.coverage_intervals} intervals, what FleetCanaryPoolUnmeasured (warning) fires on below "
           f"{S.coverage_min_share:.0%}. Good: near 1; a low probe beside 'Skips by reason' says why.",
           "percentunit",
-          [instant('sum by (pool, probe) (((time() - fleetcanary_gpu_last_measured_timestamp_seconds) < bool '
-                   'on(node, probe) group_left() (3 * fleetcanary_probe_interval_seconds)) * on(node) '
-                   'group_left(pool) node:fleetcanary_pool:info{pool=~"$pool"}) / count by (pool, probe) '
-                   '(fleetcanary_gpu_last_measured_timestamp_seconds * on(node) group_left(pool) '
-                   'node:fleetcanary_pool:info{pool=~"$pool"})')], w=12, h=8),
+          [instant(COVERAGE.share(COVERAGE.intervals(S.coverage_intervals), "pool, probe", 'pool=~"$pool"'))],
+          w=12, h=8),
     panel("table", "Firing fleetcanary alerts: which node, since when, how bad",
           "Every fleetcanary alert firing now, one row each: its node, GPU, figure and series, the path that "
           "fired, its severity, since when it has been active (ALERTS_FOR_STATE) and, for a judged series, how "

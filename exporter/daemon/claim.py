@@ -31,7 +31,6 @@ from fleetcanary.runner import job as jobmod
 
 log = logging.getLogger("fleetcanary.claim")
 TICK_SECONDS = 30.0
-TENANT_REASONS = ("gpu_allocated", "gpu_busy")
 INBOX_MOUNT = "/inbox"
 ENDED = ("Succeeded", "Failed")
 
@@ -107,22 +106,14 @@ class Claimer:
         """Invasive probes a tenant has kept off this node for `after_seconds`, cheapest first: the last run
         skipped for a tenant, and no success (nor a GPU measured, nor this exporter started) since then."""
         now = self.clock() if now is None else now
-        d = self.daemon
-        entries = d.settings.probe_entries()
-        out = []
-        for name in d._enabled(d.settings):
-            if d.probe_map[name].exclusive != "gpu":
-                continue
-            st = d.store.state.get(name)
-            last = st.last if st else None
-            if last is None or last.outcome != "skipped" or last.reason not in TENANT_REASONS:
-                continue
-            measured = [ts for (_, p), ts in d.store.last_measured.items() if p == name]
-            since = max([self.started, st.last_success_ts or 0.0, *measured])
-            if now - since >= self.cfg.after_seconds:
-                cost = getattr(entries[name].params, "expected_gpu_seconds", entries[name].timeout_seconds)
-                out.append((cost, name))
-        return [n for _, n in sorted(out)]
+        store = self.daemon.store
+
+        def held(name, entry, st) -> bool:
+            if st is None or not st.skipped_for_tenant:
+                return False
+            measured = [ts for (_, p), ts in store.last_measured.items() if p == name]
+            return now - max([self.started, st.last_success_ts or 0.0, *measured]) >= self.cfg.after_seconds
+        return self.daemon.invasive_where(held)
 
     def spec(self, names: list[str]) -> dict:
         """The jobs the claim pod runs, built as the daemon builds its own (no tenant allocation: the pod's
@@ -184,10 +175,10 @@ class Claimer:
     def _call(self, operation: str, fn, *args, **kw):
         """An API call, its error counted (fleetcanary_kubernetes_api_errors_total) and re-raised."""
         try:
-            return fn(*args, _request_timeout=self.daemon.kube._timeout(), **kw)
+            return fn(*args, _request_timeout=self.daemon.kube.request_timeout(), **kw)
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
-                self.daemon.kube._error(operation, exc)
+                self.daemon.kube.count_error(operation, exc)
             raise
 
     def _read(self):

@@ -193,11 +193,11 @@ class Kube:
             self._wake.wait(timeout=max(0.1, min(next_sync, next_heartbeat) - time.monotonic()))
             self._wake.clear()
 
-    def _timeout(self):
+    def request_timeout(self):
         t = self.cfg.api_timeout_seconds
         return (t, t)
 
-    def _error(self, operation: str, exc: BaseException) -> None:
+    def count_error(self, operation: str, exc: BaseException) -> None:
         reason = classify(exc)
         with self._lock:
             self._snap.errors[(operation, reason)] += 1
@@ -208,9 +208,9 @@ class Kube:
         """Read the node and its pods once. Never raises; errors keep the last known state."""
         ok = True
         try:
-            node = self.api.read_node(self.node_name, _request_timeout=self._timeout())
+            node = self.api.read_node(self.node_name, _request_timeout=self.request_timeout())
         except Exception as exc:  # noqa: BLE001 - any API failure is counted and survived
-            self._error("read_node", exc)
+            self.count_error("read_node", exc)
             ok = False
         else:
             labels = (node.metadata.labels if node.metadata else None) or {}
@@ -229,9 +229,9 @@ class Kube:
         try:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
-                _request_timeout=self._timeout())
+                _request_timeout=self.request_timeout())
         except Exception as exc:  # noqa: BLE001 - any API failure is counted and survived
-            self._error("list_pods", exc)
+            self.count_error("list_pods", exc)
             ok = False
         else:
             holding = [(p, gpus_requested(p)) for p in pods.items or []]
@@ -262,10 +262,10 @@ class Kube:
             "lastHeartbeatTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "lastTransitionTime": transition.strftime("%Y-%m-%dT%H:%M:%SZ")}]}}
         try:
-            self.api.patch_node_status(self.node_name, body, _request_timeout=self._timeout(),
+            self.api.patch_node_status(self.node_name, body, _request_timeout=self.request_timeout(),
                                        _content_type="application/strategic-merge-patch+json")
         except Exception as exc:  # noqa: BLE001 - counted; the heartbeat is retried within 30 s
-            self._error("patch_node_status", exc)
+            self.count_error("patch_node_status", exc)
             with self._lock:
                 self._patched_at = time.monotonic() - nc.heartbeat_seconds + min(30.0, nc.heartbeat_seconds)
             return False

@@ -23,7 +23,7 @@ from fleetcanary.daemon import phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
-from fleetcanary.daemon.state import ResultStore, measured
+from fleetcanary.daemon.state import ResultStore
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
@@ -32,7 +32,6 @@ from fleetcanary.runner import job as jobmod
 from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import become_subreaper, kill_all_workers, reap_orphans, run_isolated
 
-OPPORTUNISTIC_REASONS = ("gpu_allocated", "gpu_busy")
 BUDGET_FILE = "gpu-budget.json"  # the GPU-time charges of the last day, kept across restarts
 COVERAGE_FILE = "coverage.json"   # when each GPU was last measured by each invasive probe
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
@@ -184,31 +183,33 @@ class Daemon:
                    if isinstance(g, dict) and "index" in g and g.get("uuid")}
         return {by_uuid[d.split("::", 1)[0]] for d in devices if d.split("::", 1)[0] in by_uuid}
 
+    def invasive_where(self, due) -> list[str]:
+        """The enabled invasive GPU probes for which ``due(name, entry, state)`` holds, cheapest first (their
+        expected GPU seconds a run)."""
+        with self._settings_lock:
+            entries = self.settings.probe_entries()
+            enabled = self._enabled(self.settings)
+        out = []
+        for name in enabled:
+            entry = entries[name]
+            if self.probe_map[name].exclusive == "gpu" and due(name, entry, self.store.state.get(name)):
+                out.append((getattr(entry.params, "expected_gpu_seconds", entry.timeout_seconds), name))
+        return [n for _, n in sorted(out)]
+
     def due_invasive(self, now: float | None = None, freed: set[str] | None = None) -> list[str]:
         """Invasive GPU probes that are due, shortest first (their GPU seconds per run): the last run skipped for
         a tenant (gpu_allocated, gpu_busy), no success within the interval, or (``freed``: GPU indices a pod
         just let go of) a freed GPU the probe has not measured within its interval (its runs measured the
         others while a tenant held it)."""
         now = time.time() if now is None else now
-        with self._settings_lock:
-            entries = self.settings.probe_entries()
-            enabled = self._enabled(self.settings)
-        due = []
-        for name in enabled:
-            if self.probe_map[name].exclusive != "gpu":
-                continue
-            st = self.store.state.get(name)
-            last = st.last if st else None
-            for_tenant = last is not None and last.outcome == "skipped" and last.reason in OPPORTUNISTIC_REASONS
+
+        def due(name, entry, st) -> bool:
             ok_at = st.last_success_ts if st else None
-            stale = ok_at is None or now - ok_at >= entries[name].interval_seconds
-            interval = entries[name].interval_seconds
+            stale = ok_at is None or now - ok_at >= entry.interval_seconds
             unmeasured = bool(freed) and self.probe_map[name].coverage == "gpu" and any(
-                now - self.store.last_measured.get((g, name), 0.0) >= interval for g in freed)
-            if for_tenant or stale or unmeasured:
-                cost = getattr(entries[name].params, "expected_gpu_seconds", entries[name].timeout_seconds)
-                due.append((cost, name))
-        return [n for _, n in sorted(due)]
+                now - self.store.last_measured.get((g, name), 0.0) >= entry.interval_seconds for g in freed)
+            return (st is not None and st.skipped_for_tenant) or stale or unmeasured
+        return self.invasive_where(due)
 
     def run_opportunistic(self, freed: set[str] | None = None) -> list[str]:
         """Queue one run of each due invasive probe within seconds, shortest first (staggered a second apart;
@@ -251,45 +252,40 @@ class Daemon:
         self.scheduler.aligned = {n for n in jobs if getattr(self.probe_map[n], "slot_aligned", False)}
         return jobs
 
-    def _budget_file(self) -> str:
-        return os.path.join(self.settings.state_dir, BUDGET_FILE)
+    def _read_state(self, name: str, what: str, lost: str) -> list:
+        """A JSON list the daemon keeps in its state directory; [] when absent, or unreadable (logged)."""
+        path = os.path.join(self.settings.state_dir, name)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as e:
+            log.warning("%s: %s unreadable (%s); %s", what, path, e, lost)
+            return []
+        return data if isinstance(data, list) else []
+
+    def _keep_state(self, name: str, what: str, data: list) -> None:
+        path = os.path.join(self.settings.state_dir, name)
+        try:
+            write_atomic(path, json.dumps(data))
+        except OSError as e:
+            log.warning("%s: cannot keep it in %s: %s", what, path, e)
 
     def _restore_budget(self) -> None:
-        try:
-            with open(self._budget_file()) as f:
-                charges = json.load(f)
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as e:
-            log.warning("GPU budget: %s unreadable (%s); starting from nothing spent", self._budget_file(), e)
-            return
-        kept = self.budget.restore(charges if isinstance(charges, list) else [], time.time())
+        charges = self._read_state(BUDGET_FILE, "GPU budget", "starting from nothing spent")
+        kept = self.budget.restore(charges, time.time())
         log.info("GPU budget: %d charges of the last day restored", kept)
 
     def _save_budget(self) -> None:
-        try:
-            write_atomic(self._budget_file(), json.dumps(self.budget.dump(time.time())))
-        except OSError as e:
-            log.warning("GPU budget: cannot keep it in %s: %s", self._budget_file(), e)
+        self._keep_state(BUDGET_FILE, "GPU budget", self.budget.dump(time.time()))
 
     def _restore_coverage(self) -> None:
-        path = os.path.join(self.settings.state_dir, COVERAGE_FILE)
-        try:
-            with open(path) as f:
-                entries = json.load(f)
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as e:
-            log.warning("coverage: %s unreadable (%s); every GPU counts as unmeasured until its next run", path, e)
-            return
-        self.store.restore_coverage(entries if isinstance(entries, list) else [])
+        self.store.restore_coverage(self._read_state(COVERAGE_FILE, "coverage",
+                                                     "every GPU counts as unmeasured until its next run"))
 
     def _save_coverage(self) -> None:
-        path = os.path.join(self.settings.state_dir, COVERAGE_FILE)
-        try:
-            write_atomic(path, json.dumps(self.store.dump_coverage()))
-        except OSError as e:
-            log.warning("coverage: cannot keep it in %s: %s", path, e)
+        self._keep_state(COVERAGE_FILE, "coverage", self.store.dump_coverage())
 
     def first_delays(self, jobs: dict, now: float | None = None) -> dict[str, float | None]:
         """Invasive GPU probes start at the node's slot of their interval (daemon/phase.py: no herd after a
@@ -345,10 +341,7 @@ class Daemon:
         context = jobmod.probe_context(settings, left, self.gpu_allocation(), budget_window_seconds=window)
         job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
         out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
-        for gpu, secs in out.gpu_seconds.items():
-            self.budget.add(gpu, secs, window=window, probe=name)
-        if out.gpu_seconds:
-            self._save_budget()
+        self._charge(out, window)
         if self._stopping.is_set():
             # Killed by our own shutdown: not a result, not a crash of the probe.
             log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.wall_seconds)
@@ -359,8 +352,7 @@ class Daemon:
         return out
 
     def _publish(self, name: str, out: RunRecord, history) -> None:
-        self.store.apply(out)
-        if out.ok and measured(self.probe_map[name], out):
+        if self.store.apply(out):  # it measured GPUs: the coverage kept across restarts moved
             self._save_coverage()
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)
@@ -382,13 +374,15 @@ class Daemon:
         with self._settings_lock:
             settings = self.settings
             history = self.history
-        entry = settings.probe_entries()[out.probe]
-        window = budget_window(entry.interval_seconds)
+        self._charge(out, budget_window(settings.probe_entries()[out.probe].interval_seconds))
+        self._publish(out.probe, out, history)
+
+    def _charge(self, out: RunRecord, window: float) -> None:
+        """The run's GPU seconds against the GPU-time budget, kept in the state directory."""
         for gpu, secs in out.gpu_seconds.items():
             self.budget.add(gpu, secs, window=window, probe=out.probe)
         if out.gpu_seconds:
             self._save_budget()
-        self._publish(out.probe, out, history)
 
     def _maybe_confirm(self, name: str, entry, out: RunRecord) -> None:
         metrics = self.probe_map[name].confirm_metrics

@@ -36,6 +36,8 @@ MAX_LABEL_VALUE = 128
 # may take up to its timeout, or wait behind another exclusive GPU probe; half an interval more
 # absorbs that.
 FRESH_INTERVALS = 1.5
+# Skip reasons that mean a tenant holds the GPUs: what opportunistic runs and claims answer.
+TENANT_REASONS = ("gpu_allocated", "gpu_busy")
 LabelKey = tuple[tuple[str, str], ...]
 
 
@@ -52,6 +54,11 @@ class ProbeState:
     gauges_at: float | None = None  # finished_at of the run that produced `gauges`
     invalid_samples: int = 0
     confirmations: int = 0  # runs the daemon added to confirm a jump (daemon/confirm.py)
+
+    @property
+    def skipped_for_tenant(self) -> bool:
+        """The last run skipped because a tenant holds the GPUs."""
+        return self.last is not None and self.last.outcome == "skipped" and self.last.reason in TENANT_REASONS
 
 
 @dataclass
@@ -135,7 +142,9 @@ class ResultStore:
         self.rerender()
         return True
 
-    def apply(self, out: RunRecord) -> None:
+    def apply(self, out: RunRecord) -> bool:
+        """Take a finished run. True when it measured GPUs (the coverage moved)."""
+        covered = []
         with self._lock:
             st = self.state.setdefault(out.probe, ProbeState())
             st.last = out
@@ -188,7 +197,8 @@ class ResultStore:
             for gpu, secs in out.gpu_seconds.items():
                 self.gpu_seconds[gpu[:16]] += secs
             if out.ok:
-                for key in measured(self.probes.get(out.probe), out):
+                covered = measured(self.probes.get(out.probe), out)
+                for key in covered:
                     self.last_measured[key] = max(self.last_measured.get(key, 0.0), out.finished_at)
             if out.environment:
                 # A fact the run could not tell (no NVML in that worker) keeps the last known one.
@@ -198,6 +208,7 @@ class ResultStore:
         if self.judge is not None:
             self.judge.observe(out)
         self.rerender()
+        return bool(covered)
 
     def expire(self, now: float | None = None) -> bool:
         """Drop figures older than their freshness bound (FRESH_INTERVALS x the probe's

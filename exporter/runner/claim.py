@@ -28,6 +28,11 @@ from fleetcanary.runner import isolation
 EXIT_BAD_SPEC = 2
 
 
+def grace(spec: dict) -> float:
+    """Seconds a stopped worker gets between SIGTERM and SIGKILL (the exporter's worker_kill_grace_seconds)."""
+    return float(spec.get("kill_grace_seconds", 2.0))
+
+
 def record_path(inbox: Path, out: RunRecord) -> Path:
     return inbox / f"{int(out.started_at * 1000)}-{os.getpid()}-{out.probe}.json"
 
@@ -35,13 +40,12 @@ def record_path(inbox: Path, out: RunRecord) -> Path:
 def run(inbox: Path, spec: dict, stop: threading.Event | None = None) -> list[RunRecord]:
     """Run the spec's jobs; each record lands in `inbox` as it finishes. `stop` set: preempted."""
     stop = stop or threading.Event()
-    grace = float(spec.get("kill_grace_seconds", 2.0))
     done = []
     for item in spec["jobs"]:
         if stop.is_set():
             break
         job, timeout = item["job"], float(item["timeout_seconds"])
-        out = isolation.run_isolated(job, timeout, grace)
+        out = isolation.run_isolated(job, timeout, grace(spec))
         if stop.is_set():
             out = RunRecord(job["name"], "skipped", "preempted",
                             "the claim pod was stopped (preempted or past its deadline) mid-run; nothing of the run "
@@ -87,7 +91,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
 
     def on_term(signum, frame) -> None:
         stop.set()  # the worker in flight is stopped from a thread: no lock is taken in the handler
-        threading.Thread(target=isolation.kill_all_workers, args=(float(spec.get("kill_grace_seconds", 2.0)),),
+        threading.Thread(target=isolation.kill_all_workers, args=(grace(spec),),
                          daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
