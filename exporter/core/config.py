@@ -136,6 +136,9 @@ class ClaimConfig(Strict):
         "in `inbox` for this exporter to publish. Needs create, get and delete on pods in the namespace.")
     after_seconds: float = Field(21600.0, ge=600, le=604800, description="How long an invasive probe must have "
                                  "had no successful run, its last run skipped for a tenant, before a claim is made.")
+    spread_ratio: float = Field(0.25, ge=0, le=1, description="Each node waits up to this share of `after_seconds` "
+                                "longer, at its own point (its phase, daemon/phase.py), so a fleet whose nodes were "
+                                "all held since a rollout does not create its claim pods in the same minute.")
     image: str = Field("", description="The claim pod's image (this exporter's; the overlay sets it).")
     namespace: str = Field("", description="Where the claim pod is created; empty: POD_NAMESPACE.")
     priority_class: str = Field("fleetcanary-claim", description="The claim pod's PriorityClass: the lowest "

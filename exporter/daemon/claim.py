@@ -11,6 +11,8 @@ a fresh run (trigger "claim", charged to the GPU budget) and deletes the pod onc
 scheduler has not placed within `pending_seconds` is withdrawn. The API calls: create, get and delete pods in
 this namespace (the overlay's Role); the claim pod itself has no API access.
 
+Each node waits up to `spread_ratio` of `after_seconds` longer, at its own phase: a fleet held since a
+rollout asks the API server for its claims over an hour and a half (at the defaults), not in one minute.
 Kueue and cluster autoscalers: docs/deploy.md, "Scheduled runs".
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcanary.core.record import RecordError, RunRecord
+from fleetcanary.daemon import phase
 from fleetcanary.daemon.scheduler import budget_window
 from fleetcanary.runner import job as jobmod
 
@@ -89,6 +92,8 @@ class Claimer:
         self.owner = owner
         self.clock = clock
         self.started = clock()
+        # this node's share of the spread (the same phase the invasive probes' first runs use)
+        self.phase = phase.fraction(phase.seed(daemon.settings.state_dir, daemon.settings.node_name), "claim")
         self.last_ask = -float("inf")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,7 +117,8 @@ class Claimer:
             if st is None or not st.skipped_for_tenant:
                 return False
             measured = [ts for (_, p), ts in store.last_measured.items() if p == name]
-            return now - max([self.started, st.last_success_ts or 0.0, *measured]) >= self.cfg.after_seconds
+            wait = self.cfg.after_seconds * (1 + self.cfg.spread_ratio * self.phase)
+            return now - max([self.started, st.last_success_ts or 0.0, *measured]) >= wait
         return self.daemon.invasive_where(held)
 
     def spec(self, names: list[str]) -> dict:

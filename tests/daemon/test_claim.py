@@ -45,7 +45,8 @@ def daemon(tmp_path, api, now: list[float], **claim):
            "server": {"listen_address": f"127.0.0.1:{free_port()}"}, "gpu": {"xid_watch": "off"},
            "kubernetes": {"mode": "off", "api_timeout_seconds": 2.0,
                           "claim": {"enabled": True, "image": "registry.example/fleetcanary:test",
-                                    "after_seconds": 3600, "pending_seconds": 600, **claim}},
+                                    "after_seconds": 3600, "pending_seconds": 600, "spread_ratio": 0,
+                                    **claim}},
            "probes": {"gpu_bandwidth": {"params": SMALL, "timeout_seconds": 120}}}
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -226,3 +227,31 @@ def test_an_inbox_that_cannot_be_made_turns_claims_off_without_stopping_the_daem
         d.claimer.start()
     assert d.claimer._thread is None
     assert any("no claims are made" in r.getMessage() for r in caplog.records)
+
+
+def test_a_fleet_held_since_a_rollout_spreads_its_claims(tmp_path, api):
+    """A node asks at its own phase within after_seconds x (1 + spread_ratio), not before; over 500 nodes held
+    since the same moment, at the defaults (6 h, 0.25), at most a few ask in any 30-second tick (the API server
+    is a shared target)."""
+    from fleetcanary.core.config import ClaimConfig
+    from fleetcanary.daemon import phase
+
+    t0 = time.time()
+    now = [t0]
+    d = daemon(tmp_path, api, now, spread_ratio=0.25)
+    d.server.stop()
+    held(d, t0)
+    ask = t0 + 3600 * (1 + 0.25 * d.claimer.phase)
+    now[0] = ask - 1
+    assert d.claimer.due() == []
+    now[0] = ask + 1
+    assert d.claimer.due() == ["gpu_bandwidth"]
+    cfg = ClaimConfig()
+    asks = [cfg.after_seconds * (1 + cfg.spread_ratio * phase.fraction(phase.seed(str(tmp_path / f"n{i}"),
+                                                                                    f"node-{i}"), "claim"))
+            for i in range(500)]
+    per_tick: dict[int, int] = {}
+    for t in asks:
+        per_tick[int(t // 30)] = per_tick.get(int(t // 30), 0) + 1
+    assert min(asks) >= cfg.after_seconds and max(asks) <= cfg.after_seconds * (1 + cfg.spread_ratio)
+    assert max(per_tick.values()) <= 10, max(per_tick.values())  # all 500 in one tick without the spread
