@@ -37,6 +37,7 @@ COVERAGE_FILE = "coverage.json"   # when each GPU was last measured by each inva
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
 
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"  # present while NVIDIA's kernel driver is loaded
+PENDING_XIDS = 256  # XIDs read before the GPU facts are known, kept until they are (the rest are dropped)
 log = logging.getLogger("fleetcanary.daemon")
 
 
@@ -66,6 +67,8 @@ class Daemon:
         self.kube = self._kube(settings)
         self.claimer = self._claimer(settings)
         self.pod_resources = self._pod_resources(settings)
+        self._xid_lock = threading.Lock()
+        self._pending_xids: list[tuple[str, int, str]] = []
         self.xid_watch = self._xid_watch(settings)
         if self.kube is not None:
             self._kube_changed()
@@ -145,7 +148,29 @@ class Daemon:
         return xid_watch.XidWatch(source, self._xid, self._xid_watched)
 
     def _xid(self, pci: str, code: int, message: str) -> None:
-        """An Xid from the kernel log: its GPU by PCI bus ID (the GPU facts the workers reported)."""
+        """An Xid from the watch: its GPU by PCI bus ID (the GPU facts the workers reported). One read before
+        any worker has reported them (the reader starts with the daemon, and replays what the kernel log
+        holds) waits for them, so that its GPU label is an index like every other GPU series'."""
+        with self._xid_lock:
+            if not self._gpu_facts_known():
+                if len(self._pending_xids) < PENDING_XIDS:
+                    self._pending_xids.append((pci, code, message))
+                return
+        self._count_xid(pci, code, message)
+
+    def _gpu_facts_known(self) -> bool:
+        env = self.store.node_environment
+        return bool(env.get("gpus")) or env.get("gpu_count", environment.UNKNOWN) != environment.UNKNOWN
+
+    def _flush_pending_xids(self) -> None:
+        with self._xid_lock:
+            if not self._gpu_facts_known():
+                return
+            pending, self._pending_xids = self._pending_xids, []
+        for xid in pending:
+            self._count_xid(*xid)
+
+    def _count_xid(self, pci: str, code: int, message: str) -> None:
         gpus = self.store.node_environment.get("gpus") or []
         index = next((str(g.get("index")) for g in gpus if isinstance(g, dict) and g.get("pci_bus_id")
                       and xid_watch.pci_key(str(g["pci_bus_id"])) == xid_watch.pci_key(pci)), None)
@@ -339,7 +364,11 @@ class Daemon:
         window = budget_window(entry.interval_seconds)
         left = self.budget.left(window=window, probe=name, interval=entry.interval_seconds)
         context = jobmod.probe_context(settings, left, self.gpu_allocation(), budget_window_seconds=window)
-        job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
+        params = entry.params.model_dump(mode="json")
+        if name == "gpu_health" and self.xid_watch is not None and self.xid_watch.watching():
+            # The continuous watch sees every XID; the probe's own event wait would count each one twice.
+            params["xid_wait_seconds"] = 0.0
+        job = jobmod.build(name, self.probe_map[name], params, context)
         out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
         self._charge(out, window)
         if self._stopping.is_set():
@@ -354,6 +383,8 @@ class Daemon:
     def _publish(self, name: str, out: RunRecord, history) -> None:
         if self.store.apply(out):  # it measured GPUs: the coverage kept across restarts moved
             self._save_coverage()
+        if self._pending_xids:
+            self._flush_pending_xids()
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)
         if out.outcome in ("success", "skipped"):

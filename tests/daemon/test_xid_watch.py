@@ -153,6 +153,29 @@ def test_without_the_kernel_log_the_watch_reads_nvml_events(tmp_path, monkeypatc
     assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="94"} 1.0' in text
 
 
+def test_an_xid_read_before_the_gpu_facts_waits_for_them_and_is_counted_once(tmp_path, monkeypatch):
+    """The reader starts with the daemon: XIDs it reads before any worker has reported the GPU facts are held
+    (not labelled gpu="pci:..."), then counted under the GPU's index once gpu_health reports them; while the
+    watch runs, gpu_health does not wait on the same events itself (it would count each XID twice)."""
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(FIXTURES / "nvml" / "h100_8gpu_degraded.json"))
+    d = daemon_with(tmp_path, {"xid_log": str(tmp_path / "absent")})
+    w = d.xid_watch
+    w.start()
+    try:
+        wait_for(lambda: w.xids == 2, timeout=60, what="the two recorded XID events")
+        assert "fleetcanary_gpu_xid_errors_total{" not in d.store.exposition.decode()
+        out = d.run_probe("gpu_health")
+        text = d.store.exposition.decode()
+    finally:
+        w.stop()
+        d.server.stop()
+    assert out is not None and out.outcome == "success", out and out.detail
+    assert out.result["parameters"]["xid_wait_seconds"] == 0.0
+    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 1.0' in text
+    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="94"} 1.0' in text
+    assert 'gpu="pci:' not in text
+
+
 def test_without_a_kernel_log_or_a_gpu_driver_the_watch_stops_trying(tmp_path, monkeypatch):
     monkeypatch.delenv("FLEETCANARY_FAKE_NVML", raising=False)
     d = daemon_with(tmp_path, {"xid_log": str(tmp_path / "absent")})
