@@ -390,7 +390,10 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           """{{ with query (printf "fleetcanary_gpu_nvlink_links_up{node='%s', gpu='%s'}" """
           """$labels.node $labels.gpu) }}"""
           "{{ . | first | value }}{{ else }}?{{ end }} active; `nvidia-smi nvlink -s` names the inactive ones."),
-        a("FleetCanaryGPUCriticalXid", "increase(fleetcanary_gpu_xid_errors_total[75m]) > 0", "0m", "critical",
+        # The counter's {gpu, xid} series is born at its first XID, already at 1: increase() sees nothing there,
+        # so a series that is new within the window counts too (a reset after a restart is increase()'s part).
+        a("FleetCanaryGPUCriticalXid", "increase(fleetcanary_gpu_xid_errors_total[75m]) > 0 or "
+          "(fleetcanary_gpu_xid_errors_total > 0 unless fleetcanary_gpu_xid_errors_total offset 75m)", "0m", "critical",
           "A GPU reported a critical XID", "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID "
           "{{ $labels.xid }} in the last 75 minutes."),
         a("FleetCanaryGPUUncorrectableECC",

@@ -514,6 +514,12 @@ def hard_cases() -> list[dict]:
         case("FleetCanaryGPUCriticalXid", [(f'fleetcanary_gpu_xid_errors_total{{{n}, gpu="6", xid="79"}}',
                                             "0x10 1x50")], "9m", "12m", {"node": "n1", "gpu": "6", "xid": "79"},
              "1.0714285714285714"),
+        # the series is born at the first XID, at 1 (the exporter has no zero to start from)
+        case("FleetCanaryGPUCriticalXid", [(f'fleetcanary_gpu_xid_errors_total{{{n}, gpu="3", xid="94"}}',
+                                            "_x10 1x100")], "9m", "11m", {"node": "n1", "gpu": "3", "xid": "94"},
+             "1"),
+        silent("FleetCanaryGPUCriticalXid", [(f'fleetcanary_gpu_xid_errors_total{{{n}, gpu="3", xid="94"}}',
+                                              "_x10 1x100")], "90m"),
         case("FleetCanaryGPUUncorrectableECC",
              [(f'fleetcanary_gpu_ecc_errors_total{{{n}, gpu="6", type="uncorrected", counter="volatile"}}',
                "0x10 2x70")], "9m", "80m", {"node": "n1", "gpu": "6", "type": "uncorrected", "counter": "volatile"},
