@@ -123,6 +123,20 @@ FIGURES = (
 
 
 # --- helpers -------------------------------------------------------------------------------------------------
+
+def counted(selector: str, window: str) -> str:
+    """Counted in the last ``window``: the counter rose, or its series is new there and above zero. An error
+    counter's series is often born already counting (the XID counter at its first XID; NVML's volatile ECC
+    count when the exporter starts after the error), where increase() sees nothing; a reset after a restart
+    is increase()'s part."""
+    return f"increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window})"
+
+
+def counted_value(selector: str, window: str) -> str:
+    """How many were counted in the last ``window`` (for a panel): what a series new there has counted, else
+    its increase."""
+    return f"({selector} unless {selector} offset {window}) or increase({selector}[{window}])"
+
 def dur(seconds: float) -> str:
     seconds = round(seconds)
     for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -390,14 +404,11 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           """{{ with query (printf "fleetcanary_gpu_nvlink_links_up{node='%s', gpu='%s'}" """
           """$labels.node $labels.gpu) }}"""
           "{{ . | first | value }}{{ else }}?{{ end }} active; `nvidia-smi nvlink -s` names the inactive ones."),
-        # The counter's {gpu, xid} series is born at its first XID, already at 1: increase() sees nothing there,
-        # so a series that is new within the window counts too (a reset after a restart is increase()'s part).
-        a("FleetCanaryGPUCriticalXid", "increase(fleetcanary_gpu_xid_errors_total[75m]) > 0 or "
-          "(fleetcanary_gpu_xid_errors_total > 0 unless fleetcanary_gpu_xid_errors_total offset 75m)", "0m", "critical",
+        a("FleetCanaryGPUCriticalXid", counted("fleetcanary_gpu_xid_errors_total", "75m"), "0m", "critical",
           "A GPU reported a critical XID", "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID "
           "{{ $labels.xid }} in the last 75 minutes."),
         a("FleetCanaryGPUUncorrectableECC",
-          'increase(fleetcanary_gpu_ecc_errors_total{type="uncorrected", counter="volatile"}[2h]) > 0', "0m",
+          counted('fleetcanary_gpu_ecc_errors_total{type="uncorrected", counter="volatile"}', "2h"), "0m",
           "critical", "Uncorrectable ECC errors on a GPU",
           "GPU {{ $labels.gpu }} on {{ $labels.node }} had {{ $value }} uncorrectable ECC errors in the last 2 hours."),
         a("FleetCanaryGPURowRemapPending", "fleetcanary_gpu_remapped_rows_pending == 1", "5m", "warning",

@@ -524,6 +524,11 @@ def hard_cases() -> list[dict]:
              [(f'fleetcanary_gpu_ecc_errors_total{{{n}, gpu="6", type="uncorrected", counter="volatile"}}',
                "0x10 2x70")], "9m", "80m", {"node": "n1", "gpu": "6", "type": "uncorrected", "counter": "volatile"},
              "2"),
+        # NVML's volatile count is already 1 when the exporter first reads it
+        case("FleetCanaryGPUUncorrectableECC",
+             [(f'fleetcanary_gpu_ecc_errors_total{{{n}, gpu="2", type="uncorrected", counter="volatile"}}',
+               "_x10 1x150")], "9m", "11m", {"node": "n1", "gpu": "2", "type": "uncorrected", "counter": "volatile"},
+             "1"),
         case("FleetCanaryGPURowRemapPending", [(f'fleetcanary_gpu_remapped_rows_pending{{{n}, gpu="6"}}', "1x30")],
              "4m", "6m", {"node": "n1", "gpu": "6"}, "1"),
         case("FleetCanaryGPURowRemapFailed", [(f'fleetcanary_gpu_remapped_rows_failed{{{n}, gpu="6"}}', "0 1x30")],

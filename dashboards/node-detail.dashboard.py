@@ -1,8 +1,9 @@
 """Node detail: one node's GPUs, links, collectives, storage and probes against its pool, and the statistics it
 judges itself by."""
-from common import CG, FIGURES, G, S, columns, dashboard, instant, node_var, panel, pct, pool_var, query_var, sel
+from common import CG, FIGURES, G, S, columns, dashboard, instant, node_var, panel, pct, pool_var, query_var, rules, sel
 
 N = 'node="$node"'
+ECC = f'fleetcanary_gpu_ecc_errors_total{{{N}, type="uncorrected", counter="volatile"}}'
 F = 'figure=~"$figure"'
 BW = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
 # The GPU model and pool of this node's GPUs (the sustained burn's live pool median).
@@ -161,10 +162,9 @@ panels = [
           "Critical XIDs seen in the last day, uncorrectable volatile ECC errors in the last day, and pending "
           "row remaps. Good: all zero; a pending remap needs a GPU reset, an XID 79 means the GPU fell off the bus.",
           "none",
-          [(f"sum by (gpu, xid) (increase(fleetcanary_gpu_xid_errors_total{{{N}}}[1d]))", "GPU {{gpu}} XID {{xid}}"),
-           (f"sum by (gpu) "
-            f'(increase(fleetcanary_gpu_ecc_errors_total{{{N}, type="uncorrected", counter="volatile"}}[1d]))',
-            "GPU {{gpu}} uncorrectable ECC"),
+          [(f"sum by (gpu, xid) ({rules.counted_value(f'fleetcanary_gpu_xid_errors_total{{{N}}}', '1d')})",
+            "GPU {{gpu}} XID {{xid}}"),
+           (f"sum by (gpu) ({rules.counted_value(ECC, '1d')})", "GPU {{gpu}} uncorrectable ECC"),
            (f"fleetcanary_gpu_remapped_rows_pending{{{N}}}", "GPU {{gpu}} remap pending")], w=12),
     panel("table", "RDMA ports: state, rate against expected, errors in the last hour",
           "Per InfiniBand/RoCE port (nic_health, every minute): up (ACTIVE and LinkUp), the rate it trained at "

@@ -56,6 +56,7 @@ def metric_names(expr: str) -> set[str]:
     bare = re.sub(r"\{[^}]*\}", "", bare)
     bare = re.sub(r"\b(by|on|ignoring|without|group_left|group_right)\s*\([^)]*\)", "", bare)
     bare = re.sub(r"\[[^\]]*\]", "", bare)
+    bare = re.sub(r"\boffset\s+[0-9smhdwy]+", "", bare)
     names = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", bare):
         tail = bare[m.end():].lstrip()
