@@ -2,7 +2,7 @@
 and tests/test_series_budget.py (in its own process): an 8-GPU node with 8 InfiniBand ports at the default
 config, counted family by family, and docs/metrics.md's "Series per node" section.
 
-The node: the fake NVML of an HGX H100 node (tests/fixtures/nvml/h100_8gpu_healthy.json: 8 GPUs, 18 NVLinks
+The node: the fake NVML of an HGX H100 node (probes/testing/nvml_facts/h100_8gpu_healthy.json: 8 GPUs, 18 NVLinks
 each) and a sysfs tree of 8 NDR InfiniBand ports (each a copy of tests/fixtures/sysfs/ndr_node's mlx5_0, every
 IBTA and mlx5 hardware counter file present). Every probe at its default enabled state and default
 parameters, except what this machine needs to run it (CPU_PARAMS), none of which changes a label: the GPU
@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE_NVML = ROOT / "tests/fixtures/nvml/h100_8gpu_healthy.json"
+FAKE_NVML = ROOT / "probes/testing/nvml_facts/h100_8gpu_healthy.json"
 PORT_TEMPLATE = ROOT / "tests/fixtures/sysfs/ndr_node/class/infiniband/mlx5_0"
 DOC = ROOT / "docs/metrics.md"
 GPUS, IB_PORTS = 8, 8

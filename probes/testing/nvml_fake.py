@@ -41,6 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Recorded device facts (HGX H100 nodes healthy, busy, degraded, with a GPU lost; an H200), shipped for the
+# tests and `fleetcanary demo`.
+FACTS_DIR = Path(__file__).resolve().parent / "nvml_facts"
+
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2

@@ -152,7 +152,7 @@ def test_unknown_condition_probe_is_a_config_error(tmp_path):
 def test_daemon_gates_gpu_probes_and_labels_node_info_from_the_api(api, tmp_path, start_daemon):
     env = {**api.environ, "FLEETCANARY_KUBE_TOKEN_FILE": str(api.token_file),
            "FLEETCANARY_KUBE_CA_FILE": str(api.ca_file), "NODE_NAME": "gpu-a",
-           "FLEETCANARY_FAKE_NVML": str(ROOT / "tests/fixtures/nvml/h100_8gpu_healthy.json")}
+           "FLEETCANARY_FAKE_NVML": str(ROOT / "probes/testing/nvml_facts/h100_8gpu_healthy.json")}
     d = start_daemon({"kubernetes": {"pool_label": "example.com/pool",
                                      "node_condition": {"enabled": True, "probes": ["gpu_health"]}},
                       # no jitter and no phase: the first run comes at once instead of at the node's slot

@@ -17,9 +17,10 @@ from google.protobuf import json_format
 
 from fleetcanary.daemon import podresources_pb2 as pb
 from fleetcanary.daemon.pod_resources import Client, PodResourcesError, Watcher, gpu_uuid
+from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pod_resources"
-NVML = Path(__file__).resolve().parent.parent / "fixtures" / "nvml" / "h100_8gpu_healthy.json"
+NVML = FACTS_DIR / "h100_8gpu_healthy.json"
 UUIDS = [d["uuid"] for d in json.loads(NVML.read_text())["devices"]]
 
 

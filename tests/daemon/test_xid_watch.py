@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from fleetcanary.daemon import xid_watch
+from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
 from fleetcanary.runner import xid_reader
 from tests.support.helpers import free_port, wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 RECORDS = (FIXTURES / "kmsg" / "xid_node.log").read_text().splitlines(keepends=True)
 GPUS = [{"index": i, "pci_bus_id": d["pci_bus_id"], "uuid": d["uuid"]}
-        for i, d in enumerate(json.loads((FIXTURES / "nvml" / "h100_8gpu_healthy.json").read_text())["devices"])]
+        for i, d in enumerate(json.loads((FACTS_DIR / "h100_8gpu_healthy.json").read_text())["devices"])]
 
 
 def expected() -> dict[int, tuple[str, int]]:
@@ -136,7 +137,7 @@ def daemon_with(tmp_path, gpu: dict):
 def test_without_the_kernel_log_the_watch_reads_nvml_events(tmp_path, monkeypatch):
     """The base DaemonSet mounts no kernel log: the watcher waits on NVML's critical-XID events (the recorded
     degraded node: XIDs 63 and 94 on GPU 6), in its own process; the daemon maps them by PCI bus ID."""
-    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(FIXTURES / "nvml" / "h100_8gpu_degraded.json"))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(FACTS_DIR / "h100_8gpu_degraded.json"))
     d = daemon_with(tmp_path, {"xid_log": str(tmp_path / "absent")})
     d.store.set_environment({**d.store.node_environment, "gpus": GPUS})
     w = d.xid_watch
@@ -157,7 +158,7 @@ def test_an_xid_read_before_the_gpu_facts_waits_for_them_and_is_counted_once(tmp
     """The reader starts with the daemon: XIDs it reads before any worker has reported the GPU facts are held
     (not labelled gpu="pci:..."), then counted under the GPU's index once gpu_health reports them; while the
     watch runs, gpu_health does not wait on the same events itself (it would count each XID twice)."""
-    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(FIXTURES / "nvml" / "h100_8gpu_degraded.json"))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(FACTS_DIR / "h100_8gpu_degraded.json"))
     d = daemon_with(tmp_path, {"xid_log": str(tmp_path / "absent")})
     w = d.xid_watch
     w.start()

@@ -9,7 +9,7 @@ from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from tests.conftest import ROOT
 from tests.support.results import config, once
 
-NVML = ROOT / "tests/fixtures/nvml"
+NVML = ROOT / "probes/testing/nvml_facts"
 H100 = "NVIDIA H100 80GB HBM3"
 
 

@@ -44,7 +44,7 @@ def test_once_json_has_records_with_environment(tmp_path):
 
 
 def test_once_with_fake_nvml_runs_gpu_health(tmp_path):
-    fixture = ROOT / "tests/fixtures/nvml/h100_8gpu_degraded.json"
+    fixture = ROOT / "probes/testing/nvml_facts/h100_8gpu_degraded.json"
     r = once(tmp_path, "--probe", "gpu_health", "--json", env={"FLEETCANARY_FAKE_NVML": str(fixture)})
     assert r.returncode == 0, r.stderr
     run = json.loads(r.stdout)["runs"][0]

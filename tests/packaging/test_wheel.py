@@ -91,7 +91,8 @@ def test_the_wheel_installs_one_package_with_its_data_and_no_generators(wheel):
     assert "License-Expression: Apache-2.0" in meta
     assert any(n.endswith("licenses/LICENSE") for n in names)
     for data in ("fleetcanary/rules/fleetcanary.rules.yml", "fleetcanary/rules/fleetcanary.alerts.yml",
-                 "fleetcanary/dashboards/json/fleet-overview.json", "fleetcanary/probes/collectives/rank.py"):
+                 "fleetcanary/dashboards/json/fleet-overview.json", "fleetcanary/probes/collectives/rank.py",
+                 "fleetcanary/probes/testing/nvml_facts/h100_8gpu_degraded.json"):  # the demo's nodes
         assert data in names
     for dev_only in ("build_tests.py", "backfill.py", "runbooks.py", "docgen.py", ".dashboard.py",
                      "dashboards/build.py"):
@@ -185,7 +186,7 @@ def test_the_sdist_carries_what_the_tests_need_and_they_pass_from_it(dist, venv,
     with tarfile.open(sdist) as t:
         t.extractall(tmp_path, filter="data")
     (src,) = tmp_path.glob("fleetcanary-*")
-    for needed in ("Makefile", ".ci/run", "LICENSE", "alerts/tests/peers.test.yml", "tests/fixtures/nvml",
+    for needed in ("Makefile", ".ci/run", "LICENSE", "alerts/tests/peers.test.yml", "probes/testing/nvml_facts",
                    "scripts/generate", "scripts/lint-imports", "dashboards/build.py", "deploy/base/daemonset.yaml",
                    "exporter/_build.json"):
         assert (src / needed).exists(), needed

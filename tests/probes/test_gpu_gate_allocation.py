@@ -4,15 +4,15 @@ slices in use leave their parent GPU alone; without per-GPU knowledge the node-w
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from fleetcanary.probes.base import ProbeSkipped
 from fleetcanary.probes.lib import gpu_gate, nvml
+from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
 from tests.support.gpu import fake
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvml"
+FIXTURES = FACTS_DIR
 
 
 def uuids(name: str = "h100_8gpu_healthy") -> list[str]:

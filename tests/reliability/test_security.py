@@ -164,7 +164,7 @@ def test_hostile_label_values_from_hardware_and_endpoints_keep_the_exposition_va
     """Label values come only from config and hardware; both may hold anything and must be escaped."""
     from fleetcanary.offline.simulate_llm import SimSettings
 
-    facts = json.loads((ROOT / "tests/fixtures/nvml/h100_1gpu.json").read_text())
+    facts = json.loads((ROOT / "probes/testing/nvml_facts/h100_1gpu.json").read_text())
     facts["devices"][0]["name"] = "NVIDIA " + "".join(HOSTILE)
     facts["devices"][0]["serial"] = HOSTILE[1]
     fixture = tmp_path / "hostile.json"

@@ -3,8 +3,9 @@ import time
 from pathlib import Path
 
 from fleetcanary.probes.base import ProbeContext
+from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+FIXTURES = FACTS_DIR
 
 
 def fake(monkeypatch, name: str) -> Path:

@@ -13,7 +13,7 @@ counting symbol errors.
 The compute figures are placeholders, not measurements: matmul 7.8e14 FLOP/s (the bf16
 figure issue #19 reports for the H200 lent to the project, used for every dtype), the burn's
 clocks, power, temperature and throttle times from the constructed trace
-tests/fixtures/nvml/h100_8gpu_sustained_trace.json (a healthy GPU at the 700 W cap from a
+probes/testing/nvml_facts/h100_8gpu_sustained_trace.json (a healthy GPU at the 700 W cap from a
 quarter of the burn, SM 1755 MHz; the hot one in thermal slowdown for 60% of it, SM 1410 MHz,
 92 C), its throughput ratio taken as the SM clock over the 1980 MHz it starts at, and the
 training step of the promtool tests (4 ms) with a passing loss check (deviation 0, a placeholder).
