@@ -32,7 +32,7 @@ examples:
   fleetcanary report --baseline base.jsonl --candidate cand.jsonl --out report/
   fleetcanary check-config config.yaml     validate a config; exit 2 on any error
   kill -HUP <pid>                          reload the config (a bad file keeps the old one)
-  fleetcanary demo                         CPU probes, an inference canary and Prometheus, for Grafana
+  fleetcanary demo                         a simulated fleet with one failing GPU, its alerts as they fire
   fleetcanary simulate-llm --itl-ms 10     a reference LLM server on 127.0.0.1:8000
   fleetcanary loadtest http://127.0.0.1:8000/v1 --mode concurrency --slo-itl-p99 0.05
 """
@@ -127,7 +127,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "report": ("fleetcanary.offline.report",
                "the result template (Markdown + JSON, optional PNG plots) from result files"),
     "demo": ("fleetcanary.offline.demo",
-             "exporter + reference LLM server + local Prometheus with the rules, on loopback"),
+             "a simulated GPU fleet with one failing GPU, Prometheus with the rules and Alertmanager"),
     "simulate-llm": ("fleetcanary.offline.simulate_llm", "run the reference OpenAI-compatible streaming server"),
     "loadtest": ("fleetcanary.offline.loadtest",
                  "find the highest request rate an LLM endpoint sustains within an SLO"),

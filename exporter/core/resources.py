@@ -30,3 +30,8 @@ def dashboards_dir() -> Iterator[Path]:
     """The folder of the generated Grafana dashboards (*.json), while open."""
     with resources.as_file(resources.files("fleetcanary.dashboards") / "json") as base:
         yield Path(base)
+
+
+def alertmanager_example() -> str:
+    """The example Alertmanager config (routes, inhibit rules) shipped beside the rules."""
+    return (resources.files("fleetcanary.rules") / ALERTMANAGER_EXAMPLE).read_text()

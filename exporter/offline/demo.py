@@ -1,15 +1,18 @@
-"""`fleetcanary demo`: the exporter, the reference LLM server and a local Prometheus, on loopback.
+"""`fleetcanary demo`: a small simulated GPU fleet on this machine, with one bad GPU, and the alerts that find it.
 
-Everything a dashboard shows on a machine without GPUs: host memory bandwidth, storage on a
-scratch directory, collectives on gloo CPU ranks, the inference canary against the built-in
-reference server, and the GPU probes' skip reasons. Prometheus (when installed) loads the
-shipped recording and alert rules. Ends on SIGINT/SIGTERM or after --duration, and stops
-everything it started; the work directory goes too unless --keep.
+Several exporters, each a simulated HGX H100 node on recorded NVML facts (demo_fleet.py), one of them with
+a failing GPU; the reference LLM server their inference canaries probe; Prometheus with the shipped rules;
+Alertmanager with the shipped routes and inhibit rules, whose notifications come back to this process and
+are printed as they arrive, with the time each took. Everything listens on loopback. Ends on SIGINT/SIGTERM,
+after --duration, or (--until-fired) once the bad GPU's alerts have all arrived; stops everything it started;
+the work directory goes too unless --keep or --workdir.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shutil
 import signal
 import socket
@@ -18,77 +21,119 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
 from fleetcanary.core import resources
+from fleetcanary.offline import demo_fleet as fleet
+from fleetcanary.offline import demo_host
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
+from fleetcanary.probes import PROBES
+from fleetcanary.probes.lib.nvml import FAKE_ENV
 from fleetcanary.probes.lib.spawn import module_command
+
+START_SECONDS = 90  # each component's time to answer, on a busy 2-core machine
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default="127.0.0.1:9835", metavar="HOST:PORT", help="the exporter's address")
+    p.add_argument("--nodes", type=int, default=6, metavar="N",
+                   help="simulated nodes, one of them with a failing GPU (default 6: 5 healthy peers)")
     p.add_argument("--prometheus-listen", default="127.0.0.1:9090", metavar="HOST:PORT",
-                   help="the local Prometheus's address (port 0: any free port)")
-    p.add_argument("--workdir", metavar="DIR", help="state, storage scratch and Prometheus data (default: a temp dir)")
+                   help="Prometheus's address (taken or port 0: any free port)")
+    p.add_argument("--alertmanager-listen", default="127.0.0.1:9093", metavar="HOST:PORT",
+                   help="Alertmanager's address (taken or port 0: any free port)")
+    p.add_argument("--workdir", metavar="DIR", help="configs, state, logs and data (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory at exit")
-    p.add_argument("--fast", action="store_true", help="probe every few seconds instead of every minute or two")
+    p.add_argument("--fast", action="store_true", help="probe, scrape and evaluate every few seconds")
     p.add_argument("--duration", type=float, default=0.0, metavar="SECONDS", help="stop after this long (0: never)")
-    p.add_argument("--no-prometheus", action="store_true", help="do not start Prometheus even when installed")
+    p.add_argument("--this-host", action="store_true",
+                   help="instead: one exporter measuring this machine (CPU probes, storage, collectives on gloo, "
+                        "the inference canary) with Prometheus, for Grafana against real data")
+    p.add_argument("--listen", default="127.0.0.1:9835", metavar="HOST:PORT",
+                   help="--this-host: the exporter's address (port 0: any free port)")
+    p.add_argument("--no-prometheus", action="store_true", help="--this-host: do not start Prometheus")
+    p.add_argument("--until-fired", nargs="?", const="all", metavar="ALERT[,ALERT]",
+                   help="stop once the bad GPU's alerts (all, or these) have reached Alertmanager's receiver; "
+                        "exit 1 if --duration passes first or a healthy node alerts")
 
 
-def demo_config(workdir: Path, listen: str, llm_base_url: str, fast: bool) -> dict:
-    """The exporter config the demo runs: every CPU-capable probe, short schedules."""
-    def every(normal: float, quick: float) -> float:
-        return quick if fast else normal
+class Notifications:
+    """What Alertmanager's webhook delivered: each alert once when it fires, and when it resolves."""
 
-    scratch = workdir / "storage"
-    scratch.mkdir(parents=True, exist_ok=True)
-    return {
-        "state_dir": str(workdir / "state"),
-        "pool": "demo",
-        "server": {"listen_address": listen},
-        "probes": {
-            # No GPU here: these skip (no_gpu), which the dashboards' skip panels show.
-            "gpu_health": {"interval_seconds": every(60, 10), "timeout_seconds": every(30, 8)},
-            "host_memory_bandwidth": {"interval_seconds": every(120, 10), "timeout_seconds": every(60, 8),
-                                      "params": {"array_bytes": 32 << 20, "repeats": 5}},
-            "storage": {"interval_seconds": every(300, 20), "timeout_seconds": every(120, 18), "params": {
-                "repeats": 3,
-                "targets": [{"name": "demo-scratch", "path": str(scratch), "file_bytes": 32 << 20,
-                             "checkpoint_bytes": 16 << 20, "small_files": 50, "random_reads": 64,
-                             "min_free_bytes": 256 << 20}]}},
-            # Fast mode still gives the deadline room for two gloo ranks to import torch on a
-            # busy 2-core machine (48 s seen at a load average of 10).
-            "collectives": {"interval_seconds": every(300, 60), "timeout_seconds": every(120, 55), "params": {
-                "backend": "gloo", "cpu_ranks": 2, "sizes_bytes": [1024, 65536, 1048576],
-                "warmup_iterations": 2, "iterations": 5}},
-            "inference": {"interval_seconds": every(30, 10), "timeout_seconds": every(25, 8), "params": {
-                "targets": [{"name": "demo-llm", "base_url": llm_base_url, "model": "fleetcanary-reference",
-                             "stream_max_tokens": 32, "prefix_words": 256}]}},
-        },
-    }
+    def __init__(self, started: float, expected: list[fleet.Expected], bad_node: str) -> None:
+        self.started = started
+        self.expected = expected
+        self.bad_node = bad_node
+        self.fired: dict[int, float] = {}   # index in expected -> seconds after the start
+        self.unexpected: list[str] = []
+        self.seen: set[tuple] = set()
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+
+    def take(self, payload: dict) -> None:
+        for a in payload.get("alerts") or []:
+            labels = {str(k): str(v) for k, v in (a.get("labels") or {}).items()}
+            status = str(a.get("status", ""))
+            key = (status, tuple(sorted(labels.items())))
+            with self.lock:
+                if key in self.seen:
+                    continue
+                self.seen.add(key)
+                at = time.monotonic() - self.started
+                hit = [i for i, e in enumerate(self.expected) if fleet.matches(e, labels.get("alertname", ""), labels)]
+                for i in hit:
+                    if status == "firing":
+                        self.fired.setdefault(i, at)
+                wrong = status == "firing" and labels.get("node") != self.bad_node
+                if wrong:
+                    self.unexpected.append(labels.get("alertname", "?") + f" on {labels.get('node', '?')}")
+            where = labels.get("node", "?") + (f" GPU {labels['gpu']}" if "gpu" in labels else "")
+            extra = "".join(f" {k}={labels[k]}" for k in ("xid", "figure") if k in labels)
+            note = "   <- a healthy node: this should not happen" if wrong else ""
+            desc = str((a.get("annotations") or {}).get("description", ""))
+            print(f"[{_clock(at)}] {status.upper():8} {labels.get('severity', ''):8} "
+                  f"{labels.get('alertname', '?')}  {where}{extra}: {desc}{note}", flush=True)
+        self.changed.set()
 
 
-def prometheus_config(exporter: str, node: str, fast: bool, rule_files: list[Path]) -> dict:
-    interval = "2s" if fast else "15s"
-    return {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": [str(f) for f in rule_files],
-        "scrape_configs": [{"job_name": "fleetcanary", "static_configs": [{"targets": [exporter]}],
-                            "relabel_configs": [{"target_label": "node", "replacement": node}]}],
-    }
+def _clock(seconds: float) -> str:
+    return f"+{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def _webhook(notes: Notifications) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            try:
+                body = self.rfile.read(min(int(self.headers.get("Content-Length") or 0), 4 << 20))
+                notes.take(json.loads(body))
+                self.send_response(200)
+            except (ValueError, TypeError, AttributeError):
+                self.send_response(400)
+            self.end_headers()
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="demo-webhook", daemon=True).start()
+    return server
 
 
 def _free(hostport: str) -> str:
+    """The address asked for if it can be bound, else any free port on the same host."""
     host, _, port = hostport.rpartition(":")
-    if port != "0":
-        return hostport
+    host = host or "127.0.0.1"
     with socket.socket() as s:
-        s.bind((host or "127.0.0.1", 0))
-        return f"{host or '127.0.0.1'}:{s.getsockname()[1]}"
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            s.bind((host, 0))
+        return f"{host}:{s.getsockname()[1]}"
 
 
 def _ready(url: str, deadline: float, proc: subprocess.Popen) -> bool:
@@ -103,14 +148,9 @@ def _ready(url: str, deadline: float, proc: subprocess.Popen) -> bool:
     return False
 
 
-def _rule_groups(hostport: str) -> list[str]:
-    """The rule groups Prometheus reports loaded (its /api/v1/rules), as it says, not as we hope."""
-    try:
-        with urllib.request.urlopen(f"http://{hostport}/api/v1/rules", timeout=10) as r:
-            data = json.load(r)
-        return [g["name"] for g in data["data"]["groups"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -124,76 +164,239 @@ def _stop(proc: subprocess.Popen | None) -> None:
         proc.wait()
 
 
+class Demo:
+    def __init__(self, args, workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.dashboards = Path()
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        with open(self.workdir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **(env or {})})
+        self.procs[name] = proc
+        return proc
+
+    def wait_ready(self, name: str, url: str) -> None:
+        if not _ready(url, time.monotonic() + START_SECONDS, self.procs[name]):
+            raise DemoError(f"{name} did not start; see {self.workdir / (name + '.log')}")
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            _stop(proc)
+
+
+class DemoError(Exception):
+    pass
+
+
 def main(args) -> int:
-    with resources.rule_files() as rule_files, resources.dashboards_dir() as dashboards:
-        return _run(args, rule_files, dashboards)
-
-
-def _run(args, rule_files: list[Path], dashboards: Path) -> int:
+    if args.this_host:
+        return demo_host.main(args)
+    if args.nodes < 2:
+        print("fleetcanary demo: --nodes must be at least 2 (a bad node needs peers)", file=sys.stderr)
+        return 2
+    binaries = {"prometheus": shutil.which("prometheus"),
+                "alertmanager": shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")}
+    missing = [k for k, v in binaries.items() if not v]
+    if missing:
+        print(f"fleetcanary demo: {' and '.join(missing)} not installed (Debian: apt-get install prometheus "
+              "prometheus-alertmanager; `make demo` installs them)", file=sys.stderr)
+        return 1
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fleetcanary-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    exporter = prom = llm = None
-    code = 0
+    demo = Demo(args, workdir)
+    llm = None
     try:
-        llm, _ = start_in_thread(SimSettings(ttft_ms=40, itl_ms=8, max_tokens_default=32))
-        llm_url = f"http://127.0.0.1:{llm.server_address[1]}/v1"
-        listen = _free(args.listen)
-        cfg = workdir / "fleetcanary.yaml"
-        cfg.write_text(yaml.safe_dump(demo_config(workdir, listen, llm_url, args.fast), sort_keys=False))
-        with open(workdir / "exporter.log", "ab") as exporter_log:  # the child keeps its own descriptor
-            exporter = subprocess.Popen([*module_command("fleetcanary"), "run", "--config", str(cfg)],
-                                        stdout=exporter_log, stderr=subprocess.STDOUT)
-        if not _ready(f"http://{listen}/healthz", time.monotonic() + 60, exporter):
-            print(f"fleetcanary demo: the exporter did not start; see {workdir / 'exporter.log'}", file=sys.stderr)
-            return 1
-        print(f"exporter:    http://{listen}/metrics  (config {cfg})")
-        print(f"LLM server:  {llm_url}  (the reference server the inference canary probes)")
-        binary = shutil.which("prometheus")
-        if binary and not args.no_prometheus:
-            plisten = _free(args.prometheus_listen)
-            pcfg = workdir / "prometheus.yml"
-            pcfg.write_text(yaml.safe_dump(prometheus_config(listen, socket.gethostname() or "demo", args.fast,
-                                                             rule_files)))
-            with open(workdir / "prometheus.log", "ab") as prom_log:
-                prom = subprocess.Popen([binary, f"--config.file={pcfg}",
-                                         f"--storage.tsdb.path={workdir / 'prometheus'}",
-                                         f"--web.listen-address={plisten}", "--log.level=warn"],
-                                        stdout=prom_log, stderr=subprocess.STDOUT)
-            if not _ready(f"http://{plisten}/-/ready", time.monotonic() + 60, prom):
-                print(f"fleetcanary demo: Prometheus did not start; see {workdir / 'prometheus.log'}", file=sys.stderr)
-                return 1
-            groups = _rule_groups(plisten)
-            if not groups:
-                print(f"fleetcanary demo: Prometheus loaded no rule group from {', '.join(map(str, rule_files))}; "
-                      f"see {workdir / 'prometheus.log'}", file=sys.stderr)
-                return 1
-            print(f"Prometheus:  http://{plisten}  ({len(groups)} rule groups loaded: {', '.join(groups)})")
-            print(f"Grafana:     add a Prometheus data source with URL http://{plisten}, then import "
-                  f"{dashboards}/*.json")
-        else:
-            print("Prometheus:  not started (" + ("--no-prometheus" if binary else
-                  "not installed: apt-get install prometheus") + ")")
-            print(f"Grafana:     point a Prometheus that scrapes http://{listen}/metrics at the dashboards in "
-                  f"{dashboards}")
-        print("Ctrl-C stops everything.", flush=True)
-        deadline = time.monotonic() + args.duration if args.duration > 0 else None
-        while not stop.is_set():
-            if exporter.poll() is not None or (prom is not None and prom.poll() is not None):
-                print(f"fleetcanary demo: a component exited; logs in {workdir}", file=sys.stderr)
-                code = 1
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            stop.wait(0.5)
+        with resources.rule_files() as rule_files, resources.dashboards_dir() as dashboards:
+            llm, _ = start_in_thread(SimSettings(ttft_ms=40, itl_ms=8, max_tokens_default=16))
+            return _run(demo, binaries, rule_files, dashboards, llm, stop)
+    except DemoError as exc:
+        print(f"fleetcanary demo: {exc}", file=sys.stderr)
+        return 1
     finally:
-        _stop(exporter)
-        _stop(prom)
+        demo.stop_all()
         if llm is not None:
             llm.shutdown()
             llm.server_close()
         if not args.keep and not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboards: Path, llm, stop) -> int:
+    args, workdir = demo.args, demo.workdir
+    demo.dashboards = dashboards
+    started = time.monotonic()
+    names = fleet.node_names(args.nodes)
+    bad = fleet.degraded_node(names)
+    expected = fleet.expected_alerts(bad)
+    wanted = _wanted(args.until_fired, expected)
+    notes = Notifications(started, expected, bad)
+    hook = _webhook(notes)
+    try:
+        llm_url = f"http://127.0.0.1:{llm.server_address[1]}/v1"
+        targets = {}
+        for i, node in enumerate(names, 1):
+            ndir = workdir / node
+            ndir.mkdir(parents=True, exist_ok=True)
+            facts = ndir / "nvml-facts.json"
+            facts.write_text(json.dumps(fleet.node_facts(i, node == bad), indent=1))
+            listen = _free("127.0.0.1:0")
+            cfg = ndir / "fleetcanary.yaml"
+            cfg.write_text(yaml.safe_dump(fleet.exporter_config(ndir, node, listen, llm_url, args.fast,
+                                                                sorted(PROBES)), sort_keys=False))
+            demo.start(node, [*module_command("fleetcanary"), "run", "--config", str(cfg)],
+                       env={FAKE_ENV: str(facts), "NODE_NAME": node})
+            targets[node] = listen
+        am = _free(args.alertmanager_listen)
+        amcfg = workdir / "alertmanager.yml"
+        amcfg.write_text(yaml.safe_dump(fleet.alertmanager_config(resources.alertmanager_example(),
+                                                                  f"http://127.0.0.1:{hook.server_address[1]}/"),
+                                        sort_keys=False))
+        demo.start("alertmanager", [binaries["alertmanager"], f"--config.file={amcfg}",
+                                    f"--storage.path={workdir / 'alertmanager'}", f"--web.listen-address={am}",
+                                    "--cluster.listen-address=", "--log.level=warn"])
+        prom = _free(args.prometheus_listen)
+        pcfg = workdir / "prometheus.yml"
+        pcfg.write_text(yaml.safe_dump(fleet.prometheus_config(targets, am, rule_files, args.fast), sort_keys=False))
+        demo.start("prometheus", [binaries["prometheus"], f"--config.file={pcfg}",
+                                  f"--storage.tsdb.path={workdir / 'prometheus'}", f"--web.listen-address={prom}",
+                                  "--log.level=warn"])
+        for node, listen in targets.items():
+            demo.wait_ready(node, f"http://{listen}/healthz")
+        demo.wait_ready("alertmanager", f"http://{am}/-/ready")
+        demo.wait_ready("prometheus", f"http://{prom}/-/ready")
+        groups = _get(f"http://{prom}/api/v1/rules")["data"]["groups"]
+        _intro(names, bad, expected, targets, llm_url, prom, am, len(groups), dashboards, workdir, started)
+        return _watch(demo, notes, wanted, prom, stop, started)
+    finally:
+        hook.shutdown()
+        hook.server_close()
+
+
+def _wanted(until: str | None, expected: list[fleet.Expected]) -> set[int] | None:
+    if until is None:
+        return None
+    if until == "all":
+        return set(range(len(expected)))
+    names = {n.strip() for n in until.split(",") if n.strip()}
+    unknown = names - {e.alert for e in expected}
+    if unknown:
+        raise DemoError(f"--until-fired: {', '.join(sorted(unknown))} is not one of the bad GPU's alerts "
+                        f"({', '.join(sorted({e.alert for e in expected}))})")
+    return {i for i, e in enumerate(expected) if e.alert in names}
+
+
+def _intro(names, bad, expected, targets, llm_url, prom, am, groups, dashboards, workdir, started) -> None:
+    g = fleet.DEGRADED_GPU
+    print(f"fleetcanary demo: {len(names)} simulated HGX H100 nodes (pool {fleet.POOL}, cluster {fleet.CLUSTER}), "
+          f"each on NVML facts recorded from such a node; ready in {time.monotonic() - started:.0f} s")
+    print(f"  the bad one: {bad} GPU {g}, as NVML reports a failing GPU: critical XIDs 63 and 94, an "
+          "uncorrectable ECC error, a row remap waiting for a reset")
+    print(f"  the other {len(names) - 1} are healthy and must stay silent")
+    print("  GPU performance probes are off: they need CUDA, which the demo does not fake")
+    for node, listen in targets.items():
+        print(f"  {node}: http://{listen}/metrics" + ("   <- the bad node" if node == bad else ""))
+    print(f"LLM server:   {llm_url} (the reference server every node's inference canary probes)")
+    print(f"Prometheus:   http://{prom}  (the shipped rules, {groups} groups; firing alerts under /alerts)")
+    print(f"Alertmanager: http://{am}  (the shipped routes and inhibit rules; its notifications come back here)")
+    print(f"Grafana:      add a Prometheus data source with URL http://{prom}, import {dashboards}/*.json, then open")
+    print(f"              fleetcanary / Fleet overview (the firing-alerts table) and fleetcanary / Node detail "
+          f"with node={bad} (the GPU errors panel)")
+    print(f"Work dir:     {workdir} (configs, logs, each node's facts and state)")
+    print("Expected on the bad GPU:")
+    for e in expected:
+        print(f"  {e.alert}: {e.why}")
+    print("Alerts as Alertmanager sends them (Ctrl-C stops everything):", flush=True)
+
+
+def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str, stop, started) -> int:
+    args = demo.args
+    deadline = started + args.duration if args.duration > 0 else None
+    code = 0
+    while not stop.is_set():
+        dead = [name for name, p in demo.procs.items() if p.poll() is not None]
+        if dead:
+            print(f"fleetcanary demo: {', '.join(dead)} exited; logs in {demo.workdir}", file=sys.stderr)
+            return 1
+        with notes.lock:
+            done = wanted is not None and wanted <= set(notes.fired)
+        if done:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            if wanted is not None:
+                code = 1
+            break
+        notes.changed.wait(0.5)
+        notes.changed.clear()
+    _summary(notes, prom, notes.bad_node, demo.dashboards)
+    with notes.lock:
+        if wanted is not None and notes.unexpected:
+            code = 1
     return code
+
+
+def _summary(notes: Notifications, prom: str, bad: str, dashboards: Path) -> None:
+    with notes.lock:
+        fired = dict(notes.fired)
+        unexpected = list(notes.unexpected)
+    print("Summary:")
+    for i, e in enumerate(notes.expected):
+        labels = ", ".join(f"{k}={v}" for k, v in e.labels.items())
+        state = f"fired, notified {_clock(fired[i])} after the start" if i in fired else "not fired"
+        print(f"  {e.alert} ({labels}): {state}")
+    print(f"  alerts on healthy nodes: {len(unexpected)}" + (f" ({'; '.join(unexpected)})" if unexpected else ""))
+    for line in _panels(prom, bad, dashboards):
+        print(line)
+
+
+PANELS = (("node-detail.json", "GPU errors: XIDs, uncorrectable ECC, pending row remaps"),
+          ("fleet-overview.json", "Firing fleetcanary alerts: which node, since when, how bad"))
+
+
+def _legend(fmt: str, labels: dict[str, str]) -> str:
+    """A panel's legend for one series, as Grafana writes it ({{gpu}} -> the label's value)."""
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), "?"), fmt)
+
+
+def _panels(prom: str, bad: str, dashboards: Path) -> list[str]:
+    """What two shipped panels show now, from their own queries: the bad node's GPU errors, and the fleet's
+    firing alerts (whichever node they are on)."""
+    out = []
+    for board, title in PANELS:
+        panel = next(p for p in json.loads((dashboards / board).read_text())["panels"] if p["title"] == title)
+        shown = []
+        for target in panel["targets"][:1] if board == "fleet-overview.json" else panel["targets"]:
+            q = target["expr"].replace("$node", bad).replace("$__rate_interval", "1m")
+            for var in ("$cluster", "$pool", "$figure"):
+                q = q.replace(f'"{var}"', '".*"')
+            try:
+                rows = _get(f"http://{prom}/api/v1/query?" + urllib.parse.urlencode({"query": q}))["data"]["result"]
+            except (OSError, ValueError, KeyError) as exc:
+                shown.append(f"no answer ({exc})")
+                continue
+            for r in rows:
+                labels = r["metric"]
+                if float(r["value"][1]) == 0:
+                    continue
+                if board == "fleet-overview.json":
+                    since = time.strftime("%H:%M:%S", time.gmtime(float(r["value"][1]) / 1000))
+                    shown.append(f"{labels.get('alertname')} on {labels.get('node')}"
+                                 + (f" GPU {labels['gpu']}" if "gpu" in labels else "")
+                                 + (f" XID {labels['xid']}" if "xid" in labels else "") + f" since {since} UTC")
+                else:
+                    legend = _legend(target.get("legendFormat") or "", labels)
+                    shown.append(f"{legend}: {r['value'][1]}")
+        where = f" (node={bad})" if board == "node-detail.json" else ""
+        empty = "nothing" if board == "node-detail.json" else (
+            "nothing yet (Prometheus writes the ALERTS series once each rule group has restored its state, "
+            "after its second evaluation: 1-2 minutes after it starts)")
+        out.append(f"  panel {board[:-5]} / {title}{where}: " + ("; ".join(sorted(shown)) or empty))
+    return out

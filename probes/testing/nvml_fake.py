@@ -36,6 +36,7 @@ tick walks the trace one sample per tick whatever the order of its reads.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,8 +112,12 @@ class FakeNvml:
     NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
     nvmlEventTypeXidCriticalError = 8
 
-    def __init__(self, facts: dict) -> None:
+    def __init__(self, facts: dict, path: Path | None = None) -> None:
         self.facts = facts
+        # "xid_delivery": "once": each recorded XID happens once on the node, at the first wait of any process
+        # reading these facts (marker files beside them), as a real XID does; by default every process that
+        # waits sees them all (each test's worker gets its events)
+        self._once = path if facts.get("xid_delivery") == "once" and path is not None else None
         self.devices = [_Handle(i, d) for i, d in enumerate(facts.get("devices", []))]
         self._events = [dict(e) for e in facts.get("xid_events", [])]
         self._cursor: dict[tuple[int, str], int] = {}
@@ -120,7 +125,7 @@ class FakeNvml:
 
     @classmethod
     def from_file(cls, path: str | Path) -> FakeNvml:
-        return cls(json.loads(Path(path).read_text()))
+        return cls(json.loads(Path(path).read_text()), Path(path))
 
     # --- lifecycle --------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -302,9 +307,19 @@ class FakeNvml:
         for i, e in enumerate(self._events):
             if e["gpu"] in registered:
                 self._events.pop(i)
+                if self._once is not None and not self._first_to_see(e):
+                    return self.nvmlEventSetWait_v2(evset, timeout_ms)
                 return _Event(self.devices[e["gpu"]], self.nvmlEventTypeXidCriticalError, int(e["xid"]))
         time.sleep(max(timeout_ms, 0) / 1000)  # NVML blocks for the timeout when no event comes (a waiter's loop
         raise NVMLError(NVML_ERROR_TIMEOUT)     # would spin on a fake that returned at once)
+
+    def _first_to_see(self, event: dict) -> bool:
+        marker = self._once.with_name(f"{self._once.name}.xid-{event['gpu']}-{event['xid']}")
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return True
+        except FileExistsError:
+            return False
 
     def nvmlEventSetFree(self, evset):
         evset["handles"].clear()

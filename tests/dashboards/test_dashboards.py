@@ -1,7 +1,7 @@
 """Dashboards: generated JSON current, every panel with a unit and a 'good' description, every name real,
 and every panel query answered by a real Prometheus.
 
-Live: `fleetcanary demo --fast` runs the exporter (host memory bandwidth, storage, collectives on gloo,
+Live: `fleetcanary demo --this-host --fast` runs the exporter (host memory bandwidth, storage, collectives on gloo,
 the inference canary against the reference server) and a Prometheus with the shipped rules. Queries that
 need GPUs, firing alerts or the judged statistics (a baseline needs a complete day of runs, a peer group
 several nodes) run on a synthetic GPU fleet backfilled into a second Prometheus instead.
@@ -150,14 +150,14 @@ def substitute(expr: str, node: str, rate: str) -> str:
 
 
 class Live:
-    """`fleetcanary demo --fast` as a subprocess: its exporter and Prometheus."""
+    """`fleetcanary demo --this-host --fast` as a subprocess: its exporter and Prometheus."""
 
     def __init__(self, workdir: Path) -> None:
         require_binary("prometheus")
         self.out = workdir / "demo.out"
         with open(self.out, "wb") as out:  # the demo keeps its own descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fleetcanary", "demo", "--fast", "--listen", "127.0.0.1:0",
+                [sys.executable, "-m", "fleetcanary", "demo", "--this-host", "--fast", "--listen", "127.0.0.1:0",
                  "--prometheus-listen", "127.0.0.1:0", "--workdir", str(workdir / "demo"), "--duration", "600"],
                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         line = wait_for(lambda: re.search(r"Prometheus:\s+(http://\S+)", self.out.read_text()), timeout=90,

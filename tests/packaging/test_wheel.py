@@ -154,15 +154,17 @@ def test_once_runs_a_probe_in_an_isolated_worker_and_leaves_the_history_alone(ve
 
 def test_demo_loads_every_rule_group_into_prometheus(venv, outside, tmp_path):
     require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
     expected = {g["name"] for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
                 for g in yaml.safe_load((ROOT / "alerts" / f).read_text())["groups"]}
     out = tmp_path / "demo.out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     with open(out, "wb") as log:
-        proc = subprocess.Popen([str(venv / "bin/fleetcanary"), "demo", "--fast", "--listen", "127.0.0.1:0",
-                                 "--prometheus-listen", "127.0.0.1:0", "--workdir", str(tmp_path / "w"),
-                                 "--duration", "300"], stdout=log, stderr=subprocess.STDOUT, cwd=outside, env=env,
-                                start_new_session=True)
+        # the fleet demo: its simulated nodes read the recorded NVML facts the wheel carries
+        proc = subprocess.Popen([str(venv / "bin/fleetcanary"), "demo", "--fast", "--nodes", "2",
+                                 "--prometheus-listen", "127.0.0.1:0", "--alertmanager-listen", "127.0.0.1:0",
+                                 "--workdir", str(tmp_path / "w"), "--duration", "300"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=outside, env=env, start_new_session=True)
     try:
         url = wait_for(lambda: re.search(r"Prometheus:\s+(http://\S+)", out.read_text()) or proc.poll() is not None,
                        timeout=120, what="the demo's Prometheus")

@@ -1,0 +1,122 @@
+"""The simulated fleet `fleetcanary demo` runs: what each piece is configured with, nothing started here.
+
+Every node is an HGX H100 node as NVML reported it (the recorded facts the tests use,
+probes/testing/nvml_facts), with its own GPU UUIDs and serials. One node's GPU carries the recorded faults
+of a failing GPU: critical XIDs 63 (row remap event) and 94 (contained ECC error), an uncorrectable ECC error
+and a row remap waiting for a reset. Only what NVML shows can be simulated honestly: the performance probes
+need CUDA, which the demo does not fake, so they are off and the demo says so.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
+
+POOL = "demo-h100"
+CLUSTER = "demo"
+DEGRADED_GPU = 6
+HEALTHY_FACTS = FACTS_DIR / "h100_8gpu_healthy.json"
+DEGRADED_FACTS = FACTS_DIR / "h100_8gpu_degraded.json"
+# The probes that read NVML alone (gpu_health; the XID watch runs beside it) and the inference canary, which
+# needs no GPU. Everything else is off: the GPU performance probes need CUDA, the host ones would make six
+# exporters on one machine compete for its cores, which is a fleet nobody has.
+ON = ("gpu_health", "inference")
+
+
+@dataclass(frozen=True)
+class Expected:
+    alert: str
+    labels: dict[str, str]
+    why: str
+
+
+def node_names(count: int) -> list[str]:
+    return [f"demo-h100-{i:02d}" for i in range(1, count + 1)]
+
+
+def degraded_node(names: list[str]) -> str:
+    """The bad node: in the middle of the list, so it is not the first row of every table."""
+    return names[len(names) // 2]
+
+
+def expected_alerts(node: str) -> list[Expected]:
+    g = str(DEGRADED_GPU)
+    return [
+        Expected("FleetCanaryGPUCriticalXid", {"node": node, "gpu": g, "xid": "63"}, "XID 63: a row remap event"),
+        Expected("FleetCanaryGPUCriticalXid", {"node": node, "gpu": g, "xid": "94"},
+                 "XID 94: a contained uncorrectable ECC error"),
+        Expected("FleetCanaryGPUUncorrectableECC", {"node": node, "gpu": g}, "1 uncorrectable (volatile) ECC error"),
+        Expected("FleetCanaryGPURowRemapPending", {"node": node, "gpu": g},
+                 "a remapped row waits for a GPU reset (fires after 5 minutes pending)"),
+    ]
+
+
+def node_facts(index: int, degraded: bool) -> dict[str, Any]:
+    """Recorded H100 node facts with this node's own UUIDs and serials; GPU DEGRADED_GPU failing if asked."""
+    facts = json.loads(HEALTHY_FACTS.read_text())
+    if degraded:
+        bad = json.loads(DEGRADED_FACTS.read_text())
+        facts["devices"][DEGRADED_GPU] = copy.deepcopy(bad["devices"][DEGRADED_GPU])
+        facts["xid_events"] = [e for e in bad["xid_events"] if e["gpu"] == DEGRADED_GPU]
+        facts["xid_delivery"] = "once"  # the XID watch and gpu_health's workers share the node: one XID, once
+    for gpu, dev in enumerate(facts["devices"]):
+        head, _, _ = dev["uuid"].rpartition("-")
+        dev["uuid"] = f"{head}-{index:04x}{gpu:08x}"
+        dev["serial"] = f"{dev['serial'][:-4]}{index:02d}{gpu:02d}"
+    facts["recorded"] = (f"{facts['recorded']}; demo node {index}"
+                         + (f", GPU {DEGRADED_GPU} as on the recorded degraded node" if degraded else ""))
+    return facts
+
+
+def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fast: bool,
+                    probe_names: list[str]) -> dict[str, Any]:
+    probes: dict[str, Any] = {name: {"enabled": False} for name in probe_names if name not in ON}
+    probes["gpu_health"] = {"interval_seconds": 5 if fast else 15, "timeout_seconds": 4 if fast else 10}
+    probes["inference"] = {"interval_seconds": 15 if fast else 30, "timeout_seconds": 10, "params": {
+        "targets": [{"name": "demo-llm", "base_url": llm_base_url, "model": "fleetcanary-reference",
+                     "stream_max_tokens": 16, "prefix_words": 128}]}}
+    return {
+        "state_dir": str(workdir / "state"),
+        "pool": POOL,
+        "node_name": node,
+        "server": {"listen_address": listen},
+        # NVML's critical-XID events (the simulated node has no kernel log of its own)
+        "gpu": {"xid_watch": "on", "xid_log": "nvml"},
+        "probes": probes,
+    }
+
+
+def prometheus_config(targets: dict[str, str], alertmanager: str, rule_files: list[Path], fast: bool) -> dict:
+    interval = "2s" if fast else "5s"
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                   "external_labels": {"demo": "fleetcanary"}},
+        "rule_files": [str(f) for f in rule_files],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [{"job_name": "fleetcanary", "static_configs": [
+            {"targets": [address], "labels": {"node": node, "cluster": CLUSTER}}
+            for node, address in targets.items()]}],
+    }
+
+
+def alertmanager_config(example: str, webhook_url: str) -> dict[str, Any]:
+    """The shipped example's routes and inhibit rules, with every receiver sending to the demo's own webhook
+    and the waits shortened (a real pager groups for a minute; a newcomer should not wait for it)."""
+    cfg = yaml.safe_load(example)
+    cfg["route"].update({"group_wait": "2s", "group_interval": "5s"})
+    for route in cfg["route"].get("routes", []):
+        route.pop("group_wait", None)
+        route.pop("group_interval", None)
+    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
+                        for r in cfg["receivers"]]
+    return cfg
+
+
+def matches(expected: Expected, alert: str, labels: dict[str, str]) -> bool:
+    return alert == expected.alert and all(labels.get(k) == v for k, v in expected.labels.items())
