@@ -17,7 +17,7 @@ DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
 VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
             "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric", "deploy/overlays/gpu-allocation",
-            "deploy/overlays/xid-watch", "deploy/overlays/scheduled-runs"]
+            "deploy/overlays/xid-watch", "deploy/overlays/scheduled-runs", "deploy/overlays/host-state"]
 build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
@@ -86,7 +86,12 @@ def test_the_daemonset_is_locked_down(variant):
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]] and "emptyDir" in volumes[mounts["/var/lib/fleetcanary"]]
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    state = volumes[mounts["/var/lib/fleetcanary"]]
+    if path.endswith("host-state"):  # the state directory on the host, handed to the exporter's UID at start
+        assert state["hostPath"] == {"path": "/var/lib/fleetcanary", "type": "DirectoryOrCreate"}
+    else:
+        assert "emptyDir" in state
     cfg = configmod.settings_model()(**config_of(docs))
     longest = max(e.timeout_seconds for e in cfg.probe_entries().values() if e.enabled)
     assert spec["terminationGracePeriodSeconds"] > longest, (spec["terminationGracePeriodSeconds"], longest)
@@ -106,6 +111,11 @@ def test_the_daemonset_is_locked_down(variant):
         assert init["securityContext"]["allowPrivilegeEscalation"] is False
         assert {e["name"] for e in c["env"]} >= {"POD_NAMESPACE", "POD_NAME", "POD_UID"}
         assert cfg.kubernetes.claim.enabled and cfg.kubernetes.claim.image == c["image"]
+    elif path.endswith("host-state"):
+        targets |= {"/var/lib/fleetcanary"}
+        (init,) = spec["initContainers"]
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False and init["image"] == c["image"]
     else:
         assert "initContainers" not in spec
     if path.endswith("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
