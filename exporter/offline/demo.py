@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import yaml
 from fleetcanary.core import resources
 from fleetcanary.offline import demo_fleet as fleet
 from fleetcanary.offline import demo_host
+from fleetcanary.offline import local_services as svc
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.lib.nvml import FAKE_ENV
@@ -124,44 +124,12 @@ def _webhook(notes: Notifications) -> ThreadingHTTPServer:
     return server
 
 
-def _free(hostport: str) -> str:
-    """The address asked for if it can be bound, else any free port on the same host."""
-    host, _, port = hostport.rpartition(":")
-    host = host or "127.0.0.1"
-    with socket.socket() as s:
-        try:
-            s.bind((host, int(port)))
-        except OSError:
-            s.bind((host, 0))
-        return f"{host}:{s.getsockname()[1]}"
 
 
-def _ready(url: str, deadline: float, proc: subprocess.Popen) -> bool:
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
 
 
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
 
 
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class Demo:
@@ -179,7 +147,7 @@ class Demo:
         return proc
 
     def wait_ready(self, name: str, url: str) -> None:
-        if not _ready(url, time.monotonic() + START_SECONDS, self.procs[name]):
+        if not svc.ready(url, time.monotonic() + START_SECONDS, self.procs[name]):
             raise DemoError(f"{name} did not start; see {self.workdir / (name + '.log')}")
 
     def stop_all(self) -> None:
@@ -187,7 +155,7 @@ class Demo:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
-            _stop(proc)
+            svc.stop(proc)
 
 
 class DemoError(Exception):
@@ -248,14 +216,14 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             ndir.mkdir(parents=True, exist_ok=True)
             facts = ndir / "nvml-facts.json"
             facts.write_text(json.dumps(fleet.node_facts(i, node == bad), indent=1))
-            listen = _free("127.0.0.1:0")
+            listen = svc.free_address("127.0.0.1:0")
             cfg = ndir / "fleetcanary.yaml"
             cfg.write_text(yaml.safe_dump(fleet.exporter_config(ndir, node, listen, llm_url, args.fast,
                                                                 sorted(PROBES)), sort_keys=False))
             demo.start(node, [*module_command("fleetcanary"), "run", "--config", str(cfg)],
                        env={FAKE_ENV: str(facts), "NODE_NAME": node})
             targets[node] = listen
-        am = _free(args.alertmanager_listen)
+        am = svc.free_address(args.alertmanager_listen)
         amcfg = workdir / "alertmanager.yml"
         amcfg.write_text(yaml.safe_dump(fleet.alertmanager_config(resources.alertmanager_example(),
                                                                   f"http://127.0.0.1:{hook.server_address[1]}/"),
@@ -263,7 +231,7 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
         demo.start("alertmanager", [binaries["alertmanager"], f"--config.file={amcfg}",
                                     f"--storage.path={workdir / 'alertmanager'}", f"--web.listen-address={am}",
                                     "--cluster.listen-address=", "--log.level=warn"])
-        prom = _free(args.prometheus_listen)
+        prom = svc.free_address(args.prometheus_listen)
         pcfg = workdir / "prometheus.yml"
         pcfg.write_text(yaml.safe_dump(fleet.prometheus_config(targets, am, rule_files, args.fast), sort_keys=False))
         demo.start("prometheus", [binaries["prometheus"], f"--config.file={pcfg}",
@@ -273,7 +241,7 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             demo.wait_ready(node, f"http://{listen}/healthz")
         demo.wait_ready("alertmanager", f"http://{am}/-/ready")
         demo.wait_ready("prometheus", f"http://{prom}/-/ready")
-        groups = _get(f"http://{prom}/api/v1/rules")["data"]["groups"]
+        groups = svc.get_json(f"http://{prom}/api/v1/rules")["data"]["groups"]
         _intro(names, bad, expected, targets, llm_url, prom, am, len(groups), dashboards, workdir, started)
         return _watch(demo, notes, wanted, prom, stop, started)
     finally:
@@ -378,7 +346,8 @@ def _panels(prom: str, bad: str, dashboards: Path) -> list[str]:
             for var in ("$cluster", "$pool", "$figure"):
                 q = q.replace(f'"{var}"', '".*"')
             try:
-                rows = _get(f"http://{prom}/api/v1/query?" + urllib.parse.urlencode({"query": q}))["data"]["result"]
+                query = urllib.parse.urlencode({"query": q})
+                rows = svc.get_json(f"http://{prom}/api/v1/query?{query}")["data"]["result"]
             except (OSError, ValueError, KeyError) as exc:
                 shown.append(f"no answer ({exc})")
                 continue

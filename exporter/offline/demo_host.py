@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from fleetcanary.core import resources
+from fleetcanary.offline import local_services as svc
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from fleetcanary.probes.lib.spawn import module_command
 
@@ -70,25 +71,8 @@ def prometheus_config(exporter: str, node: str, fast: bool, rule_files: list[Pat
     }
 
 
-def _free(hostport: str) -> str:
-    host, _, port = hostport.rpartition(":")
-    if port != "0":
-        return hostport
-    with socket.socket() as s:
-        s.bind((host or "127.0.0.1", 0))
-        return f"{host or '127.0.0.1'}:{s.getsockname()[1]}"
 
 
-def _ready(url: str, deadline: float, proc: subprocess.Popen) -> bool:
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
 
 
 def _rule_groups(hostport: str) -> list[str]:
@@ -101,15 +85,6 @@ def _rule_groups(hostport: str) -> list[str]:
         return []
 
 
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def main(args) -> int:
@@ -128,20 +103,20 @@ def _run(args, rule_files: list[Path], dashboards: Path) -> int:
     try:
         llm, _ = start_in_thread(SimSettings(ttft_ms=40, itl_ms=8, max_tokens_default=32))
         llm_url = f"http://127.0.0.1:{llm.server_address[1]}/v1"
-        listen = _free(args.listen)
+        listen = svc.free_address(args.listen)
         cfg = workdir / "fleetcanary.yaml"
         cfg.write_text(yaml.safe_dump(demo_config(workdir, listen, llm_url, args.fast), sort_keys=False))
         with open(workdir / "exporter.log", "ab") as exporter_log:  # the child keeps its own descriptor
             exporter = subprocess.Popen([*module_command("fleetcanary"), "run", "--config", str(cfg)],
                                         stdout=exporter_log, stderr=subprocess.STDOUT)
-        if not _ready(f"http://{listen}/healthz", time.monotonic() + 60, exporter):
+        if not svc.ready(f"http://{listen}/healthz", time.monotonic() + 60, exporter):
             print(f"fleetcanary demo: the exporter did not start; see {workdir / 'exporter.log'}", file=sys.stderr)
             return 1
         print(f"exporter:    http://{listen}/metrics  (config {cfg})")
         print(f"LLM server:  {llm_url}  (the reference server the inference canary probes)")
         binary = shutil.which("prometheus")
         if binary and not args.no_prometheus:
-            plisten = _free(args.prometheus_listen)
+            plisten = svc.free_address(args.prometheus_listen)
             pcfg = workdir / "prometheus.yml"
             pcfg.write_text(yaml.safe_dump(prometheus_config(listen, socket.gethostname() or "demo", args.fast,
                                                              rule_files)))
@@ -150,7 +125,7 @@ def _run(args, rule_files: list[Path], dashboards: Path) -> int:
                                          f"--storage.tsdb.path={workdir / 'prometheus'}",
                                          f"--web.listen-address={plisten}", "--log.level=warn"],
                                         stdout=prom_log, stderr=subprocess.STDOUT)
-            if not _ready(f"http://{plisten}/-/ready", time.monotonic() + 60, prom):
+            if not svc.ready(f"http://{plisten}/-/ready", time.monotonic() + 60, prom):
                 print(f"fleetcanary demo: Prometheus did not start; see {workdir / 'prometheus.log'}", file=sys.stderr)
                 return 1
             groups = _rule_groups(plisten)
@@ -177,8 +152,8 @@ def _run(args, rule_files: list[Path], dashboards: Path) -> int:
                 break
             stop.wait(0.5)
     finally:
-        _stop(exporter)
-        _stop(prom)
+        svc.stop(exporter)
+        svc.stop(prom)
         if llm is not None:
             llm.shutdown()
             llm.server_close()

@@ -1,0 +1,51 @@
+"""Local services the demos start and wait for: a free loopback address, readiness, a JSON GET, a clean stop."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+
+def free_address(hostport: str) -> str:
+    """The address asked for if it can be bound, else any free port on the same host (port 0: any)."""
+    host, _, port = hostport.rpartition(":")
+    host = host or "127.0.0.1"
+    with socket.socket() as s:
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            s.bind((host, 0))
+        return f"{host}:{s.getsockname()[1]}"
+
+
+def ready(url: str, deadline: float, proc: subprocess.Popen) -> bool:
+    """True once ``url`` answers 200; False when ``proc`` exits or the monotonic ``deadline`` passes."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, 30 s to end, then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
