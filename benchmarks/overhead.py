@@ -9,7 +9,20 @@ the duty cycle at the default schedule.
 2. Per probe: N isolated runs (the daemon's own worker path) with default parameters -
    wall time, CPU time of the worker and everything it started (RUSAGE_CHILDREN), GPU
    seconds from the record.
+   Memory of each run: the worker's whole process tree (the worker and everything it starts,
+   gloo ranks included, all in the container's cgroup at once), sampled from /proc every 50 ms
+   (the sum of RSS, of anonymous RSS, and the sum of each process's VmHWM as an upper bound), and
+   where this machine lets us make one, a transient memory cgroup around the run (cgroup v2
+   memory.peak or v1 memory.max_usage_in_bytes): what a container memory limit sees, anonymous
+   memory plus page cache first charged by the run. (max_rss_bytes, RUSAGE_CHILDREN ru_maxrss, is
+   the largest single process since the benchmark began, not a sum; kept for comparison.)
 3. Duty cycle: per-run cost x runs per hour at each probe's default interval.
+   Container memory: the daemon's peak RSS in the busy window plus the largest concurrent worker
+   set the scheduler allows (one exclusive "gpu" probe at a time, the other probes free to overlap):
+   the largest exclusive probe's tree peak plus every non-exclusive probe's. The daemon windows also
+   run the daemon in a memory cgroup of its own from its start (where one can be made) and report its
+   peak: a measured, not composed, container figure. GPU nodes add a CUDA context per process that
+   creates one; that part is an estimate (--cuda-context-mib, --gpus), never measured here.
 4. GPU budget: GPU seconds per hour per GPU of every invasive GPU probe at its default
    schedule, from each probe's configured ``expected_gpu_seconds`` (what the scheduler's
    budget check charges), summed and compared with the default budget (gpu.budget_ratio
@@ -24,6 +37,7 @@ Loopback only (the inference canary probes the built-in reference server, storag
 directory). Prints tables and writes benchmarks/results/overhead.json.
 
     python benchmarks/overhead.py [--runs 3] [--idle 30] [--busy 30] [--gpu-budget-only]
+                                  [--cuda-context-mib 600] [--gpus 8] [--no-cgroup]
 """
 from __future__ import annotations
 
@@ -35,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +66,196 @@ from fleetcanary.runner.isolation import become_subreaper, run_isolated
 ROOT = Path(__file__).resolve().parent.parent
 
 CPU_PROBES = ("host_memory_bandwidth", "storage", "collectives", "inference")
+# The other probes enabled by default: they run here too (skipping where their hardware or targets are
+# missing), and count in the duty cycle and the concurrent worker set.
+OTHER_PROBES = ("nic_health", "object_storage", "gpu_health", "gpu_bandwidth", "gpu_p2p", "gpu_compute",
+                "gpu_sustained", "train_step")
+SAMPLE_SECONDS = 0.05
+MiB = 2**20
+# GPU probes that create a CUDA context on a GPU node, and in how many processes (None: one per GPU).
+CUDA_CONTEXTS = {"gpu_bandwidth": 1, "gpu_p2p": 1, "gpu_compute": 1, "gpu_sustained": 1, "train_step": 1,
+                 "collectives": None}
+
+
+# ---------------------------------------------------------------------- memory of a process tree
+def _children(pid: int) -> list[int]:
+    """The children of one process, from every thread's /proc children list (workers are started
+    from the daemon's scheduler threads)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _memory(pid: int) -> tuple[int, int, int] | None:
+    """(RSS, anonymous RSS, VmHWM) of one process in bytes; None when gone (a zombie reads 0)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    got = {"VmRSS:": 0, "RssAnon:": 0, "VmHWM:": 0}
+    for line in text.splitlines():
+        key = line.split(None, 1)[0] if line else ""
+        if key in got:
+            got[key] = int(line.split()[1]) * 1024
+    return got["VmRSS:"], got["RssAnon:"], got["VmHWM:"]
+
+
+class TreeSampler(threading.Thread):
+    """Samples a process tree's memory every SAMPLE_SECONDS until stop(): the peak of the summed RSS
+    (pessimistic: a shared library's pages count once per process) and of the summed anonymous RSS
+    (never shared between the spawned processes), the most processes at once, the root's own peak, and
+    the sum over every process seen of its VmHWM (an upper bound that a spike between samples cannot
+    escape). ``include_root``: count the root itself (the daemon), or only its descendants (the
+    benchmark's own process, whose children are the workers)."""
+
+    def __init__(self, root: int, include_root: bool) -> None:
+        super().__init__(daemon=True)
+        self.root, self.include_root = root, include_root
+        self._halt = threading.Event()
+        self.peak_rss = self.peak_anon = self.peak_procs = self.root_peak_rss = self.samples = 0
+        self._hwm: dict[int, int] = {}
+
+    def sample(self) -> None:
+        pending, rss, anon, procs = [self.root], 0, 0, 0
+        seen = set()
+        while pending:
+            pid = pending.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            pending += _children(pid)
+            if pid == self.root and not self.include_root:
+                continue
+            m = _memory(pid)
+            if m is None:
+                continue
+            rss, anon, procs = rss + m[0], anon + m[1], procs + (m[0] > 0)
+            self._hwm[pid] = max(self._hwm.get(pid, 0), m[2])
+            if pid == self.root:
+                self.root_peak_rss = max(self.root_peak_rss, m[0])
+        self.peak_rss, self.peak_anon = max(self.peak_rss, rss), max(self.peak_anon, anon)
+        self.peak_procs = max(self.peak_procs, procs)
+        self.samples += 1
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(SAMPLE_SECONDS)
+
+    def stop(self) -> dict:
+        self._halt.set()
+        self.join()
+        self.sample()
+        return {"peak_tree_rss_bytes": self.peak_rss, "peak_tree_anon_bytes": self.peak_anon,
+                "tree_hwm_sum_bytes": sum(self._hwm.values()), "peak_processes": self.peak_procs,
+                "samples": self.samples}
+
+
+# ---------------------------------------------------------------------- a transient memory cgroup
+def _mounts() -> list[tuple[str, str, str]]:
+    """(mount point, fstype, options) of every cgroup mount."""
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[2] in ("cgroup", "cgroup2"):
+            out.append((f[1], f[2], f[3]))
+    return out
+
+
+class MemCgroup:
+    """A memory cgroup made for one measurement: cgroup v2 (memory.peak) where the memory controller can
+    be enabled for a child of the hierarchy's root, else cgroup v1 (memory.max_usage_in_bytes). Its
+    peak is what a container's memory limit sees: anonymous memory and page cache charged by its
+    processes (charges made before a process moved in stay where they were). None from create() where
+    neither works (no root, a delegated v2 hierarchy that is not ours, no memory controller)."""
+
+    disabled = False
+    why_not = ""
+
+    def __init__(self, path: Path, version: int, home: Path) -> None:
+        self.path, self.version, self.home = path, version, home
+
+    @classmethod
+    def create(cls, tag: str) -> MemCgroup | None:
+        if cls.disabled:
+            return None
+        name = f"fleetcanary-overhead-{os.getpid()}-{tag}"
+        errors = []
+        own = {}  # controller ("" for v2) -> this process's cgroup path
+        for ln in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, where = ln.split(":", 2)
+            for c in controllers.split(",") if controllers else [""]:
+                own[c] = where
+        mounts = _mounts()
+        for mount, fstype, opts in sorted(mounts, key=lambda m: m[1] != "cgroup2"):  # v2 first
+            try:
+                if fstype == "cgroup2":
+                    root = Path(mount)
+                    if "memory" not in (root / "cgroup.controllers").read_text().split():
+                        continue
+                    if "memory" not in (root / "cgroup.subtree_control").read_text().split():
+                        (root / "cgroup.subtree_control").write_text("+memory")
+                    home = root / own.get("", "/").lstrip("/")
+                    version = 2
+                elif "memory" in opts.split(","):
+                    root = Path(mount)
+                    home = root / own.get("memory", "/").lstrip("/")
+                    version = 1
+                else:
+                    continue
+                path = root / name
+                path.mkdir()
+                return cls(path, version, home)
+            except OSError as exc:
+                errors.append(f"{mount}: {exc}")
+        cls.why_not = "; ".join(errors) or "no cgroup memory controller mounted"
+        return None
+
+    def _read(self, name: str) -> int:
+        return int((self.path / name).read_text().split()[0])
+
+    @property
+    def procs_file(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def peak(self) -> int:
+        return self._read("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes")
+
+    def reset_peak(self) -> bool:
+        """Start the peak afresh from the current usage (v1 only; v2's reset is per open file)."""
+        if self.version != 1:
+            return False
+        (self.path / "memory.max_usage_in_bytes").write_text("0")
+        return True
+
+    def stat(self) -> dict[str, int]:
+        """Anonymous and page-cache bytes charged now."""
+        rows = dict(ln.split() for ln in (self.path / "memory.stat").read_text().splitlines() if ln.count(" ") == 1)
+        if self.version == 2:
+            return {"anon_bytes": int(rows.get("anon", 0)), "file_bytes": int(rows.get("file", 0))}
+        return {"anon_bytes": int(rows.get("total_rss", 0)), "file_bytes": int(rows.get("total_cache", 0))}
+
+    def enter(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def leave(self, pid: int) -> None:
+        (self.home / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        for _ in range(50):  # a process just killed may still be listed for a moment
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
 
 
 def probe_config(work: Path, llm_url: str, fast: bool) -> dict:
@@ -81,9 +286,18 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
         cfg["server"] = {"listen_address": f"127.0.0.1:{port}"}
         path = work / f"daemon-{mode}.yaml"
         path.write_text(yaml.safe_dump(cfg))
+        cmd = [sys.executable, "-m", "fleetcanary", "run", "--config", str(path)]
+        cg = MemCgroup.create(f"daemon-{mode}")
+        if cg is not None:  # in the cgroup from its first instruction, as in a container
+            cmd = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs_file, *cmd]
         with open(work / f"daemon-{mode}.log", "wb") as log:  # the daemon keeps its own descriptor
-            proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(path)], cwd=ROOT,
-                                    stdout=subprocess.DEVNULL, stderr=log)
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        life = TreeSampler(proc.pid, include_root=True)
+        life.start()
+        # Idle: the probes scheduled within 10 s of the start. The invasive GPU-class probes (collectives)
+        # start at the node's slot of their interval (daemon/phase.py), up to 30 min away at the defaults;
+        # in the busy window's 12 s interval they come within 12 s.
+        wait_for = CPU_PROBES if mode == "busy" else tuple(p for p in CPU_PROBES if not PROBES[p].exclusive)
         try:
             url = f"http://127.0.0.1:{port}/metrics"
             deadline = time.monotonic() + 180
@@ -91,7 +305,7 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
             while time.monotonic() < deadline:
                 try:
                     text = get(url).decode()
-                    if all(f'fleetcanary_probe_duration_seconds{{probe="{p}"}}' in text for p in CPU_PROBES):
+                    if all(f'fleetcanary_probe_duration_seconds{{probe="{p}"}}' in text for p in wait_for):
                         break
                 except OSError:
                     pass
@@ -99,6 +313,10 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
             else:
                 raise SystemExit(f"overhead: the {mode} daemon's first runs did not finish")
             time.sleep(2)
+            cg_startup_peak = cg.peak() if cg else None
+            reset = cg.reset_peak() if cg else False
+            window = TreeSampler(proc.pid, include_root=True)
+            window.start()
             c0, _ = proc_stats(proc.pid)
             t0 = time.monotonic()
             scrapes = 0
@@ -108,11 +326,26 @@ def daemon_windows(work: Path, llm_url: str, idle: float, busy: float) -> dict:
                     scrapes += 1
                 time.sleep(1.0)
             c1, rss = proc_stats(proc.pid)
+            win = window.stop()
             out[mode] = {"seconds": time.monotonic() - t0, "cpu_ratio": (c1 - c0) / (time.monotonic() - t0),
-                         "rss_bytes": rss, "scrapes": scrapes}
+                         "rss_bytes": rss, "scrapes": scrapes,
+                         # the daemon's own process: sampled peak in the window, and its lifetime VmHWM
+                         "rss_peak_bytes": window.root_peak_rss, "vm_hwm_bytes": (_memory(proc.pid) or (0, 0, 0))[2],
+                         # the daemon and its workers together, sampled
+                         "tree_window": win, "workers_seen_in_window": win["peak_processes"] > 1,
+                         "cgroup": None if cg is None else {
+                             "version": cg.version, "startup_peak_bytes": cg_startup_peak,
+                             "window_peak_bytes": cg.peak() if reset else None,
+                             "lifetime_peak_bytes": max(cg_startup_peak, cg.peak()),
+                             "end": cg.stat()}}
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+            tree_life = life.stop()
+            if cg is not None:
+                cg.remove()
+        if mode in out:
+            out[mode]["tree_lifetime"] = tree_life
     return out
 
 
@@ -121,7 +354,9 @@ def _med(rows: list[dict], key: str) -> float:
     return sorted(r[key] for r in rows)[len(rows) // 2]
 
 
-def per_probe(work: Path, llm_url: str, runs: int) -> dict:
+def per_probe(work: Path, llm_url: str, runs: int, cpu_paths: bool = False) -> dict:
+    """Each probe's runs. cpu_paths: instead, the GPU probes that take ``device: cpu``, forced onto their CPU
+    path (torch on the CPU: the import and host-side cost a GPU node pays too, without the CUDA context)."""
     become_subreaper(reap_everything=True)
     path = work / "probes.yaml"
     import yaml
@@ -129,22 +364,79 @@ def per_probe(work: Path, llm_url: str, runs: int) -> dict:
     path.write_text(yaml.safe_dump(probe_config(work, llm_url, fast=False)))
     settings = configmod.load(path)
     out = {}
-    for name in CPU_PROBES + ("gpu_health", "gpu_bandwidth", "gpu_p2p", "gpu_compute", "gpu_sustained", "train_step"):
+    for name in CPU_PROBES + OTHER_PROBES:
         entry = settings.probe_entries()[name]
+        params = entry.params.model_dump(mode="json")
+        if cpu_paths:
+            if not PROBES[name].exclusive or "device" not in params:
+                continue
+            params["device"] = "cpu"
         rows = []
-        for _ in range(runs):
+        for i in range(runs):
+            cg = MemCgroup.create(f"{name}-{i}")
+            tree = TreeSampler(os.getpid(), include_root=False)  # our children: the worker and its own
+            tree.start()
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            o = run_isolated(job.build(name, PROBES[name], entry.params.model_dump(mode="json"),
-                                       job.probe_context(settings)), entry.timeout_seconds)
+            if cg is not None:  # the worker is forked inside it; our own earlier charges stay outside
+                cg.enter(os.getpid())
+            try:
+                o = run_isolated(job.build(name, PROBES[name], params, job.probe_context(settings)),
+                                 entry.timeout_seconds)
+            finally:
+                if cg is not None:
+                    cg.leave(os.getpid())
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            mem = tree.stop()
+            if cg is not None:
+                mem.update(cgroup_peak_bytes=cg.peak(), cgroup_end=cg.stat())
+                cg.remove()
             rows.append({"outcome": o.outcome, "reason": o.reason, "wall_seconds": o.wall_seconds,
                          "cpu_seconds": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
                          "gpu_seconds": sum(o.gpu_seconds.values()),
-                         "max_rss_bytes": r1.ru_maxrss * 1024})
+                         "max_rss_bytes": r1.ru_maxrss * 1024, **mem})
+        # memory: the largest of the runs (a limit must hold every run), the rest the median
+        peaks = {k: max(r[k] for r in rows) for k in ("peak_tree_rss_bytes", "peak_tree_anon_bytes",
+                                                      "tree_hwm_sum_bytes", "peak_processes")}
+        cg_peaks = [r["cgroup_peak_bytes"] for r in rows if "cgroup_peak_bytes" in r]
         out[name] = {"runs": rows, "outcome": rows[-1]["outcome"], "reason": rows[-1]["reason"],
                      "wall_seconds": _med(rows, "wall_seconds"), "cpu_seconds": _med(rows, "cpu_seconds"),
-                     "gpu_seconds": _med(rows, "gpu_seconds"), "interval_seconds": entry.interval_seconds}
+                     "gpu_seconds": _med(rows, "gpu_seconds"), "interval_seconds": entry.interval_seconds,
+                     "exclusive": PROBES[name].exclusive, **peaks,
+                     "cgroup_peak_bytes": max(cg_peaks) if cg_peaks else None}
     return out
+
+
+def container_memory(daemon: dict, probes: dict, cuda_context_mib: float, gpus: int) -> dict:
+    """The container's memory at its worst moment the scheduler allows: the daemon's busy-window peak,
+    the largest exclusive ("gpu" class, serialized) probe's tree and every other probe's tree at once.
+    Per probe the larger of the sampled tree RSS and the cgroup peak. Then the same on a GPU node, with
+    an assumed (not measured) host RSS per CUDA context for each process that makes one."""
+    def peak(p: dict) -> int:
+        return max(p["peak_tree_rss_bytes"], p["cgroup_peak_bytes"] or 0)
+
+    exclusive = {n: peak(p) for n, p in probes.items() if p["exclusive"]}
+    shared = {n: peak(p) for n, p in probes.items() if not p["exclusive"]}
+    daemon_peak = max(daemon[m]["rss_peak_bytes"] for m in daemon)
+    largest = max(exclusive, key=exclusive.get)
+    measured = daemon_peak + exclusive[largest] + sum(shared.values())
+    ctx = cuda_context_mib * MiB
+    gpu_exclusive = {}
+    for n, here in exclusive.items():
+        contexts, host = CUDA_CONTEXTS.get(n, 0), here
+        if contexts is None:  # one rank per GPU instead of cpu_ranks: scale by processes, then a context each
+            host, contexts = here / max(probes[n]["peak_processes"], 1) * (gpus + 1), gpus
+        gpu_exclusive[n] = int(host + ctx * contexts)
+    gpu_largest = max(gpu_exclusive, key=gpu_exclusive.get)
+    measured_cg = [d["cgroup"]["lifetime_peak_bytes"] for d in daemon.values() if d.get("cgroup")]
+    return {"daemon_idle_rss_bytes": daemon["idle"]["rss_bytes"], "daemon_peak_rss_bytes": daemon_peak,
+            "largest_exclusive_probe": largest, "largest_exclusive_bytes": exclusive[largest],
+            "non_exclusive_bytes": shared, "non_exclusive_sum_bytes": sum(shared.values()),
+            "peak_bytes": measured,
+            "daemon_cgroup_peak_bytes": max(measured_cg) if measured_cg else None,
+            "gpu_node_estimate": {"estimated": True, "cuda_context_bytes_assumed": ctx, "gpus": gpus,
+                                  "largest_exclusive_probe": gpu_largest,
+                                  "largest_exclusive_bytes": gpu_exclusive[gpu_largest],
+                                  "peak_bytes": daemon_peak + gpu_exclusive[gpu_largest] + sum(shared.values())}}
 
 
 def gpu_budget() -> dict:
@@ -188,6 +480,42 @@ def print_gpu_budget(b: dict) -> None:
           "measured GPU seconds on an H200 are in docs/gpu-validation.md.)")
 
 
+def print_memory(daemon: dict, probes: dict, c: dict, cpu_paths: dict) -> None:
+    def mib(b: float | None) -> str:
+        return "-" if b is None else f"{b / MiB:.0f}"
+
+    print(f"{'daemon memory':14} {'RSS end':>8} {'RSS peak':>9} {'VmHWM':>7} {'tree peak':>10} {'cgroup peak':>12} "
+          f"{'cgroup anon/file at end':>24}  (MiB)")
+    for mode, d in daemon.items():
+        cg = d.get("cgroup") or {}
+        end = cg.get("end")
+        print(f"{mode:14} {mib(d['rss_bytes']):>8} {mib(d['rss_peak_bytes']):>9} {mib(d['vm_hwm_bytes']):>7} "
+              f"{mib(d['tree_window']['peak_tree_rss_bytes']):>10} {mib(cg.get('lifetime_peak_bytes')):>12} "
+              f"{(mib(end['anon_bytes']) + ' / ' + mib(end['file_bytes'])) if end else '-':>24}")
+    print("(RSS peak: the daemon's process over the window; tree peak: it and its workers over the window; cgroup "
+          "peak: everything in the daemon's cgroup from its start, page cache included)")
+    print()
+    print(f"{'probe memory':22} {'class':>6} {'procs':>6} {'tree RSS':>9} {'tree anon':>10} {'HWM sum':>8} "
+          f"{'cgroup peak':>12}  (MiB, largest of the runs)")
+    for name, p in [*probes.items(), *((f"{n} (cpu)", p) for n, p in cpu_paths.items())]:
+        label = name if p["outcome"] != "skipped" else f"{name} [{p['reason']}]"
+        print(f"{label[:22]:22} {p['exclusive'] or '-':>6} {p['peak_processes']:>6} {mib(p['peak_tree_rss_bytes']):>9} "
+              f"{mib(p['peak_tree_anon_bytes']):>10} {mib(p['tree_hwm_sum_bytes']):>8} "
+              f"{mib(p['cgroup_peak_bytes']):>12}")
+    print(f"(tree: the worker and all it started, sampled every {SAMPLE_SECONDS * 1000:.0f} ms; HWM sum: each "
+          "process's own peak, added - an upper bound; cgroup peak: anon + page cache charged by the run"
+          f"{'' if MemCgroup.why_not == '' else '; no cgroup here: ' + MemCgroup.why_not})")
+    print()
+    g = c["gpu_node_estimate"]
+    print(f"container peak, measured: daemon {mib(c['daemon_peak_rss_bytes'])} + largest exclusive "
+          f"({c['largest_exclusive_probe']}) {mib(c['largest_exclusive_bytes'])} + all non-exclusive "
+          f"{mib(c['non_exclusive_sum_bytes'])} = {mib(c['peak_bytes'])} MiB; the daemon's own cgroup peaked at "
+          f"{mib(c['daemon_cgroup_peak_bytes'])} MiB")
+    print(f"GPU node, ESTIMATED ({mib(g['cuda_context_bytes_assumed'])} MiB assumed per CUDA context, {g['gpus']} "
+          f"GPUs): largest exclusive ({g['largest_exclusive_probe']}) {mib(g['largest_exclusive_bytes'])}, peak "
+          f"{mib(g['peak_bytes'])} MiB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="isolated runs per probe (median reported)")
@@ -195,7 +523,15 @@ def main() -> int:
     ap.add_argument("--busy", type=float, default=30.0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/overhead.json"))
     ap.add_argument("--gpu-budget-only", action="store_true", help="only the GPU-budget table (no runs)")
+    ap.add_argument("--cuda-context-mib", type=float, default=600.0,
+                    help="assumed host RSS of one CUDA context (torch CUDA build), for the GPU-node estimate only")
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs per node for the GPU-node estimate (NCCL ranks)")
+    ap.add_argument("--no-cgroup", action="store_true", help="no transient memory cgroups, /proc sampling only")
+    ap.add_argument("--cpu-paths", action="store_true",
+                    help="also run the GPU probes that can on the CPU (device: cpu), for their torch host memory; "
+                    "reported apart, not in the duty cycle or the container peak")
     args = ap.parse_args()
+    MemCgroup.disabled = args.no_cgroup
     budget = gpu_budget()
     if args.gpu_budget_only:
         print_gpu_budget(budget)
@@ -205,6 +541,7 @@ def main() -> int:
     llm_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:
         probes = per_probe(work, llm_url, args.runs)
+        cpu_paths = per_probe(work, llm_url, args.runs, cpu_paths=True) if args.cpu_paths else {}
         daemon = daemon_windows(work, llm_url, args.idle, args.busy)
     finally:
         server.shutdown()
@@ -237,9 +574,15 @@ def main() -> int:
     print(f"(CPU duty is of one core; this node has {cores}. GPU probes skip here without a GPU: see "
           "docs/gpu-validation.md for their GPU seconds on an H200.)")
     print()
+    container = container_memory(daemon, probes, args.cuda_context_mib, args.gpus)
+    print_memory(daemon, probes, container, cpu_paths)
+    print()
     print_gpu_budget(budget)
-    result = {"machine": {"arch": platform.machine(), "cores": cores, "python": platform.python_version()},
+    result = {"machine": {"arch": platform.machine(), "cores": cores, "python": platform.python_version(),
+                          "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
               "daemon": daemon, "probes": probes, "cpu_seconds_per_hour_all_probes": total_cpu_hour,
+              "container_memory": container, "cgroup_unavailable": MemCgroup.why_not or None,
+              "gpu_probes_on_cpu": cpu_paths,
               "gpu_budget": budget}
     write_result(args.out, result)
     return 0 if budget["within_budget"] else 1

@@ -31,9 +31,9 @@ SKIP_REASONS: tuple[str, ...] = (
     "gpu_busy",          # a compute process or utilization over threshold on a target GPU
     "gpu_allocated",     # Kubernetes has allocated a target GPU to a pod
     "budget",            # the GPU-time budget over the probe's window (its interval, 1 h to 1 day) is spent
-    "dependency_missing",  # an optional package (torch) is not installed
+    "dependency_missing",  # an optional package (torch, or torch with CUDA on a GPU node) is not installed
     "low_disk_space",    # free space under the configured floor
-    "unsupported",       # the hardware or platform lacks the feature
+    "unsupported",       # the hardware or platform lacks the feature (a driver older than torch's CUDA needs)
     "peer_unavailable",  # a cross-node probe's partner of the slot did not meet it in time (absent, busy, late)
     "not_assigned",      # other nodes probe the targets (the inference canary's k probers per endpoint)
     "preempted",         # a scheduled claim pod (overlays/scheduled-runs) was preempted mid-run

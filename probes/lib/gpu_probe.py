@@ -98,7 +98,7 @@ def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMiss
     is gated: NVML per ``nvml_missing``; ``select(handles)`` picks the GPUs (it may raise a
     skip, or return None: no GPU to use, the run goes on without, kind "cpu");
     fewer than ``min_gpus`` GPUs on the node skips single_gpu, fewer usable after the gate
-    skips ``too_few``; then torch must see CUDA (skip dependency_missing or no_gpu).
+    skips ``too_few``; then torch must see CUDA (skip dependency_missing, or unsupported: torch_util.why_no_cuda).
     ``inspect(session, handles)`` runs while the session is open, on the GPUs the run uses.
     """
     on_cpu = getattr(config, "device", "auto") == "cpu"
@@ -154,15 +154,18 @@ def _open(nvml_missing: NvmlMissing) -> nvml.Session | None:
 
 
 def _with_torch(access: GpuAccess) -> GpuAccess:
-    """Skip dependency_missing without torch; on GPUs, no_gpu where torch sees no CUDA device."""
+    """Skip dependency_missing without torch; where NVML sees GPUs and torch cannot use them, dependency_missing
+    (a CPU build of torch) or unsupported (torch_util.why_no_cuda)."""
     from fleetcanary.probes.lib import torch_util
 
     try:
         torch_util.resolve_device_kind("cpu" if access.kind == "cpu" else "auto")
     except ProbeSkipped as e:
         if access.gate is not None:  # which GPUs the run would have measured: NVML sees GPUs, torch no CUDA
+            reason, detail = (e.reason, e.detail) if e.reason != "no_gpu" else \
+                torch_util.why_no_cuda(torch_util.import_torch())
             gate = access.gate.record()
-            raise ProbeSkipped(e.reason, f"{e.detail}; the gate left GPUs {gate['measured_gpus']}"
+            raise ProbeSkipped(reason, f"{detail}; the gate left GPUs {gate['measured_gpus']}"
                                f" (skipped: {gate['skipped_gpus']})") from None
         raise
     return access

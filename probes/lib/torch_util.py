@@ -46,6 +46,22 @@ def resolve_device_kind(requested: str) -> str:
     raise ProbeSkipped("no_gpu", "torch sees no CUDA device")
 
 
+def why_no_cuda(torch) -> tuple[str, str]:
+    """Where NVML sees GPUs and torch does not: the skip reason and torch's own words. A CPU build of torch is a
+    missing dependency (a GPU node needs the CUDA image); a CUDA build that cannot start (the driver is older
+    than its CUDA needs, a device node missing) is unsupported here."""
+    if torch.version.cuda is None:
+        return "dependency_missing", (f"torch {torch.__version__} is a CPU build and NVML sees GPUs: a GPU node "
+                                      "needs torch with CUDA (the CUDA image, docs/image.md)")
+    try:
+        torch.cuda.init()
+        why = "torch sees no CUDA device"
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError or AssertionError, with its reason
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return "unsupported", (f"NVML sees GPUs, torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use "
+                           f"them: {why}")
+
+
 def time_op(torch, device, fn: Callable[[], None]) -> float:
     """Seconds one call of ``fn`` takes on ``device`` (CUDA events, or perf_counter on CPU)."""
     if device.type == "cuda":

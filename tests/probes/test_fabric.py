@@ -143,10 +143,11 @@ def test_a_node_outside_the_member_list_and_bad_settings_are_clear(tmp_path):
     assert (rec.outcome, rec.reason) == ("failure", "members_unavailable") and "99999" in rec.detail
 
 
-@pytest.mark.parametrize("fixture, reason", [("h100_8gpu_busy", "gpu_busy"), ("h100_8gpu_healthy", "no_gpu")])
+@pytest.mark.parametrize("fixture, reason", [("h100_8gpu_busy", "gpu_busy"),
+                                             ("h100_8gpu_healthy", "dependency_missing")])
 def test_a_gpu_node_gates_before_the_rendezvous(tmp_path, monkeypatch, fixture, reason):
     """NVML (faked from recorded facts) says GPUs: a busy node skips before it ever listens, so
-    its partner sees it absent; a GPU this torch cannot use (the CPU wheel here) skips no_gpu."""
+    its partner sees it absent; GPUs this torch cannot use (the CPU wheel here) skip dependency_missing."""
     from fleetcanary.probes.base import ProbeSkipped
     from tests.support.gpu import ctx, fake
 

@@ -41,6 +41,10 @@ def test_byte_counting_d2d_read_plus_write_h2d_d2h_once(tmp_path, monkeypatch):
     assert r.gpu_seconds["0"] == pytest.approx(0.12)  # warm-up counts as GPU time too
 
 
+CPU_TORCH = (f"torch {__import__('torch').__version__} is a CPU build and NVML sees GPUs: a GPU node needs torch "
+             "with CUDA (the CUDA image, docs/image.md)")
+
+
 def test_no_gpu_here_skips_with_no_gpu(tmp_path, monkeypatch):
     monkeypatch.delenv("FLEETCANARY_FAKE_NVML", raising=False)
     with pytest.raises(ProbeSkipped) as ei:
@@ -67,7 +71,7 @@ def test_gpus_known_to_be_allocated_are_left_out_and_the_rest_measured(tmp_path,
     fake(monkeypatch, "h100_8gpu_healthy")
     with pytest.raises(ProbeSkipped) as ei:   # past the gate: this torch has no CUDA
         GpuBandwidth().run(Config(), ctx(tmp_path, kube={"allocated_gpus": ["3"]}))
-    assert ei.value.reason == "no_gpu"
+    assert ei.value.reason == "dependency_missing"
     assert "the gate left GPUs [0, 1, 2, 4, 5, 6, 7] (skipped: {'3': 'gpu_allocated'})" in ei.value.detail
 
 
@@ -80,11 +84,29 @@ def test_spent_budget_skips_with_budget(tmp_path, monkeypatch):
 
 
 def test_idle_healthy_node_passes_the_gate_then_torch_finds_no_cuda(tmp_path, monkeypatch):
+    """NVML sees eight GPUs and this torch is the CPU build: a missing dependency, said so (not no_gpu: the GPUs
+    are there, the image is wrong)."""
     fake(monkeypatch, "h100_8gpu_healthy")
     with pytest.raises(ProbeSkipped) as ei:
         GpuBandwidth().run(Config(), ctx(tmp_path))
     assert (ei.value.reason, ei.value.detail) == (
-        "no_gpu", "torch sees no CUDA device; the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7] (skipped: {})")
+        "dependency_missing", f"{CPU_TORCH}; the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7] (skipped: {{}})")
+
+
+def test_a_cuda_torch_that_cannot_start_says_why(monkeypatch):
+    """A CUDA build of torch on a driver older than its CUDA: unsupported, in torch's own words."""
+    import types
+
+    from fleetcanary.probes.lib import torch_util
+
+    def init():
+        raise RuntimeError("The NVIDIA driver on your system is too old (found version 12040).\nPlease update")
+
+    torch = types.SimpleNamespace(__version__="2.14.1+cu130", version=types.SimpleNamespace(cuda="13.0"),
+                                  cuda=types.SimpleNamespace(init=init))
+    assert torch_util.why_no_cuda(torch) == (
+        "unsupported", "NVML sees GPUs, torch 2.14.1+cu130 (CUDA 13.0) cannot use them: The NVIDIA driver on your "
+        "system is too old (found version 12040).")
 
 
 def test_gpu_policy_measures_only_the_idle_gpus(monkeypatch):

@@ -26,11 +26,11 @@ def sessions_seen():
 def test_gated_access_lists_the_idle_gpus_their_record_and_closes_nvml(tmp_path, monkeypatch):
     fake(monkeypatch, "h100_8gpu_busy")  # GPUs 0-3 busy, 4-7 idle
     seen, inspect = sessions_seen()
-    with pytest.raises(ProbeSkipped) as ei:  # this torch has no CUDA: the gate passed, then no_gpu
+    with pytest.raises(ProbeSkipped) as ei:  # this torch has no CUDA: the gate passed, then a CPU build
         gpu_probe.acquire(DeviceConfig(busy_policy="gpu"), ctx(tmp_path), inspect=inspect)
-    assert (ei.value.reason, ei.value.detail) == (
-        "no_gpu", "torch sees no CUDA device; the gate left GPUs [4, 5, 6, 7] (skipped: "
-        "{'0': 'gpu_busy', '1': 'gpu_busy', '2': 'gpu_busy', '3': 'gpu_busy'})")
+    assert ei.value.reason == "dependency_missing" and ei.value.detail.endswith(
+        "; the gate left GPUs [4, 5, 6, 7] (skipped: "
+        "{'0': 'gpu_busy', '1': 'gpu_busy', '2': 'gpu_busy', '3': 'gpu_busy'})"), ei.value.detail
     monkeypatch.setattr(torch_util, "resolve_device_kind", lambda requested: "cuda")  # the CUDA boundary
     gpus = gpu_probe.acquire(DeviceConfig(busy_policy="gpu"), ctx(tmp_path), inspect=inspect)
     assert (gpus.kind, gpus.indices, gpus.facts, gpus.session) == ("cuda", [4, 5, 6, 7], [4, 5, 6, 7], None)
