@@ -1,5 +1,5 @@
-# fleetcanary: `make run` serves metrics on :9835, `make test` runs the test suite.
-# Both set everything up on a fresh Debian machine: a virtual environment, the Python
+# fleetcanary: `make run` serves metrics on :9835, `make test` runs the test suite, `make demo` shows a bad node.
+# All three set everything up on a fresh Debian machine: a virtual environment, the Python
 # packages, and prometheus/promtool (Debian packages) when missing and we are root.
 
 PYTHON ?= python3
@@ -15,7 +15,11 @@ DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio 
 XDIST  ?= -n 4 --dist loadscope
 PYTEST_ARGS ?=
 
-.PHONY: run test quick lint lint-imports soak bench generate dashboards demo venv os-deps dist clean help
+# `make image`: the OCI images (scripts/build-image, docs/image.md), without a Docker engine; root.
+FLAVOURS ?= cpu cuda
+
+.PHONY: run test quick lint lint-imports soak bench generate dashboards demo venv os-deps dist image image-lock \
+	bench-image clean help
 
 help:
 	@echo "make run    - serve /metrics on :9835 with the embedded default config"
@@ -26,7 +30,9 @@ help:
 	@echo "make bench  - run the benchmarks (tables + JSON under benchmarks/results/)"
 	@echo "make generate - regenerate rules, rule tests, runbooks, dashboards, deploy manifests and docs"
 	@echo "make dist   - build the wheel and the sdist into dist/"
-	@echo "make demo   - exporter + reference LLM server + Prometheus with the rules, for Grafana"
+	@echo "make image  - the OCI images into build/image/oci (FLAVOURS=\"cpu cuda\"; root; docs/image.md)"
+	@echo "make image-lock - refresh the images' lock files image/requirements-*.txt"
+	@echo "make demo   - a simulated 6-node fleet with one failing GPU, its alerts as they fire (docs/demo.md)"
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,7 +48,8 @@ venv: $(STAMP)
 os-deps:
 	@missing=""; for b in prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter \
 	  amtool:prometheus-alertmanager victoria-metrics:victoria-metrics vmalert:victoria-metrics \
-	  fio:fio wrk:wrk ip:iproute2 tc:iproute2 ss:iproute2; do \
+	  fio:fio wrk:wrk ip:iproute2 tc:iproute2 ss:iproute2 \
+	  mmdebstrap:mmdebstrap umoci:umoci crun:crun skopeo:skopeo; do \
 	  cmd=$${b%%:*}; pkg=$${b##*:}; command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
 	if [ -n "$$(echo $$missing | tr -d ' ')" ]; then \
@@ -90,8 +97,20 @@ dashboards: generate
 dist: $(STAMP)
 	rm -rf dist && $(PY) -m build --outdir dist .
 
-demo: $(STAMP)
-	$(VENV)/bin/fleetcanary demo
+# The images (docs/image.md): one Debian layer shared by the flavours, one venv layer each.
+image: $(STAMP) os-deps
+	$(PY) scripts/build-image $(foreach f,$(FLAVOURS),--flavour $(f))
+
+image-lock: $(STAMP)
+	$(PY) scripts/build-image --lock $(foreach f,$(FLAVOURS),--flavour $(f))
+
+# Build time, sizes and start-to-first-scrape of each flavour -> benchmarks/results/image.json
+bench-image: $(STAMP) os-deps
+	$(PY) benchmarks/image.py $(foreach f,$(FLAVOURS),--flavour $(f))
+
+# A simulated fleet with one failing GPU, Prometheus with the rules, Alertmanager (docs/demo.md); Ctrl-C stops it.
+demo: $(STAMP) os-deps
+	$(VENV)/bin/fleetcanary demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache benchmarks/results dist build

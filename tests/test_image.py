@@ -1,0 +1,239 @@
+"""The OCI images `make image` builds without a Docker engine (scripts/build-image, docs/image.md): the CPU image
+is built from a clean state, unpacked by umoci into a runtime bundle and run by crun as a real container (uid
+65532, read-only root, the host's network on a free loopback port); its /metrics reports the package's version,
+which is the image's tag and the tag the manifests run. The lock files pin every package with a hash."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+
+from harness.container import Container, is_root, uid_of
+from tests.support.helpers import StopWaiting, free_port, http_get, load_script, require_binary, unavailable, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts/build-image"
+build_image = load_script(SCRIPT, "fleetcanary_scripts_build_image")
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def lock_pins(path: Path) -> dict[str, str]:
+    return {name.lower().replace("_", "-"): v for name, v in build_image.read_lock(path)}
+
+
+def canonical(requirement: str) -> str:
+    return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower().replace("_", "-")
+
+
+# ------------------------------------------------------------------------------------------- quick checks
+
+def test_an_unknown_flavour_is_one_line_on_stderr_and_a_non_zero_exit(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), "--flavour", "gpu-nightly", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.count("\n") == 1 and "unknown flavour 'gpu-nightly'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_missing_lock_file_is_one_line_on_stderr(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(build_image, "LOCK_DIR", tmp_path)
+    monkeypatch.setattr(build_image, "check_host", lambda: None)
+    assert build_image.main(["--flavour", "cpu", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "requirements-cpu.txt is missing" in err, err
+
+
+@pytest.mark.parametrize("flavour", list(build_image.FLAVOURS))
+def test_the_lock_files_pin_every_package_with_a_hash(flavour):
+    path = build_image.lock_file(flavour)
+    entries = [e for e in path.read_text().replace("\\\n", " ").splitlines() if e.strip() and not e.startswith("#")]
+    assert entries and all(re.fullmatch(r"[A-Za-z0-9_.-]+==\S+\s+--hash=sha256:[0-9a-f]{64}", e.strip())
+                           for e in entries), path
+    pins = lock_pins(path)
+    assert len(pins) == len(entries)
+    # every requirement of the package and of the image's extras is pinned, torch at the flavour's version
+    for req in build_image.project_requirements():
+        assert canonical(req) in pins, (flavour, req)
+    assert pins["torch"] == build_image.FLAVOURS[flavour]["torch"].split("==")[1]
+    assert "fleetcanary" not in pins and "pytest" not in pins  # its own wheel is built; no test extras
+
+
+def test_the_cpu_image_runs_the_torch_the_tests_run():
+    """The Makefile's TORCH_PIN (what `make test` installs) is the CPU image's torch."""
+    pin = re.search(r"^TORCH_PIN\s*\?=\s*torch==(\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1)
+    assert lock_pins(build_image.lock_file("cpu"))["torch"].split("+")[0] == pin
+
+
+def test_the_dockerfile_installs_the_same_lock_files():
+    text = (ROOT / "Dockerfile").read_text()
+    assert "image/requirements-${FLAVOUR}.txt" in text and "--require-hashes" in text
+    assert re.search(r"^ARG FLAVOUR=(\w+)", text, re.MULTILINE).group(1) in build_image.FLAVOURS
+
+
+def test_the_manifests_name_the_repository_the_images_are_built_for():
+    images = [c["image"] for d in yaml.safe_load_all((ROOT / "deploy/base/daemonset.yaml").read_text()) if d
+              for c in d["spec"]["template"]["spec"]["containers"]]
+    assert f"{build_image.REPOSITORY}:{VERSION}" in images
+    # the GPU nodes' tag is the CUDA flavour's
+    assert VERSION in build_image.tags("cuda") and f"{VERSION}-cpu" in build_image.tags("cpu")
+
+
+# ------------------------------------------------------------------------------------------- the real build
+
+def mounts_under(path: Path) -> list[str]:
+    return [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+            if ln.split()[4].startswith(str(path))]
+
+
+def require_build_tools() -> None:
+    for tool in ("mmdebstrap", "umoci", "crun", "skopeo", "unshare", "chroot"):
+        require_binary(tool)
+    if not is_root():
+        unavailable("building and running the image needs root (mmdebstrap's root mode, chroot, crun)")
+
+
+def session_processes(sid: int) -> list[int]:
+    """The processes of a session (what a build started, however deep)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                found.append(int(d.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cpu_image(tmp_path_factory):
+    """scripts/build-image --flavour cpu into a fresh directory: -> (out dir, build record)."""
+    require_build_tools()
+    out = tmp_path_factory.mktemp("image")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--flavour", "cpu", "--out", str(out)],
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr
+    assert not mounts_under(out), "the build left mounts behind"
+    assert not (out / "work").exists()
+    yield out, json.loads((out / "build-cpu.json").read_text())
+    shutil.rmtree(out, ignore_errors=True)  # the layout and the wheelhouse: half a GiB
+
+
+@pytest.fixture(scope="module")
+def container(cpu_image, tmp_path_factory):
+    """The CPU image running as a container on a free loopback port: -> (Container, port)."""
+    out, _ = cpu_image
+    crun = require_binary("crun")
+    c = Container(out / "oci", f"{VERSION}-cpu", tmp_path_factory.mktemp("container"),
+                  f"fleetcanary-test-{free_port()}", crun=crun)
+    try:
+        c.unpack()
+        port = free_port()
+        c.configure(["fleetcanary", "run", "--listen-address", f"127.0.0.1:{port}"])
+        c.start()
+        yield c, port
+    finally:
+        c.remove()
+        assert not c.running()
+
+
+@pytest.mark.long
+def test_the_image_is_a_valid_oci_image_of_this_version(cpu_image):
+    out, record = cpu_image
+    skopeo = require_binary("skopeo")
+    ref = f"oci:{out / 'oci'}:{VERSION}-cpu"
+    r = subprocess.run([skopeo, "inspect", ref], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    inspect = json.loads(r.stdout)
+    assert len(inspect["Layers"]) == 2 and inspect["Os"] == "linux" and inspect["Architecture"] == "amd64"
+    labels = inspect["Labels"]
+    assert labels["org.opencontainers.image.version"] == VERSION == record["version"]
+    assert labels["org.opencontainers.image.revision"] == record["revision"] != "unknown"
+    assert labels["org.opencontainers.image.source"].startswith("https://")
+    r = subprocess.run([skopeo, "inspect", "--config", ref], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    config = json.loads(r.stdout)["config"]
+    assert config["User"] == "65532:65532"
+    assert config["Entrypoint"] == ["fleetcanary"] and config["Cmd"] == ["run"]
+    assert "9835/tcp" in config["ExposedPorts"]
+    env = dict(e.split("=", 1) for e in config["Env"])
+    assert env["PATH"].startswith("/opt/fleetcanary/bin:") and env["FLEETCANARY_STATE_DIR"] == "/var/lib/fleetcanary"
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+
+
+@pytest.mark.long
+def test_the_container_serves_metrics_of_this_version_as_65532(container, cpu_image):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    c, port = container
+    _, record = cpu_image
+
+    def scrape():
+        if not c.running():
+            raise StopWaiting(f"the container stopped: {c.output()[-1500:]}")
+        status, _, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        return body.decode() if status == 200 else None
+
+    text = wait_for(scrape, timeout=120, what="the container's /metrics")
+    info = [s.labels for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "fleetcanary_build_info"]
+    assert len(info) == 1, info
+    manifest_tags = [c_["image"].rsplit(":", 1)[1]
+                     for d in yaml.safe_load_all((ROOT / "deploy/base/daemonset.yaml").read_text()) if d
+                     for c_ in d["spec"]["template"]["spec"]["containers"]]
+    assert info[0]["version"] == VERSION == record["version"] == manifest_tags[0]
+    assert f"{VERSION}-cpu" in record["tags"]
+    assert info[0]["commit"] == record["revision"]  # the wheel in the image is stamped with the build's commit
+    pid = c.state()["pid"]
+    assert uid_of(pid) == (65532, 65532, 65532, 65532)
+
+
+@pytest.mark.long
+def test_torch_of_the_lock_imports_in_the_container(container):
+    c, _ = container
+    want = lock_pins(build_image.lock_file("cpu"))["torch"]
+    r = c.exec("/opt/fleetcanary/bin/python", "-c",
+               "import os, torch; print(torch.__version__, os.getuid(), torch.ones(3).sum().item())")
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert r.stdout.split() == [want, "65532", "3.0"]
+    # the root is read-only: the image's user writes only to its state directory and /tmp
+    r = c.exec("/bin/sh", "-c", "touch /opt/fleetcanary/x; touch /var/lib/fleetcanary/x && echo state-ok")
+    assert "Read-only file system" in r.stderr and r.stdout.strip() == "state-ok", (r.stdout, r.stderr)
+
+
+@pytest.mark.long
+def test_ctrl_c_in_the_debian_step_leaves_nothing_mounted_or_running(tmp_path):
+    """Ctrl-C (SIGINT to the build's process group) while mmdebstrap has the chroot's /proc, /sys and /dev
+    mounted: one line, exit 130, and no mount or process of the build is left."""
+    require_build_tools()
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, str(SCRIPT), "--flavour", "cpu", "--out", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        def in_chroot():
+            if p.poll() is not None:
+                raise StopWaiting(f"the build ended first: {p.stderr.read()}")
+            log = out / "logs/debian.log"
+            return log.is_file() and "installing remaining packages inside the chroot" in log.read_text()
+
+        wait_for(in_chroot, timeout=300, what="mmdebstrap installing inside its chroot")
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(timeout=120) == 130
+        err = p.stderr.read()
+        assert err.count("\n") == 1 and "interrupted" in err, err
+        wait_for(lambda: not session_processes(p.pid), timeout=120, what="the build's processes to exit")
+        assert not mounts_under(out)
+    finally:
+        if p.poll() is None or session_processes(p.pid):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=60)
