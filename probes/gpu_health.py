@@ -5,7 +5,8 @@ It creates no CUDA context and runs beside jobs, so it is not gated and runs oft
 XID events are caught by an event wait with a timeout inside the worker: the probe
 watches for ``xid_wait_seconds`` of every run, and the watched time is published, so
 the coverage of the XID counter is known (between runs, the kernel log and DCGM
-remain the complete source).
+remain the complete source). While the daemon's continuous XID watch runs (its
+context says so), the probe does not wait: the watch counts every XID once.
 
 Current PCIe generation drops at idle on most GPUs (link power management), so the
 generation is a fact to compare under load; the width does not drop at idle and a
@@ -125,6 +126,8 @@ class GpuHealth(Probe):
         import time
 
         samples: list[Sample] = []
+        # The daemon's continuous XID watch sees every XID; an event wait of its own would count each one twice.
+        xid_wait = 0.0 if (ctx.gpu or {}).get("xid_watch_running") else config.xid_wait_seconds
 
         def add(m: str, labels: dict, v: float) -> None:
             samples.append(Sample(m, labels, float(v)))
@@ -188,7 +191,7 @@ class GpuHealth(Probe):
 
             healthy = [g for g in handles if not g.lost]
             t0 = time.monotonic()
-            wait_ms = int(min(config.xid_wait_seconds, max(ctx.deadline_monotonic - time.monotonic() - 2.0, 0)) * 1000)
+            wait_ms = int(min(xid_wait, max(ctx.deadline_monotonic - time.monotonic() - 2.0, 0)) * 1000)
             events = session.wait_xid_events(healthy, wait_ms) if wait_ms > 0 and healthy else []
             watched = time.monotonic() - t0 if wait_ms > 0 and healthy else 0.0
             critical = [e for e in events if e["xid"] in nvml.CRITICAL_XIDS]
@@ -206,7 +209,7 @@ class GpuHealth(Probe):
         if expected is not None:
             add("fleetcanary_gpus_expected", {}, expected)
         return ProbeResult(samples=samples, touched={"gpus": [g.index for g in handles], "invasive": False},
-                           parameters={"xid_wait_seconds": config.xid_wait_seconds, "expected_gpus": expected,
+                           parameters={"xid_wait_seconds": xid_wait, "expected_gpus": expected,
                                        "per_link": config.per_link},
                            extra={"gpus": gpus, "xid_events": events, "critical_xid_events": critical,
                                   "xid_watch_seconds": watched})

@@ -363,12 +363,9 @@ class Daemon:
         entry = settings.probe_entries()[name]
         window = budget_window(entry.interval_seconds)
         left = self.budget.left(window=window, probe=name, interval=entry.interval_seconds)
-        context = jobmod.probe_context(settings, left, self.gpu_allocation(), budget_window_seconds=window)
-        params = entry.params.model_dump(mode="json")
-        if name == "gpu_health" and self.xid_watch is not None and self.xid_watch.watching():
-            # The continuous watch sees every XID; the probe's own event wait would count each one twice.
-            params["xid_wait_seconds"] = 0.0
-        job = jobmod.build(name, self.probe_map[name], params, context)
+        context = jobmod.probe_context(settings, left, self.gpu_allocation(), budget_window_seconds=window,
+                                       xid_watch_running=self.xid_watch is not None and self.xid_watch.watching())
+        job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
         out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
         self._charge(out, window)
         if self._stopping.is_set():

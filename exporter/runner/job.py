@@ -29,9 +29,11 @@ def import_path(cls: type[Probe]) -> list[str]:
 
 
 def probe_context(settings, budget_left: dict[str, float] | None = None,
-                  kube_ctx: dict[str, Any] | None = None, budget_window_seconds: float = 3600.0) -> dict[str, Any]:
+                  kube_ctx: dict[str, Any] | None = None, budget_window_seconds: float = 3600.0,
+                  xid_watch_running: bool = False) -> dict[str, Any]:
     """The ProbeContext fields (less the deadline, which the runner sets at start). ``budget_left``
-    is per GPU over ``budget_window_seconds``, the probe's own budget window (daemon/scheduler.py)."""
+    is per GPU over ``budget_window_seconds``, the probe's own budget window (daemon/scheduler.py);
+    ``xid_watch_running``: the daemon's continuous XID watch sees every XID (gpu_health need not wait)."""
     return {
         "node_name": settings.node_name,
         "state_dir": settings.state_dir,
@@ -43,6 +45,7 @@ def probe_context(settings, budget_left: dict[str, float] | None = None,
             "busy_utilization_ratio": settings.gpu.busy_utilization_ratio,
             "skip_when_compute_processes": settings.gpu.skip_when_compute_processes,
             "expected_count": settings.gpu.expected_count,
+            "xid_watch_running": xid_watch_running,
         },
         "kube": kube_ctx or {},
     }
