@@ -32,7 +32,6 @@ from fleetcanary.offline import demo_fleet as fleet
 from fleetcanary.offline import demo_host
 from fleetcanary.offline import local_services as svc
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
-from fleetcanary.probes import PROBES
 from fleetcanary.probes.lib.nvml import FAKE_ENV
 from fleetcanary.probes.lib.spawn import module_command
 
@@ -124,19 +123,10 @@ def _webhook(notes: Notifications) -> ThreadingHTTPServer:
     return server
 
 
-
-
-
-
-
-
-
-
 class Demo:
     def __init__(self, args, workdir: Path) -> None:
         self.args = args
         self.workdir = workdir
-        self.dashboards = Path()
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -175,6 +165,12 @@ def main(args) -> int:
         print(f"fleetcanary demo: {' and '.join(missing)} not installed (Debian: apt-get install prometheus "
               "prometheus-alertmanager; `make demo` installs them)", file=sys.stderr)
         return 1
+    bad = fleet.degraded_node(fleet.node_names(args.nodes))
+    try:
+        wanted = _wanted(args.until_fired, fleet.expected_alerts(bad))
+    except DemoError as exc:
+        print(f"fleetcanary demo: {exc}", file=sys.stderr)
+        return 1
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fleetcanary-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
@@ -185,7 +181,7 @@ def main(args) -> int:
     try:
         with resources.rule_files() as rule_files, resources.dashboards_dir() as dashboards:
             llm, _ = start_in_thread(SimSettings(ttft_ms=40, itl_ms=8, max_tokens_default=16))
-            return _run(demo, binaries, rule_files, dashboards, llm, stop)
+            return _run(demo, binaries, rule_files, dashboards, llm, wanted, stop)
     except DemoError as exc:
         print(f"fleetcanary demo: {exc}", file=sys.stderr)
         return 1
@@ -198,14 +194,13 @@ def main(args) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboards: Path, llm, stop) -> int:
+def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboards: Path, llm,
+         wanted: set[int] | None, stop) -> int:
     args, workdir = demo.args, demo.workdir
-    demo.dashboards = dashboards
     started = time.monotonic()
     names = fleet.node_names(args.nodes)
     bad = fleet.degraded_node(names)
     expected = fleet.expected_alerts(bad)
-    wanted = _wanted(args.until_fired, expected)
     notes = Notifications(started, expected, bad)
     hook = _webhook(notes)
     try:
@@ -218,8 +213,8 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             facts.write_text(json.dumps(fleet.node_facts(i, node == bad), indent=1))
             listen = svc.free_address("127.0.0.1:0")
             cfg = ndir / "fleetcanary.yaml"
-            cfg.write_text(yaml.safe_dump(fleet.exporter_config(ndir, node, listen, llm_url, args.fast,
-                                                                sorted(PROBES)), sort_keys=False))
+            cfg.write_text(yaml.safe_dump(fleet.exporter_config(ndir, node, listen, llm_url, args.fast),
+                                          sort_keys=False))
             demo.start(node, [*module_command("fleetcanary"), "run", "--config", str(cfg)],
                        env={FAKE_ENV: str(facts), "NODE_NAME": node})
             targets[node] = listen
@@ -243,7 +238,7 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
         demo.wait_ready("prometheus", f"http://{prom}/-/ready")
         groups = svc.get_json(f"http://{prom}/api/v1/rules")["data"]["groups"]
         _intro(names, bad, expected, targets, llm_url, prom, am, len(groups), dashboards, workdir, started)
-        return _watch(demo, notes, wanted, prom, stop, started)
+        return _watch(demo, notes, wanted, prom, dashboards, stop, started)
     finally:
         hook.shutdown()
         hook.server_close()
@@ -285,7 +280,8 @@ def _intro(names, bad, expected, targets, llm_url, prom, am, groups, dashboards,
     print("Alerts as Alertmanager sends them (Ctrl-C stops everything):", flush=True)
 
 
-def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str, stop, started) -> int:
+def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str, dashboards: Path, stop,
+           started) -> int:
     args = demo.args
     deadline = started + args.duration if args.duration > 0 else None
     code = 0
@@ -304,7 +300,7 @@ def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str,
             break
         notes.changed.wait(0.5)
         notes.changed.clear()
-    _summary(notes, prom, notes.bad_node, demo.dashboards)
+    _summary(notes, prom, notes.bad_node, dashboards)
     with notes.lock:
         if wanted is not None and notes.unexpected:
             code = 1

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from fleetcanary.probes import PROBES
 from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
 
 POOL = "demo-h100"
@@ -74,9 +75,8 @@ def node_facts(index: int, degraded: bool) -> dict[str, Any]:
     return facts
 
 
-def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fast: bool,
-                    probe_names: list[str]) -> dict[str, Any]:
-    probes: dict[str, Any] = {name: {"enabled": False} for name in probe_names if name not in ON}
+def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fast: bool) -> dict[str, Any]:
+    probes: dict[str, Any] = {name: {"enabled": False} for name in sorted(PROBES) if name not in ON}
     probes["gpu_health"] = {"interval_seconds": 5 if fast else 15, "timeout_seconds": 4 if fast else 10}
     probes["inference"] = {"interval_seconds": 15 if fast else 30, "timeout_seconds": 10, "params": {
         "targets": [{"name": "demo-llm", "base_url": llm_base_url, "model": "fleetcanary-reference",

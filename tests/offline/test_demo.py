@@ -17,7 +17,6 @@ import yaml
 
 from fleetcanary.core import resources
 from fleetcanary.offline import demo_fleet as fleet
-from fleetcanary.probes import PROBES
 from tests.support.helpers import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +60,7 @@ def test_the_demo_configs_pass_promtool_amtool_and_the_exporters_own_check(tmp_p
         (tmp_path / "prom.yml").write_text(yaml.safe_dump(prom))
         r = subprocess.run([promtool, "check", "config", str(tmp_path / "prom.yml")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    cfg = fleet.exporter_config(tmp_path, "demo-h100-01", "127.0.0.1:5", "http://127.0.0.1:6/v1", False, sorted(PROBES))
+    cfg = fleet.exporter_config(tmp_path, "demo-h100-01", "127.0.0.1:5", "http://127.0.0.1:6/v1", False)
     (tmp_path / "fc.yaml").write_text(yaml.safe_dump(cfg))
     r = subprocess.run([sys.executable, "-m", "fleetcanary", "check-config", str(tmp_path / "fc.yaml")],
                        capture_output=True, text=True, cwd=ROOT)
