@@ -236,7 +236,9 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             demo.wait_ready(node, f"http://{listen}/healthz")
         demo.wait_ready("alertmanager", f"http://{am}/-/ready")
         demo.wait_ready("prometheus", f"http://{prom}/-/ready")
-        groups = svc.get_json(f"http://{prom}/api/v1/rules")["data"]["groups"]
+        groups = svc.rule_groups(prom)
+        if not groups:
+            raise DemoError(f"Prometheus loaded no rule group; see {workdir / 'prometheus.log'}")
         _intro(names, bad, expected, targets, llm_url, prom, am, len(groups), dashboards, workdir, started)
         return _watch(demo, notes, wanted, prom, dashboards, stop, started)
     finally:

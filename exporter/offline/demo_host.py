@@ -8,7 +8,6 @@ everything it started; the work directory goes too unless --keep.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import socket
@@ -17,7 +16,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
@@ -71,22 +69,6 @@ def prometheus_config(exporter: str, node: str, fast: bool, rule_files: list[Pat
     }
 
 
-
-
-
-
-def _rule_groups(hostport: str) -> list[str]:
-    """The rule groups Prometheus reports loaded (its /api/v1/rules), as it says, not as we hope."""
-    try:
-        with urllib.request.urlopen(f"http://{hostport}/api/v1/rules", timeout=10) as r:
-            data = json.load(r)
-        return [g["name"] for g in data["data"]["groups"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
-
-
-
 def main(args) -> int:
     with resources.rule_files() as rule_files, resources.dashboards_dir() as dashboards:
         return _run(args, rule_files, dashboards)
@@ -128,7 +110,7 @@ def _run(args, rule_files: list[Path], dashboards: Path) -> int:
             if not svc.ready(f"http://{plisten}/-/ready", time.monotonic() + 60, prom):
                 print(f"fleetcanary demo: Prometheus did not start; see {workdir / 'prometheus.log'}", file=sys.stderr)
                 return 1
-            groups = _rule_groups(plisten)
+            groups = svc.rule_groups(plisten)
             if not groups:
                 print(f"fleetcanary demo: Prometheus loaded no rule group from {', '.join(map(str, rule_files))}; "
                       f"see {workdir / 'prometheus.log'}", file=sys.stderr)

@@ -39,6 +39,15 @@ def get_json(url: str) -> dict:
         return json.load(r)
 
 
+def rule_groups(hostport: str) -> list[str]:
+    """The rule groups Prometheus reports loaded (its /api/v1/rules), as it says, not as we hope; [] when it
+    does not answer."""
+    try:
+        return [g["name"] for g in get_json(f"http://{hostport}/api/v1/rules")["data"]["groups"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def stop(proc: subprocess.Popen | None) -> None:
     """SIGTERM, 30 s to end, then SIGKILL."""
     if proc is None or proc.poll() is not None:
