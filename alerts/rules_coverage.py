@@ -78,7 +78,9 @@ RUNBOOKS: dict[str, tuple[str, str, str]] = {
         "opportunistic runs use the gaps between jobs; on nodes held whole for days, "
         "deploy/overlays/scheduled-runs asks "
         "the scheduler for GPU time with a lowest-priority claim pod). `budget`: the GPU-time budget is spent "
-        "(`gpu.budget_ratio`). Other reasons, or none: the probe fails or does not run; see "
+        "(`gpu.budget_ratio`). `dependency_missing` on GPU nodes: the image has a CPU build of torch (run the CUDA "
+        "image, docs/image.md); `unsupported`: torch's CUDA cannot start on this driver (the record's detail "
+        "quotes torch; the CUDA image needs driver 580+). Other reasons, or none: the probe fails or does not run; see "
         "FleetCanaryProbeFailing and the exporter-health dashboard. Per GPU: "
         "`time() - fleetcanary_gpu_last_measured_timestamp_seconds{probe=\"...\"}`; the pool's share over time: "
         "`pool:fleetcanary_gpu_measured:ratio_1d` (fleet-overview dashboard, Coverage).",
