@@ -132,6 +132,9 @@ def judge_overrides(sets: list[str]) -> dict:
     for item in sets:
         name, _, value = item.partition("=")
         mod, _, attr = name.partition(".")
+        if mod == "figures" and "." in attr:  # one figure's field: figures.collective_bus_bandwidth.median_runs=5
+            done[name] = figure_override(*attr.split(".", 1), value)
+            continue
         m = importlib.import_module(f"fleetcanary.judge.{mod}")
         if not hasattr(m, attr):
             raise SystemExit(f"detection: fleetcanary.judge.{mod} has no {attr}")
@@ -139,6 +142,22 @@ def judge_overrides(sets: list[str]) -> dict:
         setattr(m, attr, type(old)(float(value)) if isinstance(old, (int, float)) else value)
         done[name] = {"was": old, "now": getattr(m, attr)}
     return done
+
+
+def figure_override(key: str, attr: str, value: str) -> dict:
+    """Replace one judged figure's field (a frozen dataclass) everywhere the judge looks it up."""
+    import dataclasses
+
+    from fleetcanary.judge import figures as figmod
+
+    fig = figmod.BY_KEY.get(key)
+    if fig is None or attr not in {f.name for f in dataclasses.fields(fig)}:
+        raise SystemExit(f"detection: no judged figure field {key}.{attr}")
+    old = getattr(fig, attr)
+    new = dataclasses.replace(fig, **{attr: type(old)(float(value)) if isinstance(old, (int, float)) else value})
+    figmod.BY_KEY[key] = new
+    figmod.BY_PROBE[fig.probe] = tuple(new if f.key == key else f for f in figmod.BY_PROBE[fig.probe])
+    return {"was": old, "now": getattr(new, attr)}
 
 
 def pct(r: dict | None) -> str:

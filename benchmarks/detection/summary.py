@@ -173,7 +173,10 @@ def main() -> int:
     ap.add_argument("results", nargs="+")
     ap.add_argument("--tables", action="store_true", help="also each JSON's per-alert tables")
     args = ap.parse_args()
-    ds = [json.loads(Path(p).read_text()) for p in args.results]
+    try:
+        ds = [json.loads(Path(p).read_text()) for p in args.results]
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"summary: cannot read a result: {e}") from None
     head = ["target", *[name(d, p) for d, p in zip(ds, args.results, strict=True)]]
     print(md(head, targets(ds)))
     print()

@@ -16,9 +16,10 @@ BURN_RUNS = statsmod.median_runs(figmod.BY_KEY["gpu_sustained_ratio"])  # the da
 RUNS = (f"median of the newest {statsmod.MEDIAN_RUNS} runs on the driver now running, or the best of the "
         f"newest {statsmod.NEWEST_RUNS} when better; once that is {statsmod.LATCH:.1%} or more worse than the "
         "baseline, the median alone until the median is back within it")
-BEST_DAY = (f"the best day: the highest daily median (lowest for a lower-is-better figure) of the last "
+BEST_DAY = (f"the best day: the highest daily level (lowest for a lower-is-better figure) of the last "
             f"{statsmod.BASELINE_DAYS} complete UTC days, each with at least {statsmod.DAY_MIN_RUNS} runs over "
-            f"{statsmod.DAY_MIN_SPAN / 3600:.0f} h")
+            f"{statsmod.DAY_MIN_SPAN / 3600:.0f} h, days compared hour for hour (a median polish of the days' "
+            f"{24 // statsmod.DAY_BINS}-hour bins takes the node's daily swing out)")
 HELP = {
     "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs (the daily burn's: {BURN_RUNS}) on the "
               "driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent with "

@@ -26,6 +26,15 @@ previous driver's baseline, which judges the first two weeks on the new one.
   complete UTC days of the last BASELINE_DAYS on that driver, each with at least DAY_MIN_RUNS runs
   spread over DAY_MIN_SPAN. The best day, not a trailing median, so that a fault the GPU keeps is
   never absorbed into its own baseline: it is reported for as long as it lasts (two weeks at most).
+  Days are compared hour for hour: a part day (runs in some of the day's DAY_BINS three-hour bins
+  only: the exporter's first day, a day cut short by a tenant's job) leans to the part of the
+  node's daily swing it saw, and the best of plain daily medians picks the part day that saw
+  only the warm hours, so every cool trough after it read as a drop. Each day's figure is its
+  level in a median polish (Tukey's two-way fit, in logs: day + hour-of-day bin) of the days'
+  bin medians: the day's level with the node's own daily swing taken out, over a whole day's
+  bins. A day the node saw whole gets about its median; a part day gets what it would have had
+  whole. A part day is never dropped, so a fault or a ramp that began on the exporter's first
+  day is judged against the runs before it.
 - change: confirmed / baseline.
 - previous driver: for the BASELINE_DAYS after an upgrade, confirmed / the best day on the driver
   before it. The fleet judges it against the nodes upgraded the same way: the driver's own effect
@@ -37,6 +46,7 @@ previous driver's baseline, which judges the first two weeks on the new one.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -49,6 +59,7 @@ NEWEST_RUNS = 3
 BASELINE_DAYS = 14
 DAY_MIN_RUNS = 3
 DAY_MIN_SPAN = 6 * 3600.0
+DAY_BINS = 8        # 3-hour bins of the UTC day: days are compared hour for hour
 LATCH = 0.025   # a drop this far under the baseline is latched until the median recovers (0: none)
 
 
@@ -89,6 +100,40 @@ def day_median(times: list[float], values: list[float]) -> float | None:
     return statistics.median(values)
 
 
+def bin_medians(times: list[float], values: list[float]) -> tuple[float | None, ...]:
+    """The median of one day's runs in each of its DAY_BINS bins (None: no run in it)."""
+    bins: list[list[float]] = [[] for _ in range(DAY_BINS)]
+    for t, v in zip(times, values, strict=True):
+        bins[int((t % DAY) * DAY_BINS // DAY) % DAY_BINS].append(v)
+    return tuple(statistics.median(b) if b else None for b in bins)
+
+
+def day_levels(days: dict, sweeps: int = 6) -> dict:
+    """Each day's level over a whole day (see the module docstring): `days` maps a key to its bins'
+    medians (None: no run in the bin). A median polish in logs, so a day's level and the hour's lean
+    multiply; the level is exp(day effect + the mean of the bins' effects)."""
+    if not days:
+        return {}
+    cols = sorted({b for bins in days.values() for b, v in enumerate(bins) if v is not None})
+    res = {k: {b: math.log(v) for b, v in enumerate(bins) if v is not None} for k, bins in days.items()}
+    row = dict.fromkeys(days, 0.0)
+    col = dict.fromkeys(cols, 0.0)
+    for _ in range(sweeps):
+        for k, cells in res.items():
+            m = statistics.median(cells.values())
+            row[k] += m
+            for b in cells:
+                cells[b] -= m
+        for b in cols:
+            m = statistics.median(cells[b] for cells in res.values() if b in cells)
+            col[b] += m
+            for cells in res.values():
+                if b in cells:
+                    cells[b] -= m
+    hour = statistics.fmean(col.values())
+    return {k: math.exp(r + hour) for k, r in row.items()}
+
+
 class Series:
     """One judged series' runs, kept incrementally: ``add`` is O(1) but for the day's median, so a
     benchmark can drive a fleet of them for a simulated week."""
@@ -105,7 +150,9 @@ class Series:
         self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
         self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
         self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days of the last 14
+        self.day_bins: dict[tuple[int, str], tuple[float | None, ...]] = {}  # and their bins' medians
         self.latched = False          # a confirmed drop, latched until the median recovers
+        self._best: dict[str, float | None] = {}  # best_day per driver, until a day ends
 
     def add(self, t: float, value: float, driver: str) -> None:
         if t < self.last:
@@ -128,9 +175,14 @@ class Series:
             # A day that is over keeps only its median (None: too few runs to stand for the day).
             for key in [k for k in self.days if k[0] < today]:
                 runs = self.days.pop(key)
-                self.day_medians[key] = day_median([r[0] for r in runs], [r[1] for r in runs])
+                times, values = [r[0] for r in runs], [r[1] for r in runs]
+                self.day_medians[key] = day_median(times, values)
+                if self.day_medians[key] is not None:
+                    self.day_bins[key] = bin_medians(times, values)
             for key in [k for k in self.day_medians if k[0] < today - BASELINE_DAYS]:
                 del self.day_medians[key]
+                self.day_bins.pop(key, None)
+            self._best.clear()
             self.today = today
         self.days.setdefault((today, driver), []).append((t, value))
         self.latched = self._latch()
@@ -159,10 +211,15 @@ class Series:
         return ratio <= 1 - LATCH if self.fig.higher_is_better else ratio >= 1 / (1 - LATCH)
 
     def best_day(self, driver: str) -> float | None:
+        """The best day's level on `driver`, days compared hour for hour (see the module docstring)."""
+        if driver in self._best:
+            return self._best[driver]
+        levels = day_levels({k: self.day_bins[k] for k, m in self.day_medians.items()
+                             if k[1] == driver and m is not None})
         best = None
-        for (_, d), m in self.day_medians.items():
-            if d == driver and m is not None:
-                best = m if best is None else self.fig.better(best, m)
+        for m in levels.values():
+            best = m if best is None else self.fig.better(best, m)
+        self._best[driver] = best
         return best
 
     def stats(self) -> Stats | None:

@@ -58,6 +58,49 @@ def test_the_baseline_is_the_best_complete_day_on_this_driver():
     assert st.state == "baselined"
 
 
+def swing(t: float) -> float:
+    """A node's daily swing: 2% up in the warm second half of the UTC day, 2% down in the cool first half."""
+    return 1.02 if t % DAY >= DAY / 2 else 0.98
+
+
+def test_days_are_compared_hour_for_hour():
+    # The exporter starts at 14:00 and sees only the warm hours: alone, that part day is the baseline as it
+    # is; once a whole day shows the node's swing, the part day is compared with the same hours of it, so
+    # the next cool morning is not judged as a 2% drop.
+    s = Series(GPU_BW)
+    t = 14 * 3600.0
+    while t < DAY + 2 * 3600:
+        s.add(t, swing(t), DRIVER)
+        t += 900.0
+    assert s.stats().baseline == pytest.approx(1.02)            # the part day, alone
+    while t < 2 * DAY + 3 * 3600:
+        s.add(t, swing(t), DRIVER)
+        t += 900.0
+    st = s.stats()
+    assert st.baseline == pytest.approx(1.0, rel=1e-3)           # both days: the part day as a whole day
+    assert st.change == pytest.approx(0.98, rel=1e-3)            # a cool morning: its swing, against the day
+
+
+def test_a_ramp_from_the_first_day_is_judged_against_the_runs_before_it():
+    # A GPU slowing by 1% a day from the exporter's first hours: the first (part) day stays the baseline,
+    # so the whole days that follow, each slower, do not absorb the ramp (the ramp within
+    # a whole day makes its later hours lean low, which scales the part day up a little: its start).
+    s = Series(GPU_BW)
+    t = 14 * 3600.0
+    while t < 4 * DAY:
+        s.add(t, 1.0 - 0.01 * (t - 14 * 3600.0) / DAY, DRIVER)
+        t += 900.0
+    st = s.stats()
+    assert st.baseline == pytest.approx(1.0, abs=0.001)          # the first day, at the ramp's start
+    assert st.change == pytest.approx(0.966, abs=0.002)          # 3.4 days of the ramp
+
+
+def test_a_probe_run_every_eight_hours_still_gets_a_baseline():
+    s = Series(GPU_BW)
+    feed(s, 3600.0, 8 * 3600.0, [1.0] * 9)                 # 01:00, 09:00, 17:00: three of the eight bins
+    assert s.stats().baseline == pytest.approx(1.0)
+
+
 def test_two_junk_runs_do_not_move_the_change_three_degraded_runs_do():
     s = Series(GPU_BW)
     t = steady_days(s, 3, noise=0.0)
