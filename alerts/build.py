@@ -238,9 +238,9 @@ def hold(s: Settings, name: str, value: str, floor: float) -> str:
             f'  and on({on}) ALERTS{{alertname="{name}", alertstate="firing"}}')
 
 
-def median_runs(f: FigureRules) -> int:
-    """Runs in the exporter's median of the figure (fleetcanary.judge.stats)."""
-    return judge_stats.median_runs(judged.BY_KEY[f.key])
+def median_runs(f: FigureRules) -> str:
+    """Runs in the exporter's median of the figure, in words (fleetcanary.judge.stats)."""
+    return judge_stats.median_words(judged.BY_KEY[f.key])
 
 
 # --- alerts ----------------------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
     if base:  # the baseline labels of the alerted series
         peer = peer.replace("$labels.series)", "$labels.series $labels.baseline $labels.baseline_driver)")
     desc = (f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {word} {peers_words()}: path {path}, "
-            f"{what_}. Figure (median of {median_runs(f)} runs): "
+            f"{what_}. Figure (median of {median_runs(f)}): "
             f"{query('fleetcanary_judge_median', f.key)}; own change "
             f"against its best day: {query('fleetcanary_judge_change', f.key, CURRENT, RATIO)}"
             f"; peers' median {'change' if path == 'change' else 'figure'}: {peer}."

@@ -170,9 +170,9 @@ WORSE = {False: "below", True: "slower than"}
 
 def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    runs = judge_stats.median_runs(judged.BY_KEY[key])
+    runs = judge_stats.median_words(judged.BY_KEY[key])
     change = (f"**path=change**: its change against its own baseline (the exporter's `fleetcanary_judge_change`: "
-              f"its confirmed figure, the better of the median of its newest {runs} runs and the best of its newest "
+              f"its confirmed figure, the better of the median of its newest {runs} and the best of its newest "
               f"{judge_stats.NEWEST_RUNS} (the median alone while a drop of {judge_stats.LATCH:.1%} or more lasts), "
               "over its best day on its driver in the last 14 days) is worse than its peers' median change by the "
               f"figure's floor and by more than {k_mad:g} median absolute deviations of the peers' change ratios; "
@@ -182,7 +182,7 @@ def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) ->
               "change stays worse by the floor, so a fault near the peers' gate stays one episode; it resolves when "
               "the node is back within the floor of its best day. " if history else "")
     return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of "
-            f"{runs} runs is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
+            f"{runs} is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
             "without a baseline, or a GPU that was always slow). The label `path` says which fired; the description "
             "gives the figure, its own change and the peers' median. Each GPU is judged against itself first, so "
             "a persistent manufacturing offset does not count on the change path.",

@@ -13,7 +13,9 @@ from fleetcanary.judge.store import FigureStore
 HOLD_SECONDS = 86400.0  # statistics stay published this long after the series' newest run
 LABELS = ["figure", "series", "gpu", "pool", "model", "driver_version"]
 BURN_RUNS = statsmod.median_runs(figmod.BY_KEY["gpu_sustained_ratio"])  # the daily burn's median
-RUNS = (f"median of the newest {statsmod.MEDIAN_RUNS} runs on the driver now running, or the best of the "
+QUIET = (f"{statsmod.QUIET_MEDIAN_RUNS} for a quiet series: one whose run-to-run noise, measured over its complete "
+         "days on this driver, is under a fifth of the change the fleet alerts on")
+RUNS = (f"median of the newest {statsmod.MEDIAN_RUNS} runs ({QUIET}) on the driver now running, or the best of the "
         f"newest {statsmod.NEWEST_RUNS} when better; once that is {statsmod.LATCH:.1%} or more worse than the "
         "baseline, the median alone until the median is back within it")
 BEST_DAY = (f"the best day: the highest daily level (lowest for a lower-is-better figure) of the last "
@@ -21,9 +23,9 @@ BEST_DAY = (f"the best day: the highest daily level (lowest for a lower-is-bette
             f"{statsmod.DAY_MIN_SPAN / 3600:.0f} h, days compared hour for hour (a median polish of the days' "
             f"{24 // statsmod.DAY_BINS}-hour bins takes the node's daily swing out)")
 HELP = {
-    "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs (the daily burn's: {BURN_RUNS}) on the "
-              "driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent with "
-              "fewer runs.",
+    "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs ({QUIET}; the daily burn's: {BURN_RUNS}) "
+              "on the driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent "
+              "with fewer runs.",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               f"figure), or its median of {statsmod.MEDIAN_RUNS} when that is worse, in the figure's unit: low "
               "only when all three newest runs are, and held low while the median is. The fleet's fast path "

@@ -29,6 +29,8 @@ class Figure:
     history: bool = True      # a baseline, change and drift (False for the daily burn)
     fast: bool = True         # the newest runs' best is published (the fleet's fast path reads it)
     median_runs: int = 0      # runs in its median (0: stats.MEDIAN_RUNS; the daily burn: 5 days)
+    quiet_noise: float = 0.0  # run-to-run noise under which its median is stats.QUIET_MEDIAN_RUNS (0: never);
+                              # a fifth of the change the fleet needs (alerts/build.py's floor)
 
     def worse(self, a: float, b: float) -> float:
         return min(a, b) if self.higher_is_better else max(a, b)
@@ -39,11 +41,12 @@ class Figure:
 
 FIGURES: tuple[Figure, ...] = (
     Figure("gpu_memory_bandwidth", "GPU memory bandwidth", "gpu_bandwidth",
-           "fleetcanary_gpu_memory_bandwidth_bytes_per_second", ("direction",), gpu="gpu"),
+           "fleetcanary_gpu_memory_bandwidth_bytes_per_second", ("direction",), gpu="gpu", quiet_noise=0.005),
     Figure("gpu_p2p_bandwidth", "GPU peer-to-peer bandwidth (slowest link of the source GPU)", "gpu_p2p",
            "fleetcanary_gpu_p2p_bandwidth_bytes_per_second", (), gpu="src_gpu", fold="dst_gpu"),
     Figure("collective_bus_bandwidth", "collective bus bandwidth", "collectives",
-           "fleetcanary_collective_bus_bandwidth_bytes_per_second", ("collective", "size_bytes", "ranks", "backend")),
+           "fleetcanary_collective_bus_bandwidth_bytes_per_second", ("collective", "size_bytes", "ranks", "backend"),
+           quiet_noise=0.008),
     Figure("host_memory_bandwidth", "host memory bandwidth", "host_memory_bandwidth",
            "fleetcanary_host_memory_bandwidth_bytes_per_second", ("op",), model_field="cpu_model"),
     Figure("storage_read", "storage read throughput", "storage", "fleetcanary_storage_read_bytes_per_second",

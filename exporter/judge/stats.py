@@ -7,7 +7,15 @@ newest run only: after a driver upgrade the old driver's runs stop counting at o
 previous driver's baseline, which judges the first two weeks on the new one.
 
 - median: the median of the newest MEDIAN_RUNS runs (absent with fewer; the daily burn's: 5 days,
-  figures.Figure.median_runs).
+  figures.Figure.median_runs), or of the newest QUIET_MEDIAN_RUNS for a quiet series: one whose
+  own run-to-run noise (the median over its complete days on this driver of each day's robust
+  spread of successive runs, 1.4826 MAD of the differences over sqrt 2, relative to the day's
+  median; a slow daily swing does not move it) is under its figure's ``quiet_noise``, a fifth of
+  the change the fleet needs (alerts/build.py floor). A median of 5 runs moves on the third bad
+  run of 5, two runs before a median of 7: where the runs barely scatter that is as safe, and a
+  fault is seen an interval or more sooner; where they scatter (heavy tails, a busy node) the
+  median of 7 is what keeps a daily trough with two junk runs in it from reading as a drop. The
+  noise is known from the first complete day on a driver; until then a series is not quiet.
 - newest: the best of the newest NEWEST_RUNS runs (highest, or lowest for a lower-is-better figure),
   or the median when that is worse. Junk runs (a tenant's job started during the probe) are low;
   the best of three is low only when all three are, which a real fault does and two junk runs in a
@@ -46,6 +54,7 @@ previous driver's baseline, which judges the first two weeks on the new one.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -55,6 +64,8 @@ from fleetcanary.judge.figures import Figure
 
 DAY = 86400.0
 MEDIAN_RUNS = 7
+QUIET_MEDIAN_RUNS = 5   # a quiet series' median (Figure.quiet_noise)
+NOISE_MIN_RUNS = 8      # a day's runs needed to measure its run-to-run noise
 NEWEST_RUNS = 3
 BASELINE_DAYS = 14
 DAY_MIN_RUNS = 3
@@ -66,6 +77,14 @@ LATCH = 0.025   # a drop this far under the baseline is latched until the median
 def median_runs(fig: Figure) -> int:
     """Runs in the figure's median: its own (the daily burn's 5 days) or MEDIAN_RUNS."""
     return fig.median_runs or MEDIAN_RUNS
+
+
+def median_words(fig: Figure) -> str:
+    """The runs in the figure's median, in words for help texts: "7 runs", or "7 runs (5 for a quiet ...)"."""
+    runs = median_runs(fig)
+    if fig.quiet_noise > 0 and runs > QUIET_MEDIAN_RUNS:
+        return f"{runs} runs ({QUIET_MEDIAN_RUNS} for a quiet series: run-to-run noise under {fig.quiet_noise:.1%})"
+    return f"{runs} runs"
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,15 @@ def day_levels(days: dict, sweeps: int = 6) -> dict:
     return {k: math.exp(r + hour) for k, r in row.items()}
 
 
+def run_noise(values: list[float]) -> float | None:
+    """One day's run-to-run noise: the robust standard deviation of one run, relative to the day's median,
+    from the successive differences (a slow daily swing barely moves them). None with too few runs."""
+    if len(values) < NOISE_MIN_RUNS:
+        return None
+    diffs = [abs(b - a) for a, b in itertools.pairwise(values)]
+    return 1.4826 * statistics.median(diffs) / math.sqrt(2) / statistics.median(values)
+
+
 class Series:
     """One judged series' runs, kept incrementally: ``add`` is O(1) but for the day's median, so a
     benchmark can drive a fleet of them for a simulated week."""
@@ -151,6 +179,8 @@ class Series:
         self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
         self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days of the last 14
         self.day_bins: dict[tuple[int, str], tuple[float | None, ...]] = {}  # and their bins' medians
+        self.day_noise: dict[tuple[int, str], float] = {}              # and their run-to-run noise
+        self.smooth = self.median_runs  # runs in the median now (QUIET_MEDIAN_RUNS for a quiet series)
         self.latched = False          # a confirmed drop, latched until the median recovers
         self._best: dict[str, float | None] = {}  # best_day per driver, until a day ends
 
@@ -164,6 +194,7 @@ class Series:
             self.runs = 0
             self.tail.clear()
             self.recent.clear()
+            self.smooth = self._smooth()
         self.runs += 1
         self.last = t
         self.tail.append(value)
@@ -179,16 +210,32 @@ class Series:
                 self.day_medians[key] = day_median(times, values)
                 if self.day_medians[key] is not None:
                     self.day_bins[key] = bin_medians(times, values)
+                    if (noise := run_noise(values)) is not None:
+                        self.day_noise[key] = noise
             for key in [k for k in self.day_medians if k[0] < today - BASELINE_DAYS]:
                 del self.day_medians[key]
                 self.day_bins.pop(key, None)
+                self.day_noise.pop(key, None)
             self._best.clear()
+            self.smooth = self._smooth()
             self.today = today
         self.days.setdefault((today, driver), []).append((t, value))
         self.latched = self._latch()
 
+    def noise(self) -> float | None:
+        """The series' run-to-run noise on the driver now running (None before a complete day)."""
+        days = [v for k, v in self.day_noise.items() if k[1] == self.driver]
+        return statistics.median(days) if days else None
+
+    def _smooth(self) -> int:
+        noise = self.noise()
+        quiet = self.fig.quiet_noise > 0 and noise is not None and noise < self.fig.quiet_noise
+        return min(QUIET_MEDIAN_RUNS, self.median_runs) if quiet else self.median_runs
+
     def _median(self) -> float | None:
-        return statistics.median(self.tail) if len(self.tail) >= self.median_runs else None
+        if len(self.tail) < self.median_runs:
+            return None
+        return statistics.median(list(self.tail)[-self.smooth:])
 
     def _newest(self) -> float | None:
         if not self.fig.fast or len(self.tail) < NEWEST_RUNS:

@@ -1,14 +1,18 @@
 """The judge's statistics over runs (fleetcanary.judge.stats): defined by runs, not by time."""
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 
 import pytest
 
 from fleetcanary.judge.figures import BY_KEY, extract
-from fleetcanary.judge.stats import DAY, MEDIAN_RUNS, Series
+from fleetcanary.judge.stats import DAY, MEDIAN_RUNS, QUIET_MEDIAN_RUNS, Series
 
-GPU_BW = BY_KEY["gpu_memory_bandwidth"]
+# Most tests judge a series that is never quiet (its median is always 7 runs); the quiet tests use the figure itself.
+QUIET_BW = BY_KEY["gpu_memory_bandwidth"]
+GPU_BW = dataclasses.replace(QUIET_BW, quiet_noise=0.0)
 STEP = BY_KEY["train_step_time"]
 DRIVER = "570.124.06"
 
@@ -231,3 +235,28 @@ def test_extract_joins_the_series_labels_and_skips_broken_samples():
                 "value": 0.0}]
     assert extract("collectives", samples) == {
         ("collective_bus_bandwidth", "all_reduce/1048576/8/nccl", ""): 2e11}
+
+
+@pytest.mark.parametrize("noise, runs", [(0.002, QUIET_MEDIAN_RUNS), (0.02, MEDIAN_RUNS)])
+def test_a_quiet_series_medians_fewer_runs_from_its_first_complete_day(noise, runs):
+    # A series whose runs barely scatter moves its median on the third bad run of five; a noisy one keeps
+    # seven. Until a complete day has measured the noise, every series keeps seven.
+    s = Series(QUIET_BW)
+    t = steady_days(s, 0.9, noise=noise)
+    assert s.smooth == MEDIAN_RUNS and s.noise() is None
+    t = steady_days(s, 1.5, noise=noise, start=t)
+    assert s.noise() == pytest.approx(noise, rel=0.35)
+    assert s.smooth == runs
+    level = s.stats().median
+    t = feed(s, t, 900.0, [0.9 * level] * (runs // 2 + 1))  # just enough bad runs for this median
+    assert s.stats().change == pytest.approx(0.9 * level / s.stats().baseline)
+    assert s.stats().median == pytest.approx(0.9 * level)
+
+
+def test_a_daily_swing_is_not_run_to_run_noise():
+    s = Series(QUIET_BW)
+    t = 0.0
+    while t < 3 * DAY:
+        s.add(t, 1.0 + 0.02 * math.sin(2 * math.pi * t / DAY), DRIVER)   # a 2% swing, no noise
+        t += 900.0
+    assert s.noise() < 0.002 and s.smooth == QUIET_MEDIAN_RUNS
