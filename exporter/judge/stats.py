@@ -37,12 +37,15 @@ previous driver's baseline, which judges the first two weeks on the new one.
   Days are compared hour for hour: a part day (runs in some of the day's DAY_BINS three-hour bins
   only: the exporter's first day, a day cut short by a tenant's job) leans to the part of the
   node's daily swing it saw, and the best of plain daily medians picks the part day that saw
-  only the warm hours, so every cool trough after it read as a drop. Each day's figure is its
-  level in a median polish (Tukey's two-way fit, in logs: day + hour-of-day bin) of the days'
-  bin medians: the day's level with the node's own daily swing taken out, over a whole day's
-  bins. A day the node saw whole gets about its median; a part day gets what it would have had
-  whole. A part day is never dropped, so a fault or a ramp that began on the exporter's first
-  day is judged against the runs before it.
+  only the warm hours, so every cool trough after it read as a drop. So each day's median is
+  divided by its lean: the node's own daily swing (each bin's effect in a median polish, Tukey's
+  robust two-way fit of day x bin in logs, over the days' bin medians), averaged over the bins
+  the day's runs fell in, weighted by its runs. A whole day leans by about 1. A bin's part of
+  the swing is known once PROFILE_MIN_DAYS days had runs in it (from fewer it is one junk run or
+  one odd day), and the swing is taken out once PROFILE_MIN_BINS of the 8 bins are known (a
+  node busy every night still gets it); until then days stand as they are. A part day is never dropped,
+  so a fault or a ramp that began on the exporter's first day is judged against the runs
+  before it.
 - change: confirmed / baseline.
 - previous driver: for the BASELINE_DAYS after an upgrade, confirmed / the best day on the driver
   before it. The fleet judges it against the nodes upgraded the same way: the driver's own effect
@@ -71,6 +74,8 @@ BASELINE_DAYS = 14
 DAY_MIN_RUNS = 3
 DAY_MIN_SPAN = 6 * 3600.0
 DAY_BINS = 8        # 3-hour bins of the UTC day: days are compared hour for hour
+PROFILE_MIN_DAYS = 3  # days with runs in a bin before its part of the node's daily swing is known
+PROFILE_MIN_BINS = 6  # bins known before the swing is taken out
 LATCH = 0.025   # a drop this far under the baseline is latched until the median recovers (0: none)
 
 
@@ -119,38 +124,44 @@ def day_median(times: list[float], values: list[float]) -> float | None:
     return statistics.median(values)
 
 
-def bin_medians(times: list[float], values: list[float]) -> tuple[float | None, ...]:
-    """The median of one day's runs in each of its DAY_BINS bins (None: no run in it)."""
+def bin_medians(times: list[float], values: list[float]) -> tuple[tuple[float, int] | None, ...]:
+    """The median and count of one day's runs in each of its DAY_BINS bins (None: no run in it)."""
     bins: list[list[float]] = [[] for _ in range(DAY_BINS)]
     for t, v in zip(times, values, strict=True):
         bins[int((t % DAY) * DAY_BINS // DAY) % DAY_BINS].append(v)
-    return tuple(statistics.median(b) if b else None for b in bins)
+    return tuple((statistics.median(b), len(b)) if b else None for b in bins)
 
 
-def day_levels(days: dict, sweeps: int = 6) -> dict:
-    """Each day's level over a whole day (see the module docstring): `days` maps a key to its bins'
-    medians (None: no run in the bin). A median polish in logs, so a day's level and the hour's lean
-    multiply; the level is exp(day effect + the mean of the bins' effects)."""
-    if not days:
-        return {}
-    cols = sorted({b for bins in days.values() for b, v in enumerate(bins) if v is not None})
-    res = {k: {b: math.log(v) for b, v in enumerate(bins) if v is not None} for k, bins in days.items()}
-    row = dict.fromkeys(days, 0.0)
-    col = dict.fromkeys(cols, 0.0)
+def hour_profile(days: list[tuple], sweeps: int = 6) -> list[float | None] | None:
+    """The node's own daily swing: each bin's effect (log) in a median polish of the days' bin medians
+    (Tukey's two-way fit, day x bin, in logs), mean 0 over the bins known. A bin is known once PROFILE_MIN_DAYS
+    days had runs in it (a bin's effect from fewer is one junk run or one odd day); None while fewer than
+    PROFILE_MIN_BINS are known."""
+    known = [b for b in range(DAY_BINS) if sum(1 for bins in days if bins[b] is not None) >= PROFILE_MIN_DAYS]
+    if len(known) < PROFILE_MIN_BINS:
+        return None
+    res = [cells for bins in days if (cells := {b: math.log(bins[b][0]) for b in known if bins[b] is not None})]
+    col = dict.fromkeys(known, 0.0)
     for _ in range(sweeps):
-        for k, cells in res.items():
+        for cells in res:
             m = statistics.median(cells.values())
-            row[k] += m
             for b in cells:
                 cells[b] -= m
-        for b in cols:
-            m = statistics.median(cells[b] for cells in res.values() if b in cells)
+        for b in known:
+            m = statistics.median(cells[b] for cells in res if b in cells)
             col[b] += m
-            for cells in res.values():
+            for cells in res:
                 if b in cells:
                     cells[b] -= m
-    hour = statistics.fmean(col.values())
-    return {k: math.exp(r + hour) for k, r in row.items()}
+    mean = statistics.fmean(col.values())
+    return [col[b] - mean if b in col else None for b in range(DAY_BINS)]
+
+
+def lean(bins: tuple, profile: list[float | None]) -> float:
+    """How far a day's plain median leans above a whole day's, from the bins its runs fell in (each
+    weighted by its runs; bins whose swing is not known yet left out) and the node's daily swing."""
+    seen = [(math.exp(p), c[1]) for c, p in zip(bins, profile, strict=True) if c is not None and p is not None]
+    return sum(w * n for w, n in seen) / sum(n for _, n in seen) if seen else 1.0
 
 
 def run_noise(values: list[float]) -> float | None:
@@ -178,7 +189,7 @@ class Series:
         self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
         self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
         self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days of the last 14
-        self.day_bins: dict[tuple[int, str], tuple[float | None, ...]] = {}  # and their bins' medians
+        self.day_bins: dict[tuple[int, str], tuple] = {}               # and their bins' medians and counts
         self.day_noise: dict[tuple[int, str], float] = {}              # and their run-to-run noise
         self.smooth = self.median_runs  # runs in the median now (QUIET_MEDIAN_RUNS for a quiet series)
         self.latched = False          # a confirmed drop, latched until the median recovers
@@ -261,10 +272,11 @@ class Series:
         """The best day's level on `driver`, days compared hour for hour (see the module docstring)."""
         if driver in self._best:
             return self._best[driver]
-        levels = day_levels({k: self.day_bins[k] for k, m in self.day_medians.items()
-                             if k[1] == driver and m is not None})
+        days = {k: m for k, m in self.day_medians.items() if k[1] == driver and m is not None}
+        profile = hour_profile([self.day_bins[k] for k in days])
         best = None
-        for m in levels.values():
+        for key, median in days.items():
+            m = median / lean(self.day_bins[key], profile) if profile is not None else median
             best = m if best is None else self.fig.better(best, m)
         self._best[driver] = best
         return best

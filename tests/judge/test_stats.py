@@ -68,35 +68,46 @@ def swing(t: float) -> float:
 
 
 def test_days_are_compared_hour_for_hour():
-    # The exporter starts at 14:00 and sees only the warm hours: alone, that part day is the baseline as it
-    # is; once a whole day shows the node's swing, the part day is compared with the same hours of it, so
-    # the next cool morning is not judged as a 2% drop.
+    # The exporter starts at 14:00 and sees only the warm hours: that part day is the baseline as it is
+    # until three days have shown the node's swing; then it is compared with the same hours of them, so a
+    # cool morning is not judged as a 2% drop.
     s = Series(GPU_BW)
     t = 14 * 3600.0
-    while t < DAY + 2 * 3600:
+    while t < 3 * DAY + 2 * 3600:
         s.add(t, swing(t), DRIVER)
         t += 900.0
-    assert s.stats().baseline == pytest.approx(1.02)            # the part day, alone
-    while t < 2 * DAY + 3 * 3600:
+    assert s.stats().baseline == pytest.approx(1.02)            # two whole days: the swing not known yet
+    while t < 4 * DAY + 3 * 3600:
         s.add(t, swing(t), DRIVER)
         t += 900.0
     st = s.stats()
-    assert st.baseline == pytest.approx(1.0, rel=1e-3)           # both days: the part day as a whole day
+    assert st.baseline == pytest.approx(1.0, rel=1e-3)           # three: the part day as a whole day
     assert st.change == pytest.approx(0.98, rel=1e-3)            # a cool morning: its swing, against the day
+
+
+def test_one_junk_run_is_not_a_daily_swing():
+    # A bin whose only runs on one day were junk does not make the days that ran in it look better.
+    s = Series(GPU_BW)
+    t = 0.0
+    while t < 5 * DAY:
+        junk = int(t // DAY) == 1 and 12 * 3600 <= t % DAY < 15 * 3600
+        s.add(t, 0.5 if junk else 1.0, DRIVER)
+        t += 900.0
+    assert s.stats().baseline == pytest.approx(1.0)
 
 
 def test_a_ramp_from_the_first_day_is_judged_against_the_runs_before_it():
     # A GPU slowing by 1% a day from the exporter's first hours: the first (part) day stays the baseline,
-    # so the whole days that follow, each slower, do not absorb the ramp (the ramp within
-    # a whole day makes its later hours lean low, which scales the part day up a little: its start).
+    # so the whole days that follow, each slower, do not absorb the ramp (the ramp within a whole day
+    # makes its later hours lean low, which scales the afternoon's part day up a little: to its start).
     s = Series(GPU_BW)
     t = 14 * 3600.0
-    while t < 4 * DAY:
+    while t < 5 * DAY:
         s.add(t, 1.0 - 0.01 * (t - 14 * 3600.0) / DAY, DRIVER)
         t += 900.0
     st = s.stats()
     assert st.baseline == pytest.approx(1.0, abs=0.001)          # the first day, at the ramp's start
-    assert st.change == pytest.approx(0.966, abs=0.002)          # 3.4 days of the ramp
+    assert st.change == pytest.approx(0.956, abs=0.002)          # 4.4 days of the ramp
 
 
 def test_a_probe_run_every_eight_hours_still_gets_a_baseline():
