@@ -185,16 +185,26 @@ def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) ->
             f"{runs} is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
             "without a baseline, or a GPU that was always slow). The label `path` says which fired; the description "
             "gives the figure, its own change and the peers' median. Each GPU is judged against itself first, so "
-            "a persistent manufacturing offset does not count on the change path.",
+            "a persistent manufacturing offset does not count on the change path." + quiet_text(key),
             "`curl -s localhost:9835/metrics | grep fleetcanary_judge` for the "
             "node's own statistics; " + checks, causes)
 
 
+def quiet_text(key: str) -> str:
+    fig = judged.BY_KEY[key]
+    if not fig.quiet_noise:
+        return ""
+    return (f" A quiet series is one whose own run-to-run noise (measured by the exporter over its complete days "
+            f"on this driver) is under {fig.quiet_noise:.1%}: its median moves on the third bad run of "
+            f"{judge_stats.QUIET_MEDIAN_RUNS} (docs/alerting.md, \"Quiet series\").")
+
+
 def fast_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The best of the newest 3 runs of this GPU or node's {title} (`fleetcanary_judge_newest`; the median "
-            f"of 7 when that is worse) is 15% or more {WORSE[lower]} the median figure of its peers and by more than "
-            "5 MADs: all three runs are that bad, which two junk runs in a row cannot make; once the median of 7 is "
+    runs = judge_stats.median_words(judged.BY_KEY[key])
+    return (f"The best of the newest 3 runs of this GPU or node's {title} (`fleetcanary_judge_newest`; its median "
+            f"of {runs} when that is worse) is 15% or more {WORSE[lower]} the median figure of its peers and by more "
+            "than 5 MADs: all three runs are that bad, which two junk runs in a row cannot make; once the median is "
             "as bad, the figure is the median, so one lucky run of a GPU that is still slow does not resolve the "
             "page. The exporter adds a confirmation run minutes after a run whose figure jumped, so the three runs "
             "usually span about one probe interval.", checks, causes)

@@ -85,10 +85,10 @@ def median_runs(fig: Figure) -> int:
 
 
 def median_words(fig: Figure) -> str:
-    """The runs in the figure's median, in words for help texts: "7 runs", or "7 runs (5 for a quiet ...)"."""
+    """The runs in the figure's median, in words for help texts: "7 runs", or "7 runs, or 5 for a quiet series"."""
     runs = median_runs(fig)
     if fig.quiet_noise > 0 and runs > QUIET_MEDIAN_RUNS:
-        return f"{runs} runs ({QUIET_MEDIAN_RUNS} for a quiet series: run-to-run noise under {fig.quiet_noise:.1%})"
+        return f"{runs} runs, or {QUIET_MEDIAN_RUNS} for a quiet series"
     return f"{runs} runs"
 
 

@@ -192,8 +192,14 @@ def test_faulty_probes_never_stop_serving_or_scheduling(tmp_path):
         ev = events(logs[n])
         pids += [e["pid"] for e in ev if e["event"] == "start"]
         # the duration published is the last run's: not shorter than physics allows (its deadline, plus the
-        # grace when SIGTERM is ignored), not longer than the real time the rounds took
-        floor = deadline + (GRACE if n == "ignore_term" else 0.0)
+        # grace when SIGTERM was ignored), not longer than the real time the rounds took. SIGTERM is ignored
+        # only once the worker's handler noted it: on a loaded machine the deadline can come while the worker
+        # is still starting, and SIGTERM ends it at once (each run of ignore_term is one process: the second
+        # start, when there is one, is the last run's)
+        starts = [e["pid"] for e in ev if e["event"] == "start"]
+        ignored = n == "ignore_term" and len(starts) == 2 and any(
+            e["event"] == "term" and e["pid"] == starts[-1] for e in ev)
+        floor = deadline + (GRACE if ignored else 0.0)
         duration = value(text, "fleetcanary_probe_duration_seconds", probe=n)
         assert floor <= duration <= advanced, (n, duration, floor, advanced)
     assert len(pids) >= 2 + 3  # abort's two runs, and at least a run of each hanging probe
