@@ -31,9 +31,11 @@ def files(tmp_path_factory):
 
 def test_comparison_report_fills_every_section_with_plots(files, tmp_path):
     # The drop goes into a copy of the baseline: the real candidate's figures drift with the machine's
-    # load (a 10% drop on it was once a 6% one, a warning), and this test is about the report.
+    # load (a 10% drop on it was once a 6% one, a warning), and this test is about the report. Half: the
+    # verdict also needs every slowed run under every baseline run (the rank test, 3 runs a side), and on a
+    # loaded CI machine the baseline's own runs once spread by more than the 25% that a 20% drop leaves.
     cand = tmp_path / "base-slow.json"
-    assert scale_figure(files["base"], cand, "inference", "output_tokens_per_second", 0.8) == 3
+    assert scale_figure(files["base"], cand, "inference", "output_tokens_per_second", 0.5) == 3
     out = tmp_path / "rep"
     r = fleetcanary("report", "--baseline", files["base"], "--candidate", cand, "--out", out, "--plots",
                     "--objective", "Verify the candidate image does not slow the canary", "--evidence",
