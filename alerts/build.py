@@ -238,7 +238,7 @@ def hold(s: Settings, name: str, value: str, floor: float) -> str:
             f'  and on({on}) ALERTS{{alertname="{name}", alertstate="firing"}}')
 
 
-def median_runs(f: FigureRules) -> str:
+def median_words(f: FigureRules) -> str:
     """Runs in the exporter's median of the figure, in words (fleetcanary.judge.stats)."""
     return judge_stats.median_words(judged.BY_KEY[f.key])
 
@@ -270,7 +270,7 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
     if base:  # the baseline labels of the alerted series
         peer = peer.replace("$labels.series)", "$labels.series $labels.baseline $labels.baseline_driver)")
     desc = (f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {word} {peers_words()}: path {path}, "
-            f"{what_}. Figure (median of {median_runs(f)}): "
+            f"{what_}. Figure (median of {median_words(f)}): "
             f"{query('fleetcanary_judge_median', f.key)}; own change "
             f"against its best day: {query('fleetcanary_judge_change', f.key, CURRENT, RATIO)}"
             f"; peers' median {'change' if path == 'change' else 'figure'}: {peer}."
@@ -293,10 +293,10 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
             f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm)})")
     word = "far slower than" if not f.higher_is_better else "far below"
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if not f.higher_is_better else 'FarBelowPeers'}"
-    desc = (f"The newest 3 runs of the {what(f)} (all of them, or its median of {median_runs(f)}) are "
+    desc = (f"The newest 3 runs of the {what(f)} (all of them, or its median of {median_words(f)}) are "
             f"{{{{ $value | humanizePercentage }}}} or more {word} the median figure of {peers_words()}: path fast. "
             f"Best of the newest 3 (the median when worse): "
-            f"{query('fleetcanary_judge_newest', f.key)}; median of {median_runs(f)}: "
+            f"{query('fleetcanary_judge_newest', f.key)}; median of {median_words(f)}: "
             f"{query('fleetcanary_judge_median', f.key)}.")
     return {"alert": name, "expr": expr, "for": "0m", "labels": {"severity": "critical", "figure": f.key,
                                                                   "path": "fast"},
@@ -327,7 +327,7 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                         s, f"{f.title} far off its own history",
                         f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {'above' if lower else 'below'} its "
                         f"best day on driver {{{{ $labels.baseline_driver }}}}, and fewer than {s.min_peers} peer "
-                        f"nodes report in its group: path own_fast. Median of {median_runs(f)}: "
+                        f"nodes report in its group: path own_fast. Median of {median_words(f)}: "
                         f"{query('fleetcanary_judge_median', f.key)}.", name)})
     name = f"FleetCanary{f.alert}{names['regression']}"
     out.append({"alert": name, "for": c.t(max(2 * f.interval_minutes, 30)),
@@ -339,7 +339,7 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                     s, f"{f.title} {'rose' if lower else 'fell'} against its own history",
                     f"The {what(f)} is {{{{ $value | humanizePercentage }}}} {'above' if lower else 'below'} its best "
                     f"day on driver {{{{ $labels.baseline_driver }}}} in the last 14 days: path regression. Median "
-                    f"of {median_runs(f)}: {query('fleetcanary_judge_median', f.key)}.", name)})
+                    f"of {median_words(f)}: {query('fleetcanary_judge_median', f.key)}.", name)})
     if f.per_driver:  # a figure without a driver (host memory, storage) has no previous driver's change
         name = f"FleetCanary{f.alert}{names['driver']}"
         out.append({"alert": name, "for": c.t(max(f.interval_minutes, 15)),

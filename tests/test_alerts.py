@@ -156,6 +156,15 @@ def test_every_fast_path_figure_gets_confirmation_runs_and_only_those():
     assert fast == confirmed, (sorted(fast - confirmed), sorted(confirmed - fast))
 
 
+
+def test_a_quiet_series_is_one_whose_noise_is_under_a_fifth_of_its_change_floor():
+    """The exporter cannot read the rules' settings, so its quiet thresholds (figures.Figure.quiet_noise) are
+    numbers of their own: they must stay a fifth of the shipped change-path floors they are derived from."""
+    from fleetcanary.judge.figures import BY_KEY
+
+    quiet = {f.key: (BY_KEY[f.key].quiet_noise, f.floor / 5) for f in build.FIGURES if BY_KEY[f.key].quiet_noise}
+    assert quiet and all(q == pytest.approx(fifth) for q, fifth in quiet.values()), quiet
+
 # ------------------------------------------------------------------ settings (a deployer's YAML over Settings)
 
 def without_comments(expr: str) -> str:
