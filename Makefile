@@ -49,7 +49,7 @@ os-deps:
 	@missing=""; for b in prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter \
 	  amtool:prometheus-alertmanager victoria-metrics:victoria-metrics vmalert:victoria-metrics \
 	  fio:fio wrk:wrk ip:iproute2 tc:iproute2 ss:iproute2 \
-	  mmdebstrap:mmdebstrap umoci:umoci crun:crun skopeo:skopeo; do \
+	  mmdebstrap:mmdebstrap umoci:umoci crun:crun skopeo:skopeo faketime:faketime; do \
 	  cmd=$${b%%:*}; pkg=$${b##*:}; command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
 	if [ -n "$$(echo $$missing | tr -d ' ')" ]; then \

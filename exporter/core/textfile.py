@@ -3,8 +3,9 @@ replacing a small state file atomically."""
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
+
+from fleetcanary.core import statefile
 
 
 class TextFileError(Exception):
@@ -34,9 +35,7 @@ def read_text(path: str | Path) -> str:
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Replace the file's content in one step (a temporary file beside it, then a rename), so a crash leaves the
-    old content or the new, never half. OSError propagates."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Replace the file's content in one step (core/statefile.py: an exclusive O_NOFOLLOW temporary beside it,
+    fsynced, then a rename), so a crash leaves the old content or the new, never half, and a planted link is
+    never written through. OSError propagates."""
+    statefile.write_atomic(path, text)

@@ -1,0 +1,284 @@
+"""The one reader and writer of the files the daemon keeps in its state directory.
+
+The state directory outlives the pod (overlays/host-state keeps it on the host), so anything in it can be
+torn by a power cut, edited by a person, planted by another user, or written by a future or past version.
+Reading never raises: a file that is absent is None; one that is not a regular file, too large, not UTF-8,
+not JSON, nested past a bound, or (checked by the caller) of the wrong shape is dropped with one log line
+and counted in `ERRORS` ({file, kind}), which the daemon publishes as `fleetcanary_state_errors_total`.
+
+Writing never follows a link: the temporary file is created exclusively with O_NOFOLLOW (a planted link or
+a stale temporary of another process is removed, never written through), written, fsynced, renamed over
+the target, and the directory is fsynced, so a crash leaves the old content or the new one, never half and
+never a file elsewhere. Appends (results.jsonl, figures.jsonl) open with O_NOFOLLOW too.
+
+`check_dir` refuses a directory another user could plant files in (group- or world-writable, or owned by
+someone else), and `DirLock` keeps a second daemon off a directory the first one holds.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import stat
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fleetcanary.state")
+
+MAX_BYTES = 64 << 20     # no state file the daemon writes comes near this; a larger one is junk
+MAX_DEPTH = 32           # the deepest state file the daemon writes nests 4 levels
+LOCK_FILE = ".lock"
+
+# kind: why a file or a line was set aside (a fixed set: they are label values)
+KINDS = ("unreadable", "not_a_file", "symlink", "too_large", "not_utf8", "not_json", "too_deep", "wrong_shape",
+         "future")
+
+
+class _Errors:
+    """Counts of state set aside, by (file, kind); thread-safe, read by the collector."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def count(self, file: str, kind: str, n: int = 1) -> None:
+        assert kind in KINDS, kind
+        with self._lock:
+            self._counts[(file, kind)] += n
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+ERRORS = _Errors()
+
+
+def drop(file: str, kind: str, path: str | Path, detail: str, consequence: str) -> None:
+    """Count one thing set aside and say so in one line."""
+    ERRORS.count(file, kind)
+    log.warning("state %s: %s set aside (%s: %s); %s", file, path, kind, detail, consequence)
+
+
+def depth(obj: Any, limit: int = MAX_DEPTH) -> int:
+    """How deep the containers nest, stopping once past `limit` (no recursion: a hostile file cannot
+    exhaust the stack)."""
+    deepest = 0
+    stack = [(obj, 1)]
+    while stack:
+        cur, d = stack.pop()
+        if isinstance(cur, (list, dict)):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((v, d + 1) for v in (cur.values() if isinstance(cur, dict) else cur))
+    return deepest
+
+
+def parse_json(raw: bytes | str, max_depth: int = MAX_DEPTH) -> tuple[Any, str | None, str]:
+    """(value, None, "") or (None, kind, detail). Never raises."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return None, "not_utf8", f"byte {e.start}"
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        return None, "too_deep", f"nested past the parser's limit (> {max_depth})"
+    except ValueError as e:
+        return None, "not_json", str(e).splitlines()[0][:120]
+    if depth(value, max_depth) > max_depth:
+        return None, "too_deep", f"nested past {max_depth} levels"
+    return value, None, ""
+
+
+def read_bytes(path: str | Path, file: str, consequence: str, max_bytes: int = MAX_BYTES) -> bytes | None:
+    """The file's bytes; None when absent or set aside (counted, one line). Never follows a link."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            drop(file, "symlink", path, "a symbolic link, not followed", consequence)
+        elif e.errno == errno.EISDIR:
+            drop(file, "not_a_file", path, "a directory", consequence)
+        else:
+            drop(file, "unreadable", path, e.strerror or str(e), consequence)
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            drop(file, "not_a_file", path, "not a regular file", consequence)
+            return None
+        if st.st_size > max_bytes:
+            drop(file, "too_large", path, f"{st.st_size} bytes > {max_bytes}", consequence)
+            return None
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_bytes:  # it grew while we read
+                drop(file, "too_large", path, f"more than {max_bytes} bytes", consequence)
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        drop(file, "unreadable", path, e.strerror or str(e), consequence)
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str | Path, file: str, consequence: str, expect: type | tuple[type, ...] = (list, dict),
+              max_bytes: int = MAX_BYTES) -> Any:
+    """The file's JSON value when it is of type `expect`; None when absent or set aside (counted, one line)."""
+    raw = read_bytes(path, file, consequence, max_bytes)
+    if raw is None:
+        return None
+    value, kind, detail = parse_json(raw)
+    if kind:
+        drop(file, kind, path, detail, consequence)
+        return None
+    if not isinstance(value, expect):
+        drop(file, "wrong_shape", path, f"a JSON {type(value).__name__}, not {_names(expect)}", consequence)
+        return None
+    return value
+
+
+def _names(expect) -> str:
+    types = expect if isinstance(expect, tuple) else (expect,)
+    return " or ".join({list: "a list", dict: "an object"}.get(t, t.__name__) for t in types)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes, fsync: bool = True, mode: int = 0o644) -> None:
+    """Replace the file in one step without following a link: an exclusive, O_NOFOLLOW temporary beside
+    it, written and (by default) fsynced, renamed over the target (a rename replaces a link, it does not
+    follow it), then the directory fsynced. OSError propagates; the temporary never stays behind."""
+    path = Path(path)
+    body = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:  # a stale temporary of a dead process with our PID, or something planted
+        os.unlink(tmp)       # unlink removes a link itself, never its target
+        fd = os.open(tmp, flags, mode)
+    try:
+        try:
+            view = memoryview(body)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def open_append(path: str | Path, mode: int = 0o644) -> int:
+    """A descriptor appending to the file, created if needed, never through a link (OSError ELOOP)."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+class StateDirError(Exception):
+    """The state directory cannot be used safely; the message is one line."""
+
+
+def check_dir(path: str | Path, uid: int | None = None) -> None:
+    """Refuse a state directory another user could plant files in: one not owned by this user, or group- or
+    world-writable (the sticky bit does not help: the daemon's own names are predictable). A missing
+    directory is created 0700. Raises StateDirError."""
+    path = Path(path)
+    uid = os.geteuid() if uid is None else uid
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise StateDirError(f"state directory {path}: {e.strerror or e}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise StateDirError(f"state directory {path}: is a symbolic link; give the real path")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateDirError(f"state directory {path}: not a directory")
+    if st.st_uid != uid:
+        raise StateDirError(f"state directory {path}: owned by uid {st.st_uid}, not this user ({uid}); "
+                            f"chown it to {uid}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StateDirError(f"state directory {path}: writable by group or others (mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}); chmod go-w it")
+
+
+class StateLocked(Exception):
+    """Another process holds the state directory; the message is one line."""
+
+
+class DirLock:
+    """An exclusive flock on `<state dir>/.lock`, held for the daemon's life (the kernel drops it when the
+    process dies, so a SIGKILLed daemon never leaves a stale lock). The holder's PID is written in the file
+    for the message a second daemon prints."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise StateLocked(f"state directory lock {self.path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = ""
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            except OSError:
+                pass
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                who = f" (pid {holder})" if holder.isdigit() else ""
+                raise StateLocked(f"state directory {self.path.parent} is in use by another fleetcanary "
+                                  f"daemon{who}; one daemon per state directory") from None
+            raise StateLocked(f"state directory lock {self.path}: {e.strerror or e}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
