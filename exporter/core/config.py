@@ -593,10 +593,13 @@ def _load(path, env, probe_map, source: str, check_files: bool):
     model = settings_model(probe_map)
     problems: list[str] = []
     _bool_numbers(model, data, "", problems)
+    if problems:
+        # alone: validating the coerced 1/1.0 would add errors about a value the file never gave
+        raise ConfigError([f"{source}: {p}" for p in problems])
     try:
         settings = model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError([f"{source}: {p}" for p in problems] + _format_errors(exc, source)) from None
+        raise ConfigError(_format_errors(exc, source)) from None
     if check_files:
         _missing_files(settings, "", problems)
     if problems:
