@@ -497,16 +497,21 @@ def _is_model(ann: Any) -> bool:
     return isinstance(ann, type) and issubclass(ann, BaseModel)
 
 
+# Settings that name a file the exporter or a probe reads (not one it writes: a pid or log file may not exist yet).
+INPUT_FILE_FIELDS = frozenset({"web_config_file", "token_file", "secret_file", "ca_file", "url_file",
+                               "sdc_golden_file"})
+
+
 def _missing_files(model: BaseModel, path: str, out: list[str]) -> None:
-    """Every ``*_file`` setting that names a file (web_config_file, token_file, secret_file, ca_file, url_file,
-    sdc_golden_file, ...) must name one that exists now, not at the first run: a typo is caught by
-    check-config and refused by a reload. Disabled probes are not checked (their files may not be mounted)."""
+    """Every setting in INPUT_FILE_FIELDS that names a file must name one that exists now, not at the first
+    run: a typo is caught by check-config and refused by a reload. Disabled probes are not checked (their
+    files may not be mounted)."""
     if isinstance(model, ProbeEntryBase) and not getattr(model, "enabled", True):
         return
     for name in type(model).model_fields:
         value = getattr(model, name)
         where = f"{path}.{name}" if path else name
-        if name.endswith("_file") and isinstance(value, str) and value:
+        if name in INPUT_FILE_FIELDS and isinstance(value, str) and value:
             try:
                 st = os.stat(value)
             except FileNotFoundError:
@@ -565,8 +570,8 @@ def read_bounded(path: str | os.PathLike, source: str) -> bytes:
 def load(path: str | os.PathLike | None = None, *, env: dict[str, str] | None = None,
          probe_map: dict[str, type[Probe]] | None = None, check_files: bool = True):
     """Load and validate the config. Raises ConfigError with one line per problem, never anything else (a
-    hostile file included: too large, too deep, duplicate keys, booleans for numbers). ``check_files``: every
-    ``*_file`` setting of the server and of enabled probes must name an existing file."""
+    hostile file included: too large, too deep, duplicate keys, booleans for numbers). ``check_files``: each
+    input file setting (INPUT_FILE_FIELDS) of the server and of enabled probes must name an existing file."""
     env = os.environ if env is None else env
     source = str(path) if path else "<defaults>"
     try:
