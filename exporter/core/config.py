@@ -160,6 +160,19 @@ def _one_line(text: str, limit: int = 200) -> str:
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        """A boolean is never a number here, however the model is built (load() also checks the probes'
+        own Configs, which derive from probes/base.py, with their field paths): pydantic's lax mode would
+        take `yes` as 1.0."""
+        if isinstance(data, dict):
+            bad = [k for k, v in data.items() if isinstance(v, bool) and isinstance(k, str)
+                   and k in cls.model_fields and _numeric_without_bool(cls.model_fields[k].annotation)]
+            if bad:
+                raise ValueError(f"{', '.join(bad)}: must be a number, not a boolean")
+        return data
+
 
 def default_state_dir() -> str:
     if os.geteuid() == 0:
