@@ -37,7 +37,7 @@ def run(config, context):
 
 def test_a_thousand_targets_are_tried_not_starved(tmp_path, fast_sim):
     config = Config(targets=targets(fast_sim))  # min_target_seconds: 1 s, the default
-    context = ctx(tmp_path, seconds=10.0)
+    context = ctx(tmp_path, seconds=5.0)
     r = run(config, context)
     assert time.monotonic() < context.deadline_monotonic
     per = r.extra["targets"]
@@ -52,7 +52,7 @@ def test_a_thousand_targets_are_tried_not_starved(tmp_path, fast_sim):
     assert deferred["reason"] == "deadline" and deferred["count"] == N - len(tried) > 0
     assert not set(deferred["targets"]) & set(tried)
     # the next run starts where this one stopped: the first deferred target is tried first
-    r2 = run(config, ctx(tmp_path, seconds=10.0))
+    r2 = run(config, ctx(tmp_path, seconds=5.0))
     assert next(iter(r2.extra["targets"])) == deferred["targets"][0]
     assert not set(r2.extra["targets"]) & set(tried)  # two short runs do not reach round to the first again
 
