@@ -17,7 +17,10 @@ not enter the figures.
 
 Deadlines: the targets run one after another, and each gets a fair share of the time
 left before the probe's deadline (time left / targets not yet run; what a fast target
-leaves over goes to the ones after it). Every request of a target is bounded by what
+leaves over goes to the ones after it), never less than ``min_target_seconds``: targets
+beyond what the deadline holds at that share are not tried in this run (extra.not_tried,
+reason deadline) and take their turn in the next runs (a round-robin cursor), rather than
+every target's share being too small for its first request. Every request of a target is bounded by what
 is left of its share, reads included, so a stalled or slow target times out on its own
 and the other targets' figures of the run are kept. A request its target's share has
 no time left for is not sent (recorded, not counted). When any target fails, the run
@@ -135,6 +138,10 @@ class Config(ProbeConfig, DaemonSetPods):
         "(`kubernetes_label_selector` in `kubernetes_namespace`), by node; static: `members`; self: this node "
         "only (it probes every target); auto: kubernetes in a pod, else self.")
     members: tuple[str, ...] = Field((), description="Member node names (members_from static); this node among them.")
+    min_target_seconds: float = Field(
+        1.0, gt=0, le=600, description="The least share of the run's deadline a target is given, room for its "
+        "first request. Targets beyond what the deadline holds at this share are not tried in this run (recorded "
+        "as not_tried, reason deadline) and come first in the next runs, round-robin, so every target is tried.")
 
 
 def assigned(config: Config, node: str) -> list[Target]:
@@ -237,21 +244,37 @@ class Inference(Probe):
         failures = {}
         per_target = res.extra.setdefault("targets", {})
         res.extra["not_assigned"] = [t.name for t in config.targets if t not in mine]
-        n = len(mine)
-        for i, t in enumerate(mine):
-            res.touched["targets"].append({"target": t.name, "model": t.model, "api": t.api,
-                                           "host": t.base_url.split("/")[2].rsplit("@", 1)[-1]})
-            start = time.monotonic()
-            share = max(ctx.deadline_monotonic - MARGIN - start, 0.0) / (n - i)
-            try:
-                outcome, detail = self._target(t, ctx, res, start + share)
-            except ProbeError as exc:  # this target's setup is broken (its token); the others still run
-                outcome, detail = exc.reason, exc.detail
-            per_target[t.name] = {"outcome": outcome, "detail": detail, "budget_seconds": round(share, 3),
-                                  "seconds": round(time.monotonic() - start, 3)}
-            res.samples.append(Sample(P + "success", {"target": t.name}, 1.0 if outcome == "success" else 0.0))
-            if outcome != "success":
-                failures[t.name] = (outcome, detail)
+        order = _rotated(mine, ctx.state_dir)
+        tried: list[Target] = []
+        try:
+            for i, t in enumerate(order):
+                start = time.monotonic()
+                share = _share(ctx.deadline_monotonic - MARGIN - start, len(order) - i, config.min_target_seconds,
+                               first=not tried)
+                if share is None:
+                    break  # the rest cannot have their least share: deferred to the next runs, not starved
+                tried.append(t)
+                res.touched["targets"].append({"target": t.name, "model": t.model, "api": t.api,
+                                               "host": t.base_url.split("/")[2].rsplit("@", 1)[-1]})
+                try:
+                    outcome, detail = self._target(t, ctx, res, start + share)
+                except ProbeError as exc:  # this target's setup is broken (its token); the others still run
+                    outcome, detail = exc.reason, exc.detail
+                per_target[t.name] = {"outcome": outcome, "detail": detail, "budget_seconds": round(share, 3),
+                                      "seconds": round(time.monotonic() - start, 3)}
+                res.samples.append(Sample(P + "success", {"target": t.name}, 1.0 if outcome == "success" else 0.0))
+                if outcome != "success":
+                    failures[t.name] = (outcome, detail)
+        finally:
+            _advance(ctx.state_dir, order, len(tried))
+        n = len(tried)
+        deferred = order[n:]
+        if deferred:
+            res.extra["not_tried"] = {"reason": "deadline", "count": len(deferred),
+                                      "targets": [t.name for t in deferred[:50]]}
+        if not tried:
+            raise ProbeError("timeout", f"no time left before the deadline for any of the {len(order)} targets",
+                             result=res)
         res.extra["failures"] = {k: {"outcome": o, "detail": d} for k, (o, d) in failures.items()}
         if failures:
             outcome, _ = next(iter(failures.values()))
@@ -352,6 +375,48 @@ class Inference(Probe):
         if not_sent:
             res.extra.setdefault("not_sent", {})[t.name] = not_sent
         return worst
+
+
+def _share(left: float, remaining: int, min_share: float, first: bool) -> float | None:
+    """The next target's share of the ``left`` seconds: a fair share of them among the ``remaining`` targets,
+    or among as many as the time holds at ``min_share`` each, whichever is fewer, so a share never falls
+    under ``min_share`` (room for the target's first request) however many targets there are. None: no
+    room for another target (the first one of a run still gets what is left, if a request fits)."""
+    fit = int(left // min_share) if left > 0 else 0
+    if fit <= 0:
+        return left if first and left >= MIN_REQUEST_SECONDS else None
+    return left / min(remaining, fit)
+
+
+def _cursor_path(state_dir: str) -> Path:
+    return Path(state_dir) / "inference" / "rotation.json"
+
+
+def _rotated(mine: list[Target], state_dir: str) -> list[Target]:
+    """The targets from where the last run stopped (a cursor in the state directory, by target name), so the
+    targets a short deadline could not hold come first in the next run."""
+    try:
+        after = json.loads(_cursor_path(state_dir).read_text())["next"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return list(mine)
+    names = [t.name for t in mine]
+    if after not in names:
+        return list(mine)
+    i = names.index(after)
+    return list(mine[i:]) + list(mine[:i])
+
+
+def _advance(state_dir: str, order: list[Target], tried: int) -> None:
+    path = _cursor_path(state_dir)
+    if not order or (tried >= len(order) and not path.exists()):
+        return  # every target had its turn and nothing was ever deferred: no file needed
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"next": order[tried % len(order)].name}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _stability(state_dir: str, t: Target, text: str) -> bool:

@@ -55,6 +55,10 @@ def _load(path: str | None):
 
 def cmd_run(args) -> int:
     if args.web_config_file:
+        if not os.path.isfile(args.web_config_file):
+            print(f"fleetcanary: config error: --web.config.file: file not found: {args.web_config_file}",
+                  file=sys.stderr)
+            return EXIT_CONFIG
         # Through the environment, so a SIGHUP reload (which re-reads the file) keeps it too.
         os.environ["FLEETCANARY_WEB_CONFIG_FILE"] = args.web_config_file
     settings = _load(args.config)

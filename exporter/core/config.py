@@ -8,9 +8,12 @@ shared ConfigMap per node.
 """
 from __future__ import annotations
 
+import collections.abc
 import functools
 import os
-from pathlib import Path
+import stat
+import types
+import typing
 from typing import Any
 
 import yaml
@@ -40,8 +43,135 @@ class ConfigError(Exception):
         self.lines = lines
 
 
+MAX_CONFIG_BYTES = 4 << 20  # a config is kilobytes; anything near this is not one
+MAX_DEPTH = 64              # nesting of mappings and lists; the settings themselves go 8 deep
+MAX_NODES = 1_000_000       # scalars and collections once aliases are expanded (a billion laughs is refused)
+
+_YAML_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_PARSER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _mark(node_or_event: Any) -> str:
+    mark = getattr(node_or_event, "start_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+
+
+class _Loader(_YAML_BASE):  # type: ignore[misc, valid-type]
+    """yaml's safe loader that refuses a key given twice in one mapping (yaml keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue  # a complex key: the constructor refuses an unhashable one itself
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    first = seen[key].start_mark.line + 1
+                    raise ConfigError([f"{_mark(key_node)}duplicate key {key_node.value[:80]!r} "
+                                       f"(first given on line {first})"])
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_shape(text: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and more than MAX_NODES nodes with aliases expanded, from yaml's
+    event stream (iterative, no recursion), before anything is composed or constructed."""
+    depth = 0
+    total = 0
+    anchors: dict[str, tuple[int, int]] = {}   # anchor -> (nodes, height) of the node it names
+    open_: list[tuple[str | None, int, int]] = []  # (anchor, total at its start, depth at its start)
+    max_below: list[int] = []                  # deepest depth reached inside each open collection
+    for ev in yaml.parse(text, Loader=_YAML_PARSER):
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            total += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError([f"{_mark(ev)}nested deeper than {MAX_DEPTH} levels"])
+            open_.append((ev.anchor, total - 1, depth))
+            max_below.append(depth)
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, start, d0 = open_.pop()
+            deepest = max_below.pop()
+            if max_below:
+                max_below[-1] = max(max_below[-1], deepest)
+            if anchor is not None:
+                anchors[anchor] = (total - start, deepest - d0 + 1)
+            depth -= 1
+        elif isinstance(ev, yaml.ScalarEvent):
+            total += 1
+            if ev.anchor is not None:
+                anchors[ev.anchor] = (1, 0)
+        elif isinstance(ev, yaml.AliasEvent):
+            nodes, height = anchors.get(ev.anchor, (1, 0))
+            total += nodes
+            if depth + height > MAX_DEPTH:
+                raise ConfigError([f"{_mark(ev)}nested deeper than {MAX_DEPTH} levels (through alias "
+                                   f"*{ev.anchor[:40]})"])
+            if max_below:
+                max_below[-1] = max(max_below[-1], depth + height)
+        if total > MAX_NODES:
+            raise ConfigError([f"{_mark(ev)}more than {MAX_NODES} values with aliases expanded"])
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None) or "invalid YAML"
+    return f"{where}{problem}"
+
+
+def parse_yaml(raw: bytes, source: str) -> Any:
+    """The YAML document in ``raw``, or ConfigError with one line: too large, not UTF-8, not YAML, nested too
+    deep, too many values, a duplicate key, a value yaml cannot construct. Never another exception."""
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{source}: larger than {MAX_CONFIG_BYTES >> 20} MiB ({len(raw)} bytes); "
+                           "not a config file"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{source}: not UTF-8 (byte {exc.start})"]) from None
+    try:
+        _check_shape(text)
+        loader = _Loader(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except ConfigError as exc:
+        raise ConfigError([f"{source}: {line}" for line in exc.lines]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{source}: {_yaml_problem(exc)}"]) from None
+    except RecursionError:
+        raise ConfigError([f"{source}: nested too deeply to read"]) from None
+    except (ValueError, TypeError, OverflowError, AttributeError, IndexError, KeyError) as exc:
+        # a scalar yaml resolves but cannot build (a timestamp like 2001-02-30, an unhashable merge)
+        raise ConfigError([f"{source}: a value YAML cannot read: {type(exc).__name__}: {_one_line(str(exc))}"]) \
+            from None
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        """A boolean is never a number here, however the model is built (load() also checks the probes'
+        own Configs, which derive from probes/base.py, with their field paths): pydantic's lax mode would
+        take `yes` as 1.0."""
+        if isinstance(data, dict):
+            bad = [k for k, v in data.items() if isinstance(v, bool) and isinstance(k, str)
+                   and k in cls.model_fields and _numeric_without_bool(cls.model_fields[k].annotation)]
+            if bad:
+                raise ValueError(f"{', '.join(bad)}: must be a number, not a boolean")
+        return data
 
 
 def default_state_dir() -> str:
@@ -311,27 +441,166 @@ def _format_errors(exc: ValidationError, source: str) -> list[str]:
     return lines
 
 
+# --- rules pydantic's lax mode does not hold --------------------------------------------------------------
+_NUMBERS = (int, float)
+
+
+def _numeric_without_bool(ann: Any) -> bool:
+    """Whether a value of this annotation may be a number but not a boolean."""
+    ann = _unwrap(ann)
+    if ann is bool or ann is Any:
+        return False
+    if isinstance(ann, type) and issubclass(ann, _NUMBERS) and not issubclass(ann, bool):
+        return True
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        args = [_unwrap(a) for a in typing.get_args(ann)]
+        return any(_numeric_without_bool(a) for a in args) and not any(a is bool or a is Any for a in args)
+    return False
+
+
+def _unwrap(ann: Any) -> Any:
+    while typing.get_origin(ann) is typing.Annotated:
+        ann = typing.get_args(ann)[0]
+    return ann
+
+
+def _bool_numbers(ann: Any, value: Any, path: str, out: list[str]) -> None:
+    """Walk ``value`` (raw YAML data) along the model annotation ``ann``: every boolean given for a number or
+    ratio field is a problem. pydantic's lax mode takes True as 1 and 1.0 (`budget_ratio: yes` would be 100%
+    of GPU time); YAML 1.1 reads yes/no/on/off as booleans."""
+    ann = _unwrap(ann)
+    if isinstance(value, bool):
+        if _numeric_without_bool(ann):
+            out.append(f"{path}: must be a number, not a boolean (YAML reads yes/no/on/off/true/false as "
+                       "booleans)")
+        return
+    origin = typing.get_origin(ann)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(ann):
+            if _unwrap(arg) is not type(None):
+                _bool_numbers(arg, value, path, out)
+                if isinstance(value, dict) and _is_model(_unwrap(arg)):
+                    return
+        return
+    if _is_model(ann) and isinstance(value, dict):
+        fields = ann.model_fields
+        for k, v in value.items():
+            f = fields.get(k) if isinstance(k, str) else None
+            if f is not None:
+                _bool_numbers(f.annotation, v, f"{path}.{k}" if path else k, out)
+        return
+    if isinstance(value, list) and origin in (tuple, list, set, frozenset, collections.abc.Sequence):
+        args = typing.get_args(ann)
+        for i, v in enumerate(value):
+            if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+                if i >= len(args):
+                    return
+                arg = args[i]
+            else:
+                arg = args[0] if args else Any
+            _bool_numbers(arg, v, f"{path}.{i}", out)
+        return
+    if isinstance(value, dict) and origin is dict:
+        args = typing.get_args(ann)
+        for k, v in value.items():
+            _bool_numbers(args[1] if len(args) == 2 else Any, v, f"{path}.{k}", out)
+
+
+def _is_model(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
+# Settings that name a file the exporter or a probe reads (not one it writes: a pid or log file may not exist yet).
+INPUT_FILE_FIELDS = frozenset({"web_config_file", "token_file", "secret_file", "ca_file", "url_file",
+                               "sdc_golden_file"})
+
+
+def _missing_files(model: BaseModel, path: str, out: list[str]) -> None:
+    """Every setting in INPUT_FILE_FIELDS that names a file must name one that exists now, not at the first
+    run: a typo is caught by check-config and refused by a reload. Disabled probes are not checked (their
+    files may not be mounted)."""
+    if isinstance(model, ProbeEntryBase) and not getattr(model, "enabled", True):
+        return
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        where = f"{path}.{name}" if path else name
+        if name in INPUT_FILE_FIELDS and isinstance(value, str) and value:
+            try:
+                st = os.stat(value)
+            except FileNotFoundError:
+                out.append(f"{where}: file not found: {_one_line(value, 120)}")
+                continue
+            except OSError as exc:
+                out.append(f"{where}: cannot read {_one_line(value, 120)}: {exc.strerror or type(exc).__name__}")
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                out.append(f"{where}: {_one_line(value, 120)} is a directory, not a file")
+        _missing_in(value, where, out)
+
+
+def _missing_in(value: Any, path: str, out: list[str]) -> None:
+    if isinstance(value, BaseModel):
+        _missing_files(value, path, out)
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            _missing_in(v, f"{path}.{i}", out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _missing_in(v, f"{path}.{k}", out)
+
+
+def read_bounded(path: str | os.PathLike, source: str) -> bytes:
+    """The file's bytes, at most MAX_CONFIG_BYTES, checked before anything is parsed. A FIFO, a device or a
+    directory is refused without blocking or reading it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError([f"{source}: file not found"]) from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError([f"{source}: cannot read: {reason}"]) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError([f"{source}: cannot read: not a regular file"])
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError([f"{source}: larger than {MAX_CONFIG_BYTES >> 20} MiB ({st.st_size} bytes); "
+                               "not a config file"])
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, min(1 << 20, MAX_CONFIG_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError([f"{source}: cannot read: {exc.strerror or type(exc).__name__}"]) from None
+    finally:
+        os.close(fd)
+
+
 def load(path: str | os.PathLike | None = None, *, env: dict[str, str] | None = None,
-         probe_map: dict[str, type[Probe]] | None = None):
-    """Load and validate the config. Raises ConfigError with one line per problem."""
+         probe_map: dict[str, type[Probe]] | None = None, check_files: bool = True):
+    """Load and validate the config. Raises ConfigError with one line per problem, never anything else (a
+    hostile file included: too large, too deep, duplicate keys, booleans for numbers). ``check_files``: each
+    input file setting (INPUT_FILE_FIELDS) of the server and of enabled probes must name an existing file."""
     env = os.environ if env is None else env
     source = str(path) if path else "<defaults>"
+    try:
+        return _load(path, env, probe_map, source, check_files)
+    except ConfigError as exc:
+        raise ConfigError([_one_line(line, 400) for line in exc.lines] or [f"{source}: invalid"]) from None
+    except RecursionError:
+        raise ConfigError([f"{source}: nested too deeply to read"]) from None
+    except Exception as exc:  # noqa: BLE001 - a loader bug is still one line and a refused config, never a crash
+        raise ConfigError([f"{source}: cannot load: {type(exc).__name__}: {_one_line(str(exc))}"]) from None
+
+
+def _load(path, env, probe_map, source: str, check_files: bool):
     data: Any = {}
     if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError([f"{source}: file not found"]) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-            raise ConfigError([f"{source}: cannot read: {reason}"]) from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            problem = getattr(exc, "problem", None) or "invalid YAML"
-            raise ConfigError([f"{source}: {where}{problem}"]) from None
+        data = parse_yaml(read_bounded(path, source), source)
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -339,7 +608,18 @@ def load(path: str | os.PathLike | None = None, *, env: dict[str, str] | None = 
     for var, dotted in ENV_OVERRIDES.items():
         if env.get(var):
             _set_path(data, dotted, env[var])
+    model = settings_model(probe_map)
+    problems: list[str] = []
+    _bool_numbers(model, data, "", problems)
+    if problems:
+        # alone: validating the coerced 1/1.0 would add errors about a value the file never gave
+        raise ConfigError([f"{source}: {p}" for p in problems])
     try:
-        return settings_model(probe_map).model_validate(data)
+        settings = model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source)) from None
+    if check_files:
+        _missing_files(settings, "", problems)
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return settings

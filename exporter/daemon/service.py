@@ -323,17 +323,23 @@ class Daemon:
                 for name, (interval, _, cls) in jobs.items() if cls == "gpu"}
 
     def reload(self) -> bool:
+        # Whatever the file holds (a hostile one included), a reload that cannot take it keeps the running
+        # config, says so in one line and in fleetcanary_config_last_reload_successful; it never ends the daemon.
         try:
             new = configmod.load(self.config_path, probe_map=self.probe_map)
+            web = webconfig.load(new.server.web_config_file)
         except configmod.ConfigError as exc:
-            for line in exc.lines:
-                log.error("config reload failed, keeping the running config: %s", line)
+            log.error("config reload failed, keeping the running config: %s", "; ".join(exc.lines)[:2000])
             self.store.set_config_reload(False)
             return False
-        try:
-            web = webconfig.load(new.server.web_config_file)
         except webconfig.WebConfigError as exc:
-            log.error("config reload failed, keeping the running config: web config: %s", exc)
+            log.error("config reload failed, keeping the running config: web config: %s",
+                      " ".join(str(exc).split())[:2000])
+            self.store.set_config_reload(False)
+            return False
+        except Exception as exc:  # noqa: BLE001 - a reload never ends the running daemon, whatever the file
+            log.error("config reload failed, keeping the running config: %s: %s", type(exc).__name__,
+                      " ".join(str(exc).split())[:500])
             self.store.set_config_reload(False)
             return False
         self.server.set_web(web)

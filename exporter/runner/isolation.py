@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcanary.core.record import CRASH_REASONS, OUTCOMES, RunRecord
+from fleetcanary.probes.lib.redact import redact_url
 from fleetcanary.probes.lib.spawn import module_command
 from fleetcanary.runner.job import RESULT_FD_ENV, WORKER_MODULE
 
@@ -298,7 +299,7 @@ def run_isolated(job: dict[str, Any], timeout_seconds: float, kill_grace_seconds
     res_drain.join(timeout=5)
     out_drain.join(timeout=5)
     seen = dict(node=node, started_at=started, wall_seconds=time.monotonic() - t0, exit_status=status,
-                output_tail=bytes(out_drain.data).decode("utf-8", "replace"))
+                output_tail=redact_url(bytes(out_drain.data).decode("utf-8", "replace")))
 
     def crash(reason: str, detail: str) -> RunRecord:
         return RunRecord(name, "crash", reason, detail, **seen)

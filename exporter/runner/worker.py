@@ -20,6 +20,7 @@ from typing import Any
 from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.probes.base import ProbeContext, ProbeError, ProbeSkipped, ProbeTimeout
+from fleetcanary.probes.lib.redact import redact_url
 from fleetcanary.runner.job import RESULT_FD_ENV
 
 
@@ -43,6 +44,8 @@ def redact(v: Any, key: str = "") -> Any:
         return [redact(x, key) for x in v]
     if isinstance(v, str) and key.lower() in SECRET_KEYS:
         return "<redacted>"
+    if isinstance(v, str):
+        return redact_url(v)  # a base_url's user:password@, a presigned URL's signature
     return v
 
 
@@ -84,6 +87,9 @@ def execute(job: dict[str, Any]) -> RunRecord:
     # The settings the run used, so results say what they measured and `compare` can refuse
     # incomparable pairs; header values and anything named like a secret are redacted.
     run.result["config"] = redact(config.model_dump(mode="json"))
+    # URLs recorded anywhere else (parameters, touched, extra, an error's detail) lose their secrets too.
+    run.result = redact(run.result)
+    run.detail = redact_url(run.detail)
     env = environment.collect(with_gpu=job.get("collect_gpu_facts", True))
     env.update(environment.throttling_delta(throttle_before, environment.cpu_throttling()))
     run.environment = env

@@ -141,7 +141,8 @@ class Raises(_Fault):
     name = "raises"
 
     def run(self, config, ctx):
-        raise RuntimeError("probe bug")
+        # mode "ok" (the default): the plain message; any other mode is carried in it (a URL, for the redaction tests)
+        raise RuntimeError("probe bug" if config.mode == "ok" else f"probe bug: {config.mode}")
 
 
 class Hog(_Fault):
