@@ -291,3 +291,19 @@ def test_after_a_restart_the_claim_pods_records_are_still_accepted(claimed, capl
     write(d.claimer.inbox, "1-good.json", record(now[0]))
     ingest(d, caplog)
     assert runs(d)["success"] == 1
+
+
+def test_a_flood_writes_the_budget_state_once_per_ingest(claimed, caplog, monkeypatch):
+    """Each record with GPU seconds used to rewrite the whole budget file (every charge of the last day):
+    N records, N writes of a growing file (4,000 took minutes; benchmarks/claim_flood.py). Now one."""
+    d, now = claimed
+    writes = []
+    save = d._save_budget
+    monkeypatch.setattr(d, "_save_budget", lambda: (writes.append(1), save()))
+    for i in range(50):
+        write(d.claimer.inbox, f"{i:04d}-flood.json", record(now[0], started_at=now[0] - 100 + i))
+    ingest(d, caplog)
+    assert runs(d)["success"] == 50
+    assert len(writes) == 1
+    saved = json.loads((Path(d.settings.state_dir) / "gpu-budget.json").read_text())
+    assert len(saved) == 50                     # every charge in the one write
