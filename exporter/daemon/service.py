@@ -410,7 +410,8 @@ class Daemon:
         entries = settings.probe_entries()
         charged = False
         for out in records:
-            charged |= self._charge(out, budget_window(entries[out.probe].interval_seconds), save=False)
+            entry = entries.get(out.probe)   # gone by a reload since the claim asked: the shortest window
+            charged |= self._charge(out, budget_window(entry.interval_seconds if entry else 0.0), save=False)
         if charged:
             self._save_budget()
         failed = []
