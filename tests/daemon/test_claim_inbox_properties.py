@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import math
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+import yaml
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim_inbox
+from tests.support.helpers import free_port
 
 NOW = 1_800_000_000.0
 EXPECT = claim_inbox.Expect(node="gpu-a", invasive=frozenset({"gpu_bandwidth", "gpu_compute"}),
@@ -94,3 +97,36 @@ def test_any_number_in_a_time_or_gpu_seconds_is_a_record_or_a_reason(x, where):
 def test_the_good_record_is_accepted():
     rec, reason, _ = claim_inbox.check(json.dumps(good()).encode(), EXPECT, NOW)
     assert reason == "" and rec.probe == "gpu_bandwidth"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    """A real daemon (no probes run, no Kubernetes) that publishes what the gate accepts."""
+    from fleetcanary.core import config as configmod
+    from fleetcanary.daemon.service import Daemon
+
+    tmp = tmp_path_factory.mktemp("claim-props")
+    p = tmp / "c.yaml"
+    p.write_text(yaml.safe_dump({"node_name": "gpu-a", "state_dir": str(tmp / "state"),
+                                 "server": {"listen_address": f"127.0.0.1:{free_port()}"},
+                                 "gpu": {"xid_watch": "off"}, "kubernetes": {"mode": "off"}}))
+    d = Daemon(configmod.load(p, env={}), config_path=str(p))
+    d.server.stop()
+    return d
+
+
+@SETTINGS
+@given(replaced=st.dictionaries(st.sampled_from(("result", "samples", "environment", "outcome", "reason",
+                                                 "detail", "exit_status", "probe_seconds", "wall_seconds")),
+                                json_values, min_size=1, max_size=3),
+       sample=st.dictionaries(st.sampled_from(("metric", "labels", "value")), json_values, max_size=3))
+def test_what_the_gate_accepts_publishes_without_an_error(daemon, replaced, sample):
+    obj = good(**replaced)
+    if isinstance(obj.get("samples"), list):
+        obj["samples"] = [*obj["samples"], sample]
+    rec, reason, _ = claim_inbox.check(json.dumps(obj).encode(), EXPECT, NOW)
+    holds(rec, reason)
+    event(f"accepted: {rec is not None}")
+    if rec is not None:
+        assert daemon.ingest([rec]) == []
+        assert all(math.isfinite(v) for v in daemon.budget.left(window=3600).values())
