@@ -11,6 +11,12 @@ a fresh run (trigger "claim", charged to the GPU budget) and deletes the pod onc
 scheduler has not placed within `pending_seconds` is withdrawn. The API calls: create, get and delete pods in
 this namespace (the overlay's Role); the claim pod itself has no API access.
 
+The inbox is outside input (the claim pod, or anything else on the host, can write it): each entry is checked
+before anything of it is published (claim_inbox.py: this node, a probe a claim asked for, a sane time window,
+finite and bounded GPU seconds, bounded series, size and depth); a refused one is moved into inbox/quarantine
+(bounded) with one log line and counted, so the inbox always drains. What was asked for, and when, is kept
+in memory and learnt again from the claim pod's annotations after a restart.
+
 Each node waits up to `spread_ratio` of `after_seconds` longer, at its own phase: a fleet held since a
 rollout asks the API server for its claims over an hour and a half (at the defaults), not in one minute.
 Kueue and cluster autoscalers: docs/deploy.md, "Scheduled runs".

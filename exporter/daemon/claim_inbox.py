@@ -31,17 +31,16 @@ import stat
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fleetcanary.core import statefile
 from fleetcanary.core.record import RunRecord
 
 log = logging.getLogger("fleetcanary.claim")
 
-MAX_BYTES = 1 << 20          # a record with its samples is a few KiB; 8 GPUs x every probe is far below this
-MAX_DEPTH = 16               # a record nests 5 levels (result.figures[].parameters...)
+MAX_BYTES = 4 << 20          # a record with its samples is a few KiB (the largest, a few hundred)
+MAX_DEPTH = statefile.MAX_DEPTH  # a record nests about 6 levels (result.figures[].parameters...)
 MAX_SAMPLES = 2048
 MAX_SERIES = 512             # distinct (metric, labels) of one record
 MAX_GPUS = 64                # when the node's GPU count is not known
@@ -89,7 +88,6 @@ class Expect:
     gpu_count: int = 0                                # 0: unknown (MAX_GPUS)
     lifetime_seconds: float = 5400.0                  # pending_seconds + max_run_seconds of the claim
     max_run_seconds: float = 1800.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_gpus(self) -> int:
@@ -102,7 +100,7 @@ class Reject(Exception):
         self.reason, self.detail = reason, detail
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -136,14 +136,14 @@ HOSTILE = {
     "a probe no claim asked for": (_json(lambda now: record(now, probe="gpu_compute")), "not_asked"),
     "a probe that is not invasive": (_json(lambda now: record(now, probe="host_memory_bandwidth")),
                                      "unknown_probe"),
-    "20,000 distinct gpu labels": (_json(_labels(20_000)), "too_large"),       # 2.7 MB: refused by its size
+    "20,000 distinct gpu labels": (_json(_labels(20_000)), "too_many_series"),
     "3,000 distinct gpu labels": (_json(_labels(3_000)), "too_many_series"),
     "a gpu label the node lacks": (_json(lambda now: record(now, samples=[
         {"metric": METRIC, "labels": {"gpu": "12345", "direction": "d2d"}, "value": 1.0}])), "too_many_series"),
     "an environment of 10,000 GPUs": (_json(lambda now: record(now, environment={"gpus": [{"index": i} for i in
                                                                                            range(10_000)]})),
                                       "too_many_series"),
-    "2 MiB": (_text(lambda now: json.dumps(record(now)) + " " * (2 << 20)), "too_large"),
+    "5 MiB": (_text(lambda now: json.dumps(record(now)) + " " * (5 << 20)), "too_large"),
     "not UTF-8": (_text(lambda now: b"\xff\xfe" + json.dumps(record(now)).encode()), "not_json"),
     "not JSON": (_text(lambda now: "{not json"), "not_json"),
     "a JSON array": (_text(lambda now: "[1, 2, 3]"), "malformed"),
