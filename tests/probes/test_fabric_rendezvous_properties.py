@@ -57,8 +57,9 @@ def test_a_hello_with_any_field_replaced_is_refused_unless_unchanged(replaced):
     got = rendezvous.check_hello(line, 7, "a", "b", SECRET, NH)
     same = all(json.loads(line).get(k) == json.loads(hello()).get(k) for k in ("v", "slot", "host", "guest", "nonce",
                                                                                  "mac"))
-    assert got == (NG if same and type(json.loads(line)["slot"]) is int and type(json.loads(line)["v"]) is int
-                   else None)
+    fits = len(line) <= rendezvous.MAX_LINE           # a longer line is refused whatever it says
+    assert got == (NG if same and fits and type(json.loads(line)["slot"]) is int
+                   and type(json.loads(line)["v"]) is int else None)
 
 
 @SETTINGS
