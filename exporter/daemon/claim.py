@@ -11,6 +11,12 @@ a fresh run (trigger "claim", charged to the GPU budget) and deletes the pod onc
 scheduler has not placed within `pending_seconds` is withdrawn. The API calls: create, get and delete pods in
 this namespace (the overlay's Role); the claim pod itself has no API access.
 
+The inbox is outside input (the claim pod, or anything else on the host, can write it): each entry is checked
+before anything of it is published (claim_inbox.py: this node, a probe a claim asked for, a sane time window,
+finite and bounded GPU seconds, bounded series, size and depth); a refused one is moved into inbox/quarantine
+(bounded) with one log line and counted, so the inbox always drains. What was asked for, and when, is kept
+in memory and learnt again from the claim pod's annotations after a restart.
+
 Each node waits up to `spread_ratio` of `after_seconds` longer, at its own phase: a fleet held since a
 rollout asks the API server for its claims over an hour and a half (at the defaults), not in one minute.
 Kueue and cluster autoscalers: docs/deploy.md, "Scheduled runs".
@@ -22,13 +28,14 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from fleetcanary.core.record import RecordError, RunRecord
-from fleetcanary.daemon import phase
+from fleetcanary.core.record import RunRecord
+from fleetcanary.daemon import claim_inbox, phase
 from fleetcanary.daemon.scheduler import budget_window
 from fleetcanary.runner import job as jobmod
 
@@ -95,6 +102,9 @@ class Claimer:
         # this node's share of the spread (the same phase the invasive probes' first runs use)
         self.phase = phase.fraction(phase.seed(daemon.settings.state_dir, daemon.settings.node_name), "claim")
         self.last_ask = -float("inf")
+        # probe -> unix time a claim asked for it: a record of a probe no claim asked for is refused
+        # (learnt again from the pod's annotations after a restart)
+        self.asked: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -147,35 +157,84 @@ class Claimer:
             len(self.daemon.store.node_environment.get("gpus") or []) or 1
 
     # --- the inbox -----------------------------------------------------------------------------------------
+    def expect(self, now: float) -> claim_inbox.Expect:
+        """What a record of this node's claim must match (daemon/claim_inbox.py)."""
+        d = self.daemon
+        entries = d.settings.probe_entries()
+        invasive = frozenset(n for n in entries if getattr(d.probe_map.get(n), "exclusive", None) == "gpu")
+        count = self.gpus()
+        known = {str(g["index"]) for g in d.store.node_environment.get("gpus") or []
+                 if isinstance(g, dict) and "index" in g}
+        return claim_inbox.Expect(
+            node=d.settings.node_name, invasive=invasive, asked=dict(self.asked),
+            gpus=frozenset(known | {str(i) for i in range(count)}), gpu_count=max(count, len(known)),
+            lifetime_seconds=self.cfg.pending_seconds + self.cfg.max_run_seconds,
+            max_run_seconds=float(self.cfg.max_run_seconds))
+
     def ingest(self) -> int:
-        """Publish every whole record in the inbox and delete it; a file that is not a record of an invasive
-        probe is logged and deleted. Partial files (*.tmp) of a claim killed while writing are deleted once
-        older than the claim's deadline."""
-        n = 0
+        """Publish every whole record in the inbox and delete it. Each entry named *.json is checked first
+        (claim_inbox.check: this node, a probe a claim asked for, a sane time window, bounded GPU seconds and
+        series); one that fails, or whose handling raises, is moved aside into inbox/quarantine with one log
+        line and counted (fleetcanary_claim_records_rejected_total{reason}), so the inbox always drains. The
+        accepted records of one pass are charged to the GPU budget together (its state file written once).
+        Partial files (*.tmp) of a claim killed while writing are deleted once older than the claim's
+        deadline."""
+        now = self.clock()
         try:
-            files = sorted(self.inbox.glob("*.json"))
-            stale = [p for p in self.inbox.glob("*.tmp")
-                     if self.clock() - p.stat().st_mtime > self.cfg.max_run_seconds]
+            with os.scandir(self.inbox) as it:
+                names = sorted(e.name for e in it)
         except OSError as exc:
             log.error("claim inbox %s: %s", self.inbox, exc)
             return 0
-        for path in files:
+        expect = self.expect(now)
+        accepted: list[tuple[RunRecord, Path]] = []
+        for name in names:
+            path = self.inbox / name
+            if name.endswith(".tmp"):
+                try:
+                    st = os.lstat(path)
+                    if not stat.S_ISREG(st.st_mode) or now - st.st_mtime > self.cfg.max_run_seconds:
+                        self._remove(path)
+                except OSError:
+                    pass
+                continue
+            if not name.endswith(".json"):
+                continue
             try:
-                rec = RunRecord.from_json(json.loads(path.read_text(encoding="utf-8")), source=str(path))
-                cls = self.daemon.probe_map.get(rec.probe)
-                if cls is None or cls.exclusive != "gpu":
-                    raise RecordError(f"probe {rec.probe!r} is not an invasive probe of this exporter")
-            except (OSError, ValueError, UnicodeDecodeError) as exc:
-                log.error("claim inbox: %s: %s; dropped", path.name, str(exc).splitlines()[0][:200] if str(exc) else
-                          type(exc).__name__)
+                rec, reason, detail = claim_inbox.read(path, expect, now)
+            except Exception as exc:  # noqa: BLE001 - read never raises; if it did, the inbox still drains
+                rec, reason, detail = None, "error", type(exc).__name__
+            if rec is None:
+                self._reject(path, reason, detail)
             else:
-                rec.trigger = "claim"
-                self.daemon.ingest(rec)
-                n += 1
-            path.unlink(missing_ok=True)
-        for path in stale:
-            path.unlink(missing_ok=True)
+                accepted.append((rec, path))
+        if not accepted:
+            return 0
+        try:
+            failed = self.daemon.ingest([rec for rec, _ in accepted])
+        except Exception as exc:  # noqa: BLE001 - never a traceback per tick: each file goes aside
+            for _, path in accepted:
+                self._reject(path, "error", f"{type(exc).__name__} while publishing")
+            return 0
+        bad = {id(rec): exc for rec, exc in failed}
+        n = 0
+        for rec, path in accepted:
+            if id(rec) in bad:
+                self._reject(path, "error", f"{type(bad[id(rec)]).__name__} while publishing")
+                continue
+            self._remove(path)
+            n += 1
         return n
+
+    def _reject(self, path: Path, reason: str, detail: str) -> None:
+        claim_inbox.REJECTED.count(reason)
+        where = claim_inbox.quarantine(self.inbox, path, reason)
+        log.error("claim inbox: %s refused (%s: %s); %s", path.name[:120], reason, detail, where)
+        self.daemon.store.rerender()
+
+    @staticmethod
+    def _remove(path: Path) -> None:
+        claim_inbox._remove(path)
 
     # --- the pod -----------------------------------------------------------------------------------------
     def _call(self, operation: str, fn, *args, **kw):
@@ -196,14 +255,33 @@ class Claimer:
                 return None
             raise
 
+    def _learn(self, pod) -> None:
+        """The probes the existing claim pod was asked to run, and when (after a restart of this exporter)."""
+        try:
+            meta = pod.metadata
+            names = ((meta.annotations or {}).get("fleetcanary.io/probes") or "").split(",")
+            created = meta.creation_timestamp
+            ts = created.timestamp() if isinstance(created, datetime.datetime) else None
+        except AttributeError:
+            return
+        if ts is None:
+            return
+        for name in names:
+            if name and len(self.asked) < 256:
+                self.asked[name] = max(self.asked.get(name, ts), ts)
+
     def tick(self, now: float | None = None) -> str:
         """One look: ingest, then end, withdraw or make the claim. What it did (for logs and tests)."""
         now = self.clock() if now is None else now
-        got = self.ingest()
         node = self.daemon.settings.node_name
         try:
-            pod = self._read()
+            pod, read_error = self._read(), False
         except Exception:  # noqa: BLE001 - counted; the next tick tries again
+            pod, read_error = None, True
+        if pod is not None:
+            self._learn(pod)
+        got = self.ingest()
+        if read_error:
             return "error"
         if pod is not None:
             phase = (pod.status.phase if pod.status else None) or "Pending"
@@ -228,6 +306,8 @@ class Claimer:
         except Exception:  # noqa: BLE001 - counted (a 409: one exists already; read next tick)
             return "error"
         self.last_ask = now
+        for name in due:
+            self.asked[name] = now
         log.info("claim pod %s asked for %s GPUs to run %s", pod_name(node), body["spec"]["containers"][0]
                  ["resources"]["limits"]["nvidia.com/gpu"], ", ".join(due))
         return "created"

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from fleetcanary.core.environment import STABLE_FIELDS
 from fleetcanary.core.record import CRASH_REASONS, SKIP_REASONS
 from fleetcanary.core.version import git_commit, version
+from fleetcanary.daemon import claim_inbox
 from fleetcanary.daemon.kube import ERROR_REASONS, OPERATIONS
 from fleetcanary.judge.exposition import METRICS as JUDGE_METRICS
 from fleetcanary.judge.exposition import families as judge_families
@@ -100,6 +101,11 @@ NODE_INFO = _m("fleetcanary_node_info", "info",
 KUBE_ERRORS = _m("fleetcanary_kubernetes_api_errors_total", "counter",
                  "Kubernetes API calls that failed, by operation (read_node, list_pods, patch_node_status) and reason; "
                  "the last known state stays in force.", ("operation", "reason"))
+CLAIM_REJECTED = _m("fleetcanary_claim_records_rejected_total", "counter",
+                    "Records in the claim inbox that were refused and moved aside (inbox/quarantine) instead of "
+                    "published, by reason: not_a_file, too_large, unreadable, not_json, too_deep, malformed, "
+                    "unknown_probe, not_asked, wrong_node, bad_time, bad_gpu_seconds, too_many_series, error. "
+                    "A reason appears once it has happened.", ("reason",))
 KUBE_LAST_SYNC = _m("fleetcanary_kubernetes_last_sync_timestamp_seconds", "gauge",
                     "Unix time node labels and pods were last read successfully.")
 KUBE_GPUS_REQUESTED = _m("fleetcanary_kubernetes_gpus_requested", "gauge",
@@ -206,6 +212,10 @@ class _StateCollector:
             reloads.add_metric([result], n)
         yield reloads
         yield HISTORY_ERRORS.family(s.history_write_errors)
+        rejected = CLAIM_REJECTED.family()
+        for reason, n in sorted(claim_inbox.REJECTED.snapshot().items()):
+            rejected.add_metric([reason], n)
+        yield rejected
         yield CLOCK_JUMPS.family(s.clock_jumps)
         build = BUILD_INFO.family()
         build.add_metric([], {"version": version(), "commit": git_commit(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -402,21 +403,43 @@ class Daemon:
                 self.store.count_history_error()
                 log.error("results history: %s", exc)
 
-    def ingest(self, out: RunRecord) -> None:
-        """A run record from a claim pod (daemon/claim.py): charged to the GPU budget and published as a fresh
-        run, as if this process's own worker had made it."""
+    def ingest(self, records) -> list[tuple[RunRecord, Exception]]:
+        """Run records from a claim pod (daemon/claim.py, checked there), one or a list: charged to the GPU
+        budget together (its state file written once, not once per record: a flood of records stays linear)
+        and each published as a fresh run, as if this process's own worker had made it. The records whose
+        publishing raised, with the error (the others are published)."""
+        if isinstance(records, RunRecord):
+            records = [records]
         with self._settings_lock:
             settings = self.settings
             history = self.history
-        self._charge(out, budget_window(settings.probe_entries()[out.probe].interval_seconds))
-        self._publish(out.probe, out, history)
-
-    def _charge(self, out: RunRecord, window: float) -> None:
-        """The run's GPU seconds against the GPU-time budget, kept in the state directory."""
-        for gpu, secs in out.gpu_seconds.items():
-            self.budget.add(gpu, secs, window=window, probe=out.probe)
-        if out.gpu_seconds:
+        entries = settings.probe_entries()
+        charged = False
+        for out in records:
+            entry = entries.get(out.probe)   # gone by a reload since the claim asked: the shortest window
+            charged |= self._charge(out, budget_window(entry.interval_seconds if entry else 0.0), save=False)
+        if charged:
             self._save_budget()
+        failed = []
+        for out in records:
+            try:
+                self._publish(out.probe, out, history)
+            except Exception as exc:  # noqa: BLE001 - the caller sets that record aside; the rest go on
+                failed.append((out, exc))
+        return failed
+
+    def _charge(self, out: RunRecord, window: float, save: bool = True) -> bool:
+        """The run's GPU seconds against the GPU-time budget, kept in the state directory (at once, or by the
+        caller when ``save`` is false). Whether anything was charged. Only finite, non-negative seconds count:
+        one infinite charge would leave the GPU no budget for a day."""
+        charged = False
+        for gpu, secs in out.gpu_seconds.items():
+            if math.isfinite(secs) and secs >= 0:
+                self.budget.add(gpu, secs, window=window, probe=out.probe)
+                charged = True
+        if charged and save:
+            self._save_budget()
+        return charged
 
     def _maybe_confirm(self, name: str, entry, out: RunRecord) -> None:
         metrics = self.probe_map[name].confirm_metrics

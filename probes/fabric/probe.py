@@ -85,7 +85,8 @@ class Fabric(Probe):
         MetricSpec(SLOT, "gauge", "Configured length of one schedule slot.", "seconds"),
         MetricSpec(MEMBERS, "gauge", "Fabric members in the list of the latest pair's run.", "count"),
         MetricSpec(REJECTED, "counter", "Connections the rendezvous refused while hosting: unexpected_address "
-                   "(not the partner), bad_handshake (garbage or a wrong MAC), silent (no hello in time), "
+                   "(not the partner), bad_handshake (garbage, a wrong MAC, or a hello not for that connection), "
+                   "silent (no hello in time, or the oldest waiting when a newer connection needed room), "
                    "after_pairing (from the partner's address, once the pair had met).", "total",
                    ("reason",)),
     )

@@ -2,21 +2,30 @@
 
 The host (the lower-ordered name) listens on its member address and port from when its
 run is ready until the meeting deadline; the guest connects from its own member address.
-Both prove they hold the fleet secret and mean this slot and this pair:
+Both prove they hold the fleet secret and mean this slot, this pair and this connection:
 
-  guest -> host   {"v", "slot", "host", "guest", "nonce": Ng, "mac": HMAC(K, hello|slot|host|guest|Ng)}
-  host  -> guest  {"v", "slot", "nonce": Nh, "mac": HMAC(K, welcome|slot|host|guest|Ng|Nh)}
+  host  -> guest  {"v": 2, "slot", "nonce": Nh}                 on every accepted connection, a fresh Nh
+  guest -> host   {"v": 2, "slot", "host", "guest", "nonce": Ng, "mac": HMAC(K, hello|slot|host|guest|Nh|Ng)}
+  host  -> guest  {"v": 2, "slot", "nonce": Nh, "mac": HMAC(K, welcome|slot|host|guest|Ng|Nh)}
 
-Each message is one JSON line of at most MAX_LINE bytes. Later messages on the same
+The hello's MAC covers the host's nonce of that connection, so a hello recorded on the wire and
+replayed (on another connection, within its slot) fails authentication like garbage: it cannot take
+the host's only pairing. Version 1 (a hello without the host's nonce) is refused; both sides are this code.
+
+Each message is one JSON line of at most MAX_LINE ASCII bytes. Later messages on the same
 connection (the store's port) carry a MAC under the session key HMAC(K, session|...|Ng|Nh),
 so they are bound to this meeting. The torch store itself lies behind a prefix derived from
 the session key: a stray client that finds its port can read or write none of the pair's keys.
 
 Unexpected clients cannot join or stall: connections from other addresses are closed at
 accept, every connection is read without blocking (a selector), one that sends nothing is
-dropped after ``handshake_timeout``, garbage or a wrong MAC closes it at once, and the host
-stops listening at the meeting deadline whatever strays do. The secret never leaves this
-module: errors and counts name what was wrong, never a MAC or the key.
+dropped after ``handshake_timeout``, and when MAX_PENDING connections are waiting the oldest is
+dropped (counted silent) to make room, so strays from the partner's own address cannot keep the
+partner out. Whatever bytes arrive (not ASCII, an over-long line, deep brackets, JSON of the wrong
+types, a wrong MAC) are parsed by functions that never raise: the connection is counted as
+bad_handshake and closed at once, and the host goes on listening until the first authenticated
+hello or the meeting deadline, whatever strays do. The secret never leaves this module: errors and
+counts name what was wrong, never a MAC or the key.
 
 The hand-rolled handshake is small on purpose: TLS-PSK needs OpenSSL builds and Python
 3.13+, and a PAKE or TLS with certificates would need a CA per fleet; an HMAC over fresh
@@ -68,6 +77,62 @@ def mac(key: bytes, *parts) -> str:
     return hmac.new(key, "|".join((PROTOCOL,) + tuple(str(p) for p in parts)).encode(), hashlib.sha256).hexdigest()
 
 
+VERSION = 2
+_HEX = frozenset("0123456789abcdef")
+
+
+def parse_message(line) -> dict | None:
+    """One line as a JSON object, or None: not bytes, longer than MAX_LINE, not ASCII, not JSON, nested
+    past the parser's limit, or not an object. Never raises."""
+    if not isinstance(line, (bytes, bytearray)) or len(line) > MAX_LINE:
+        return None
+    try:
+        m = json.loads(bytes(line).decode("ascii"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def _is_int(v, want: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v == want
+
+
+def _nonce(v) -> str | None:
+    return v if isinstance(v, str) and 16 <= len(v) <= 64 and set(v) <= _HEX else None
+
+
+def _mac_ok(got, want: str) -> bool:
+    """A MAC compared in constant time; anything but 64 lowercase hex characters is simply wrong."""
+    return isinstance(got, str) and len(got) == 64 and set(got) <= _HEX and hmac.compare_digest(
+        got.encode("ascii"), want.encode("ascii"))
+
+
+def parse_challenge(line) -> str | None:
+    """The host's nonce from its first line on a connection, or None. Never raises."""
+    m = parse_message(line)
+    return _nonce(m.get("nonce")) if m is not None and _is_int(m.get("v"), VERSION) else None
+
+
+def check_hello(line, slot: int, host: str, guest: str, secret: bytes, nh: str) -> str | None:
+    """The guest's nonce when the line is a hello for this slot, pair and connection (the host's nonce
+    ``nh``) with a valid MAC; else None. Never raises."""
+    m = parse_message(line)
+    if m is None:
+        return None
+    ng = _nonce(m.get("nonce"))
+    if ng is None or not (_is_int(m.get("v"), VERSION) and _is_int(m.get("slot"), slot)
+                          and m.get("host") == host and m.get("guest") == guest):
+        return None
+    return ng if _mac_ok(m.get("mac"), mac(secret, "hello", slot, host, guest, nh, ng)) else None
+
+
+def check_welcome(line, slot: int, host: str, guest: str, secret: bytes, ng: str, nh: str) -> bool:
+    """Whether the line is the host's welcome for this slot, pair and both nonces. Never raises."""
+    m = parse_message(line)
+    return (m is not None and _is_int(m.get("v"), VERSION) and _is_int(m.get("slot"), slot)
+            and m.get("nonce") == nh and _mac_ok(m.get("mac"), mac(secret, "welcome", slot, host, guest, ng, nh)))
+
+
 @dataclass
 class Session:
     sock: socket.socket
@@ -93,16 +158,12 @@ class Session:
         line = _read_line(self.sock, until)
         if line is None:
             raise TimeoutError(f"no {kind} message from the partner in time")
-        try:
-            body = json.loads(line)
-            got = body.pop("mac")
-            if body.get("kind") != kind:
-                raise ValueError
-            fields = {k: v for k, v in body.items() if k != "kind"}
-        except (ValueError, KeyError, AttributeError, TypeError):
-            raise ProbeError("rendezvous_failed", f"the partner's {kind} message is malformed") from None
-        if not isinstance(got, str) or not hmac.compare_digest(
-                got, mac(self.key, kind, json.dumps(fields, sort_keys=True))):
+        body = parse_message(line)
+        if body is None or body.get("kind") != kind or "mac" not in body:
+            raise ProbeError("rendezvous_failed", f"the partner's {kind} message is malformed")
+        got = body.pop("mac")
+        fields = {k: v for k, v in body.items() if k != "kind"}
+        if not _mac_ok(got, mac(self.key, kind, json.dumps(fields, sort_keys=True))):
             raise ProbeError("rendezvous_failed", f"the partner's {kind} message failed authentication")
         return fields
 
@@ -154,7 +215,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
     rejected: Counter = Counter()
     lsock = socket.socket(_family(bind_ip), socket.SOCK_STREAM)
     sel = selectors.DefaultSelector()
-    pending: dict[socket.socket, list] = {}   # sock -> [buffer, deadline, peer ip]
+    pending: dict[socket.socket, list] = {}   # sock -> [buffer, deadline, peer ip, host nonce], oldest first
     won: Session | None = None
     try:
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -175,9 +236,11 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
             wake = min([until] + [p[1] for p in pending.values()])
             for key, _ in sel.select(max(0.0, wake - now)):
                 if key.fileobj is lsock:
-                    _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock)
+                    _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock, slot)
                     continue
                 s = key.fileobj
+                if s not in pending:   # made room for a newer connection in this same round
+                    continue
                 try:
                     chunk = s.recv(MAX_LINE)
                 except OSError:
@@ -194,18 +257,18 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
                         _drop(sel, pending, s)
                     continue
                 line = pending[s][0].split(b"\n", 1)[0]
-                ng = _check_hello(line, slot, me, partner, secret)
+                nh = pending[s][3]
+                ng = check_hello(line, slot, me, partner, secret, nh)
                 if ng is None:
                     rejected["bad_handshake"] += 1
                     _drop(sel, pending, s)
                     continue
-                nh = secrets.token_hex(16)
                 sel.unregister(s)
                 peer_ip = pending.pop(s)[2]
                 s.setblocking(True)
                 s.settimeout(max(0.1, until - clock()))
                 try:
-                    s.sendall(json.dumps({"v": 1, "slot": slot, "nonce": nh,
+                    s.sendall(json.dumps({"v": VERSION, "slot": slot, "nonce": nh,
                                           "mac": mac(secret, "welcome", slot, me, partner, ng, nh)}).encode() + b"\n")
                 except OSError:
                     rejected["bad_handshake"] += 1
@@ -227,7 +290,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
     return won
 
 
-def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock) -> None:
+def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock, slot: int) -> None:
     while True:
         try:
             s, addr = lsock.accept()
@@ -242,11 +305,18 @@ def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock) -
             s.close()
             continue
         if len(pending) >= MAX_PENDING:
-            rejected["bad_handshake"] += 1
+            # The oldest waiting connection makes room (counted silent): strays from the partner's own
+            # address cannot keep the partner's connection out until their hello timeout.
+            rejected["silent"] += 1
+            _drop(sel, pending, next(iter(pending)))
+        nh = secrets.token_hex(16)
+        try:
+            s.setblocking(False)
+            s.send(json.dumps({"v": VERSION, "slot": slot, "nonce": nh}).encode() + b"\n")
+        except OSError:   # gone already (or a full buffer on a fresh connection): nothing to wait for
             s.close()
             continue
-        s.setblocking(False)
-        pending[s] = [b"", clock() + hello_timeout, ip]
+        pending[s] = [b"", clock() + hello_timeout, ip, nh]
         sel.register(s, selectors.EVENT_READ)
 
 
@@ -272,20 +342,6 @@ def _drop(sel, pending, s) -> None:
     s.close()
 
 
-def _check_hello(line: bytes, slot: int, me: str, partner: str, secret: bytes) -> str | None:
-    """The guest's nonce when the hello is for this slot and pair and carries a valid MAC."""
-    try:
-        m = json.loads(line)
-        ng = m["nonce"]
-        ok = (m.get("v") == 1 and m.get("slot") == slot and m.get("host") == me and m.get("guest") == partner
-              and isinstance(ng, str) and 16 <= len(ng) <= 64 and isinstance(m.get("mac"), str))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if not ok or not hmac.compare_digest(m["mac"], mac(secret, "hello", slot, me, partner, ng)):
-        return None
-    return ng
-
-
 # ------------------------------------------------------------------------------ guest
 def guest(host_addr: tuple[str, int], source_ip: str, slot: int, me: str, partner: str, secret: bytes,
           until: float, hello_timeout: float) -> Session:
@@ -301,11 +357,18 @@ def guest(host_addr: tuple[str, int], source_ip: str, slot: int, me: str, partne
             last = f"connect: {exc.strerror or type(exc).__name__}"
             time.sleep(min(CONNECT_RETRY_SECONDS, max(0.0, until - time.monotonic())))
             continue
-        ng = secrets.token_hex(16)
         try:
             s.settimeout(min(hello_timeout, max(0.05, until - time.monotonic())))
-            s.sendall(json.dumps({"v": 1, "slot": slot, "host": partner, "guest": me, "nonce": ng,
-                                  "mac": mac(secret, "hello", slot, partner, me, ng)}).encode() + b"\n")
+            challenge = _read_line(s, min(until, time.monotonic() + hello_timeout))
+            nh = parse_challenge(challenge) if challenge is not None else None
+            if nh is None:
+                s.close()
+                last = "the host sent no challenge (closed, busy, or not this protocol)"
+                time.sleep(min(CONNECT_RETRY_SECONDS, max(0.0, until - time.monotonic())))
+                continue
+            ng = secrets.token_hex(16)
+            s.sendall(json.dumps({"v": VERSION, "slot": slot, "host": partner, "guest": me, "nonce": ng,
+                                  "mac": mac(secret, "hello", slot, partner, me, nh, ng)}).encode() + b"\n")
         except OSError as exc:
             s.close()
             last = f"send: {exc.strerror or type(exc).__name__}"
@@ -316,15 +379,7 @@ def guest(host_addr: tuple[str, int], source_ip: str, slot: int, me: str, partne
             last = "the host closed the connection or did not answer"
             time.sleep(min(CONNECT_RETRY_SECONDS, max(0.0, until - time.monotonic())))
             continue
-        try:
-            w = json.loads(line)
-            nh = w["nonce"]
-            good = (w.get("v") == 1 and w.get("slot") == slot and isinstance(nh, str) and 16 <= len(nh) <= 64
-                    and isinstance(w.get("mac"), str)
-                    and hmac.compare_digest(w["mac"], mac(secret, "welcome", slot, partner, me, ng, nh)))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            good = False
-        if not good:
+        if not check_welcome(line, slot, partner, me, secret, ng, nh):
             s.close()
             raise ProbeError("rendezvous_failed", f"the listener at {host_addr[0]}:{host_addr[1]} did not prove "
                              "the fleet secret (a different secret, or not the partner)")

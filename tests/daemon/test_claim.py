@@ -1,7 +1,8 @@
 """Scheduled runs through Kubernetes (fleetcanary.daemon.claim, fleetcanary.runner.claim): the daemon asks the API
 stand-in for a claim pod once tenants have kept an invasive probe off the node, `fleetcanary claim` runs the pod's
 jobs for real and leaves its records in the inbox, the daemon publishes them as fresh runs and deletes the pod;
-preemption ends in one clean skipped record; a claim never placed is withdrawn; junk in the inbox is dropped."""
+preemption ends in one clean skipped record; a claim never placed is withdrawn; junk in the inbox is moved
+aside (tests/reliability/test_claim_inbox.py: hostile records)."""
 from __future__ import annotations
 
 import json
@@ -86,7 +87,9 @@ def claim(inbox: Path, spec: str, **kw) -> subprocess.Popen:
 
 def test_a_node_kept_busy_gets_a_claim_pod_whose_runs_are_published(tmp_path, api, monkeypatch):
     monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(NVML))
-    t0 = time.time()
+    # held since an hour ago, so that the claim is asked at the real time: the claim pod's records carry the
+    # node's clock, and the inbox refuses a record that started before its claim was asked for
+    t0 = time.time() - 3700
     now = [t0]
     d = daemon(tmp_path, api, now)
     try:
@@ -185,7 +188,8 @@ def test_junk_in_the_inbox_is_dropped_with_one_line_each(tmp_path, api, caplog):
     (inbox / "3-partial.json.tmp").write_text("{")   # a claim killed while writing: left until its deadline
     with caplog.at_level(logging.ERROR, logger="fleetcanary.claim"):
         assert d.claimer.ingest() == 0
-    assert sorted(p.name for p in inbox.iterdir()) == ["3-partial.json.tmp"]
+    assert sorted(p.name for p in inbox.iterdir()) == ["3-partial.json.tmp", "quarantine"]
+    assert len(list((inbox / "quarantine").iterdir())) == 2      # moved aside, not lost
     lines = [r.getMessage() for r in caplog.records if r.name == "fleetcanary.claim"]
     assert len(lines) == 2 and "1-junk.json" in lines[0] and "not an invasive probe" in lines[1]
     assert d.store.state["host_memory_bandwidth"].last is None

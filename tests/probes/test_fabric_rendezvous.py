@@ -58,12 +58,16 @@ def _listening(port) -> bool:
 
 
 def closed(sock) -> bool:
-    """The peer closed the connection without a word (EOF, or a reset when our data was unread)."""
+    """The host closed the connection without a welcome (EOF, or a reset when our data was unread): all it
+    sent, if anything, was its challenge (a nonce, no MAC)."""
     sock.settimeout(10)
+    got = b""
     try:
-        return sock.recv(1024) == b""
+        while chunk := sock.recv(4096):
+            got += chunk
     except ConnectionResetError:
-        return True
+        pass
+    return all("mac" not in json.loads(line) for line in got.splitlines() if line)
 
 
 def guest(port, secret=SECRET, slot=7, until_s=10.0):
@@ -82,11 +86,24 @@ def test_both_sides_prove_the_secret_and_share_a_session():
     s.close(), h.close()
 
 
+def challenge(s) -> str:
+    """The host's nonce, the first line it sends on a connection."""
+    buf = b""
+    s.settimeout(10)
+    while b"\n" not in buf:
+        chunk = s.recv(1)
+        assert chunk, "the host closed the connection before its challenge"
+        buf += chunk
+    return json.loads(buf)["nonce"]
+
+
 def hello(port, slot=7, secret=SECRET):
-    """A guest's hello for the pair (a, b), sent by hand; the open connection."""
+    """A guest's hello for the pair (a, b) on this connection (its challenge answered), sent by hand; the
+    open connection."""
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(json.dumps({"v": 1, "slot": slot, "host": "a", "guest": "b", "nonce": "c" * 32,
-                          "mac": rendezvous.mac(secret, "hello", slot, "a", "b", "c" * 32)}).encode() + b"\n")
+    nh = challenge(s)
+    s.sendall(json.dumps({"v": 2, "slot": slot, "host": "a", "guest": "b", "nonce": "c" * 32,
+                          "mac": rendezvous.mac(secret, "hello", slot, "a", "b", nh, "c" * 32)}).encode() + b"\n")
     return s
 
 
@@ -119,8 +136,9 @@ def test_a_listener_without_the_secret_is_not_trusted():
 
     def rogue():
         c, _ = srv.accept()
+        c.sendall(json.dumps({"v": 2, "slot": 7, "nonce": "f" * 32}).encode() + b"\n")
         c.recv(1024)
-        c.sendall(json.dumps({"v": 1, "slot": 7, "nonce": "f" * 32, "mac": "0" * 64}).encode() + b"\n")
+        c.sendall(json.dumps({"v": 2, "slot": 7, "nonce": "f" * 32, "mac": "0" * 64}).encode() + b"\n")
         c.close()
     threading.Thread(target=rogue, daemon=True).start()
     with pytest.raises(ProbeError) as ei:
