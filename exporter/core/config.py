@@ -65,6 +65,15 @@ class ServerConfig(Strict):
     listen_address: str = Field(
         f":{DEFAULT_PORT}", description="HOST:PORT to serve HTTP on; an empty host means all addresses.")
     request_timeout_seconds: float = Field(10.0, gt=0, le=300, description="Per-connection socket timeout.")
+    max_connections: int = Field(
+        64, ge=1, le=4096, description="HTTP connections served at once (each holds a thread and a file "
+        "descriptor); past it a new connection gets 503 and is closed at once.")
+    max_connections_per_client: int = Field(
+        8, ge=1, le=4096, description="HTTP connections served at once from one source address, so one client "
+        "cannot take every slot; past it a new connection from that address gets 503 and is closed at once.")
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="Seconds a client has to send a request's whole request line and "
+        "headers (and to start the next request on a kept-alive connection), however slowly it sends them.")
     web_config_file: str | None = Field(
         None, description="TLS and basic auth, in the Prometheus exporter-toolkit web-config format "
         "(docs/security.md). Also --web.config.file.")
