@@ -301,6 +301,10 @@ def track_workers(state_dir: str) -> int:
     global _registry_path  # noqa: PLW0603 - the daemon's one state directory
     path = os.path.join(state_dir, WORKERS_FILE)
     killed = reap_recorded_workers(path)
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        log.warning("cannot make the state directory %s: %s", state_dir, exc)
     with _live_lock:
         _registry_path = path
         _save_registry()

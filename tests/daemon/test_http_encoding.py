@@ -38,9 +38,9 @@ def model_q(value: str | None) -> float | None:
     if value is None:
         return 1.0
     v = value.strip()
-    if v in ("0", "1") or (len(v) >= 2 and v[:2] == "0." and len(v) <= 5 and v[2:].isdigit() or v == "0."):
+    if v in ("0", "1", "0.") or (v[:2] == "0." and len(v) <= 5 and v[2:].isdigit()):
         return float(v + ("0" if v.endswith(".") else ""))
-    if len(v) >= 2 and v[:2] == "1." and len(v) <= 5 and set(v[2:]) <= {"0"}:
+    if v[:2] == "1." and len(v) <= 5 and set(v[2:]) <= {"0"}:
         return 1.0
     return None
 

@@ -38,7 +38,7 @@ def test_a_run_succeeds_when_every_descriptor_below_1024_is_taken(tmp_path, fd_l
 
 
 def test_no_descriptor_left_is_a_spawn_failed_crash(tmp_path, fd_limit):
-    soft, hard, opened = fd_limit
+    _, hard, opened = fd_limit
     fd = os.open(os.devnull, os.O_RDONLY)
     opened.append(fd)
     used = len(os.listdir("/proc/self/fd"))
