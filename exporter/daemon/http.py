@@ -118,22 +118,32 @@ class _Server(ThreadingHTTPServer):
         self.active = 0
         self.per_client: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  # why -> connections refused (capacity, per_client)
+        self.evicted = 0
+        self._waiting: dict[int, object] = {}  # handlers waiting for a request's line and headers, oldest first
         super().server_activate()
 
     def process_request(self, request, client_address):
-        """The accept loop: take a slot and start the connection's thread, or refuse it here and now."""
+        """The accept loop: take a slot and start the connection's thread, or refuse it here and now.
+
+        Fair shares: while half the slots are free anyone gets one; past that, an address holding
+        max_connections_per_client is refused (so one address takes at most half the slots, and any other
+        still gets in). All slots taken: the connection that has waited longest for a request's headers is
+        cut (a request that is still arriving is the only kind a flood can hold; a scraper's headers come at
+        once), and the new one gets its slot; with none to cut, it is refused."""
         client = str(client_address[0])
         with self._slots_lock:
-            if self.active >= self.max_connections:
-                why = "capacity"
-            elif self.per_client[client] >= self.max_connections_per_client:
+            why = None
+            if self.active >= self.max_connections // 2 and \
+                    self.per_client[client] >= self.max_connections_per_client:
                 why = "per_client"
-            else:
-                why = None
-                self.active += 1
-                self.per_client[client] += 1
+            elif self.active >= self.max_connections and \
+                    (self.active >= 2 * self.max_connections or not self._evict_oldest_waiting()):
+                why = "capacity"
             if why:
                 self.refused[why] += 1
+            else:
+                self.active += 1
+                self.per_client[client] += 1
         if why:
             self._refuse(request, client, why)
             return
@@ -142,6 +152,31 @@ class _Server(ThreadingHTTPServer):
         except RuntimeError:  # no thread could be started
             self._release(client)
             self.shutdown_request(request)
+
+    def _evict_oldest_waiting(self) -> bool:
+        """Cut the connection that has waited longest for a request's headers (its thread then ends at once and
+        frees its slot); False if none waits. Called with the slots lock held."""
+        if not self._waiting:
+            return False
+        key = next(iter(self._waiting))
+        handler = self._waiting.pop(key)
+        try:  # the plain socket's shutdown, also under TLS: the blocked read sees EOF and the handler ends
+            socket.socket.shutdown(handler.connection, socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.evicted += 1
+        if self.evicted in (1, 10, 100) or self.evicted % 1000 == 0:
+            log.warning("HTTP: all %d connections taken; cut the one waiting longest for its request (%d so far)",
+                        self.max_connections, self.evicted)
+        return True
+
+    def waiting(self, handler, on: bool) -> None:
+        """A handler starts (on) or stops waiting for a request's line and headers."""
+        with self._slots_lock:
+            if on:
+                self._waiting[id(handler)] = handler
+            else:
+                self._waiting.pop(id(handler), None)
 
     def process_request_thread(self, request, client_address):
         try:
@@ -253,14 +288,17 @@ class MetricsServer:
                 # The request line and headers (and, on a kept-alive connection, the wait for the next
                 # request) must all arrive within the header deadline; a GET's handler reads nothing more.
                 self.header_deadline = time.monotonic() + self.server.header_timeout
+                self.server.waiting(self, True)
                 try:
                     super().handle_one_request()
                 finally:
                     self.header_deadline = None
+                    self.server.waiting(self, False)
 
             def parse_request(self):
                 ok = super().parse_request()
                 # Headers are in: the answer is written under the plain per-operation timeout again.
+                self.server.waiting(self, False)
                 self.header_deadline = None
                 self.connection.settimeout(request_timeout)
                 return ok
