@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from fleetcanary.daemon.collector import HTTP_REFUSED
 from fleetcanary.daemon.webconfig import WebConfig
 
 log = logging.getLogger("fleetcanary.http")
@@ -258,6 +259,22 @@ class _ProcessFigures:
         return [f for f in self._proc.collect() if f.name not in self.LEFT_OUT]
 
 
+class _Refusals:
+    """fleetcanary_http_connections_refused_total, read at each scrape (a flood must not re-render the
+    exposition for every connection it makes); a reason appears once it has happened."""
+
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+
+    def collect(self):
+        fam = HTTP_REFUSED.family()
+        counts = {**self.server.refused, "cut": self.server.evicted}
+        for reason in ("capacity", "per_client", "cut"):
+            if counts.get(reason):
+                fam.add_metric([reason], counts[reason])
+        return [fam] if fam.samples else []
+
+
 class MetricsServer:
     def __init__(self, store, host: str, port: int, health, ready, request_timeout: float = 10.0, web=None) -> None:
         self.store = store
@@ -353,6 +370,7 @@ class MetricsServer:
 
         self.httpd = _Server((host, port), Handler)
         self.httpd.web = web or WebConfig()
+        self._proc_registry.register(_Refusals(self.httpd))
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 

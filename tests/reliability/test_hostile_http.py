@@ -138,6 +138,7 @@ def test_a_flood_of_idle_connections_does_not_stop_probing_or_scraping(tmp_path,
         assert d.get("/metrics")[0] == 401
         # the daemon held a bounded number of them: far under the 1,024 that broke select()
         assert fd_count(d.pid) < 1024 - FLOOD_CONNECTIONS // 2
+        assert value(body.decode(), "fleetcanary_http_connections_refused_total", reason="per_client") > 100
         records = d.history()[before_lines:]
         assert records and all(r.get("reason") not in ("internal", "spawn_failed") for r in records), records
     finally:
@@ -188,6 +189,9 @@ def test_one_address_cannot_take_every_slot(served):
         code, _, body = served.get("/metrics", headers=AUTH)
         assert code == 200 and b"fleetcanary_build_info" in body
         assert closed_by_server(held[0])
+        text = served.get("/metrics", headers=AUTH)[2].decode()
+        assert value(text, "fleetcanary_http_connections_refused_total", reason="per_client") >= 2
+        assert value(text, "fleetcanary_http_connections_refused_total", reason="cut") >= 1
     finally:
         for s in held:
             s.close()
