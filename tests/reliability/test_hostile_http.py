@@ -235,3 +235,51 @@ def test_accept_encoding_is_honoured(served, accept, gz):
     assert (headers.get("Content-Encoding") == "gzip") is gz
     text = gzip.decompress(body) if gz else body
     assert b"fleetcanary_build_info" in text
+
+
+def test_a_trickled_tls_handshake_is_cut_at_the_deadline(tmp_path):
+    """A real ClientHello sent a byte every half second: each recv of the handshake gets its byte in time, so
+    only a deadline for the whole handshake (10 s) ends it. Bounded: 120 bytes (60 s) at most. (A guard, not a
+    reproduction: the old code passes it too, as CPython's ssl bounds a whole handshake by the socket timeout.)"""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "web.yml").write_text(yaml.safe_dump({"tls_server_config": {
+        "cert_file": str(tmp_path / "server.pem"), "key_file": str(tmp_path / "server.pem")}}))
+    client = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    d = Daemon(tmp_path / "d", {"probes": {n: {"enabled": False} for n in PROBES}},
+               args=("--web.config.file", str(tmp_path / "web.yml")), ssl_context=client)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    assert len(hello) > 120  # the whole hello is never sent within the bound
+    s = idle(d.port, "127.0.4.1", request_line=False)
+    s.settimeout(0.5)
+    closed = False
+    try:
+        for i in range(120):
+            try:
+                if s.recv(4096) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed = True
+                break
+            try:
+                s.send(hello[i:i + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+    finally:
+        s.close()
+    assert closed, "the server still waited for a TLS handshake trickled over 60 s"
+    assert d.get("/healthz")[0] == 200
+    assert d.stop() == 0
