@@ -409,17 +409,20 @@ class Daemon:
         return crash
 
     def _publish(self, name: str, out: RunRecord, history) -> None:
+        counted: list[bool] = []
         try:
-            self._publish_record(name, out, history)
-        except Exception as exc:  # storing a record failed: count the run as an internal crash
+            self._publish_record(name, out, history, counted)
+        except Exception as exc:  # storing the record failed: the run is counted as an internal crash, once
             log.error("probe %s: storing its %s run failed", name, out.outcome, exc_info=exc)
-            if out.outcome == "crash" and out.reason == "internal":
+            if counted or (out.outcome == "crash" and out.reason == "internal"):
                 return
             self._publish_record(name, self._internal_crash(name, exc, out.started_at or time.time(), out),
-                                 None)
+                                 None, [])
 
-    def _publish_record(self, name: str, out: RunRecord, history) -> None:
-        if self.store.apply(out):  # it measured GPUs: the coverage kept across restarts moved
+    def _publish_record(self, name: str, out: RunRecord, history, counted: list[bool]) -> None:
+        measured = self.store.apply(out)
+        counted.append(True)  # the metrics have the run: a later failure must not count it again
+        if measured:  # it measured GPUs: the coverage kept across restarts moved
             self._save_coverage()
         if self._pending_xids:
             self._flush_pending_xids()

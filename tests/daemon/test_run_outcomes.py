@@ -76,3 +76,14 @@ def test_a_failure_storing_the_record_is_counted_as_internal(daemon, monkeypatch
     assert out.outcome == "success" and calls == ["success", "crash"]
     assert value(daemon.store.exposition.decode(), "fleetcanary_probe_crashes_total",
                  probe="host_memory_bandwidth", reason="internal") == 1
+
+
+def test_a_failure_after_the_record_is_stored_does_not_count_the_run_twice(daemon, monkeypatch):
+    def broken(out):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(daemon.history, "append", broken)
+    out = daemon.run_probe("host_memory_bandwidth")
+    assert out.outcome == "success"
+    text = daemon.store.exposition.decode()
+    assert value(text, "fleetcanary_probe_runs_total", probe="host_memory_bandwidth", outcome="success") == 1
+    assert value(text, "fleetcanary_probe_runs_total", probe="host_memory_bandwidth", outcome="crash") is None
