@@ -64,7 +64,10 @@ def main() -> int:
                       "  storage:\n    interval_seconds: 20\n    timeout_seconds: 19\n    params:\n      targets:\n"
                       f"        - {{name: scratch, path: {work / 'scratch'}, file_bytes: 33554432, "
                       "checkpoint_bytes: 0, small_files: 20, min_free_bytes: 0}\n")
-        cfg.write_text(f"state_dir: {work / 'state'}\nserver:\n  listen_address: 127.0.0.1:{fc_port}\n" + probes)
+        # every wrk connection comes from one address: the connection caps are raised above them (docs/security.md)
+        cfg.write_text(f"state_dir: {work / 'state'}\nserver:\n  listen_address: 127.0.0.1:{fc_port}\n"
+                       f"  max_connections: {max(64, args.connections + 8)}\n"
+                       f"  max_connections_per_client: {args.connections + 8}\n" + probes)
         with open(work / "fc.log", "wb") as log:  # the daemon keeps its own descriptor
             fc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "run", "--config", str(cfg)], cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=log)

@@ -195,6 +195,17 @@ class ServerConfig(Strict):
     listen_address: str = Field(
         f":{DEFAULT_PORT}", description="HOST:PORT to serve HTTP on; an empty host means all addresses.")
     request_timeout_seconds: float = Field(10.0, gt=0, le=300, description="Per-connection socket timeout.")
+    max_connections: int = Field(
+        64, ge=2, le=4096, description="HTTP connections served at once (each holds a thread and a file "
+        "descriptor). When all are taken, the one that has waited longest for its request's headers is cut for "
+        "a new one; with none waiting, the new one gets 503 and is closed at once.")
+    max_connections_per_client: int = Field(
+        8, ge=1, le=4096, description="HTTP connections from one source address, once half of max_connections "
+        "are in use (so one address holds at most half, and others still get in); past it a new connection from "
+        "that address gets 503 and is closed at once.")
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="Seconds a client has to send a request's whole request line and "
+        "headers (and to start the next request on a kept-alive connection), however slowly it sends them.")
     web_config_file: str | None = Field(
         None, description="TLS and basic auth, in the Prometheus exporter-toolkit web-config format "
         "(docs/security.md). Also --web.config.file.")

@@ -18,9 +18,10 @@ SCHEMA = 2
 # What happened to a run. A fixed vocabulary: each becomes a label value.
 OUTCOMES = ("success", "failure", "timeout", "crash", "skipped")
 # Why a run crashed, as the runner classifies it (skip reasons: SKIP_REASONS; failure
-# reasons: each probe's own plus "other").
+# reasons: each probe's own plus "other"); spawn_failed: no worker could be started (out of descriptors,
+# processes or memory); internal: the daemon itself failed around the run.
 CRASH_REASONS = ("exception", "killed_by_signal", "oom_killed", "exit_nonzero", "bad_result", "result_too_large",
-                 "spawn_failed")
+                 "spawn_failed", "internal")
 BROKEN = ("failure", "timeout", "crash")
 
 __all__ = ["BROKEN", "CRASH_REASONS", "OUTCOMES", "SCHEMA", "SKIP_REASONS", "RecordError", "RunRecord"]

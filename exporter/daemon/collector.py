@@ -113,6 +113,11 @@ KUBE_GPUS_REQUESTED = _m("fleetcanary_kubernetes_gpus_requested", "gauge",
                          "skip (gpu_allocated) unless the policy is ignore.")
 KUBE_CONDITION = _m("fleetcanary_kubernetes_node_condition_healthy", "gauge",
                     "1 if the node condition was last set True, 0 if False.", ("type",))
+HTTP_REFUSED = _m("fleetcanary_http_connections_refused_total", "counter",
+                  "HTTP connections refused (503 and closed from the accept loop) or cut, by reason: capacity (every "
+                  "slot taken, none waiting for a request), per_client (the address held its share), cut (the "
+                  "connection that had waited longest for its request's headers, for a new one). Once above 0.",
+                  ("reason",))
 
 # Reason series that alert or recording rules read with increase(): published at 0 from the start, since
 # increase() over a series born at 1 misses that first event. Every other reason appears once its count

@@ -5,23 +5,40 @@ part (process CPU, memory and file descriptors), so a scrape costs no probe work
 Gzip is served when asked: the cached gzip member of the static part and a fresh
 member for the dynamic part, concatenated (RFC 1952 allows several members; Go's
 and Python's readers take them as one stream).
+
+Nothing a client does can starve the daemon (issue 37): connections are capped in all and per source
+address (past either cap the accept loop answers 503 and closes at once, spawning no thread, so one
+address cannot take every slot and a scraper from another still gets in), and the whole request line
+and headers must arrive within a deadline however slowly the bytes trickle (the socket timeout alone
+is per recv). Each connection then holds at most one thread and one descriptor for a bounded time.
 """
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
+import re
+import socket
 import ssl
 import threading
+import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from fleetcanary.daemon.collector import HTTP_REFUSED
 from fleetcanary.daemon.webconfig import WebConfig
 
 log = logging.getLogger("fleetcanary.http")
 HANDSHAKE_TIMEOUT = 10.0
+MAX_CONNECTIONS = 64             # defaults; server.max_connections etc. in the config
+MAX_CONNECTIONS_PER_CLIENT = 8
+HEADER_TIMEOUT = 10.0
+REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
+           b"Retry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
 OPEN_PATHS = ("/healthz", "/readyz")  # liveness/readiness stay open for kubelet probes; they reveal nothing
 
 LANDING = b"""<html><head><title>fleetcanary</title></head><body><h1>fleetcanary</h1>
@@ -32,23 +49,179 @@ LANDING = b"""<html><head><title>fleetcanary</title></head><body><h1>fleetcanary
 """
 
 
+_QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
+
+
+def accept_encoding_q(header: str | None) -> dict[str, float]:
+    """Accept-Encoding (RFC 9110 12.5.3) as {coding: q}, codings lower-cased; an element with a malformed
+    q-value is left out (as if absent). A later element for the same coding wins."""
+    out: dict[str, float] = {}
+    for element in (header or "").split(","):
+        coding, *params = (p.strip() for p in element.split(";"))
+        if not coding or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", coding):
+            continue
+        q, ok = 1.0, True
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                value = value.strip()
+                if _QVALUE.fullmatch(value):
+                    q = float(value)
+                else:
+                    ok = False
+        if ok:
+            out[coding.lower()] = q
+    return out
+
+
+def wants_gzip(header: str | None) -> bool:
+    """Whether to answer with gzip: gzip (or x-gzip, or else `*`) is acceptable (q > 0) and not less
+    preferred than identity (identity's q: its own, else `*`'s, else 1). No header: identity."""
+    if not header:
+        return False
+    q = accept_encoding_q(header)
+    star = q.get("*")
+    gz = q.get("gzip", q.get("x-gzip", star if star is not None else 0.0))
+    identity = q.get("identity", star if star is not None else 1.0)
+    return gz > 0 and gz >= identity
+
+
+class _DeadlineIO(socket.SocketIO):
+    """The socket's reads for a handler: while the handler's header deadline is armed, each recv waits at
+    most until it (a client that trickles a byte every few seconds cannot hold a connection open)."""
+
+    def __init__(self, sock, handler, base_timeout: float) -> None:
+        super().__init__(sock, "rb")
+        sock._io_refs += 1  # as socket.makefile does: the socket closes once its files are closed too
+        self._handler, self._base = handler, base_timeout
+
+    def readinto(self, b):
+        deadline = self._handler.header_deadline
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request line and headers not complete within the header deadline")
+            self._sock.settimeout(min(self._base, left))
+        return super().readinto(b)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512
     allow_reuse_address = True
     web: WebConfig  # set by MetricsServer; its ssl_context, when set, serves TLS
+    max_connections = MAX_CONNECTIONS
+    max_connections_per_client = MAX_CONNECTIONS_PER_CLIENT
+    header_timeout = HEADER_TIMEOUT
+
+    def server_activate(self) -> None:
+        self._slots_lock = threading.Lock()
+        self.active = 0
+        self.per_client: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # why -> connections refused (capacity, per_client)
+        self.evicted = 0
+        self._waiting: dict[int, object] = {}  # handlers waiting for a request's line and headers, oldest first
+        super().server_activate()
+
+    def process_request(self, request, client_address):
+        """The accept loop: take a slot and start the connection's thread, or refuse it here and now.
+
+        Fair shares: while half the slots are free anyone gets one; past that, an address holding
+        max_connections_per_client is refused (so one address takes at most half the slots, and any other
+        still gets in). All slots taken: the connection that has waited longest for a request's headers is
+        cut (a request that is still arriving is the only kind a flood can hold; a scraper's headers come at
+        once), and the new one gets its slot; with none to cut, it is refused."""
+        client = str(client_address[0])
+        with self._slots_lock:
+            why = None
+            if self.active >= self.max_connections // 2 and \
+                    self.per_client[client] >= self.max_connections_per_client:
+                why = "per_client"
+            elif self.active >= self.max_connections and \
+                    (self.active >= 2 * self.max_connections or not self._evict_oldest_waiting()):
+                why = "capacity"
+            if why:
+                self.refused[why] += 1
+            else:
+                self.active += 1
+                self.per_client[client] += 1
+        if why:
+            self._refuse(request, client, why)
+            return
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError:  # no thread could be started
+            self._release(client)
+            self.shutdown_request(request)
+
+    def _evict_oldest_waiting(self) -> bool:
+        """Cut the connection that has waited longest for a request's headers (its thread then ends at once and
+        frees its slot); False if none waits. Called with the slots lock held."""
+        if not self._waiting:
+            return False
+        key = next(iter(self._waiting))
+        handler = self._waiting.pop(key)
+        try:  # the plain socket's shutdown, also under TLS: the blocked read sees EOF and the handler ends
+            socket.socket.shutdown(handler.connection, socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.evicted += 1
+        if self.evicted in (1, 10, 100) or self.evicted % 1000 == 0:
+            log.warning("HTTP: all %d connections taken; cut the one waiting longest for its request (%d so far)",
+                        self.max_connections, self.evicted)
+        return True
+
+    def waiting(self, handler, on: bool) -> None:
+        """A handler starts (on) or stops waiting for a request's line and headers."""
+        with self._slots_lock:
+            if on:
+                self._waiting[id(handler)] = handler
+            else:
+                self._waiting.pop(id(handler), None)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(str(client_address[0]))
+
+    def _release(self, client: str) -> None:
+        with self._slots_lock:
+            self.active -= 1
+            self.per_client[client] -= 1
+            if self.per_client[client] <= 0:
+                del self.per_client[client]
+
+    def _refuse(self, request, client: str, why: str) -> None:
+        """503 without blocking (nothing is sent on a TLS port: that would need a handshake), then close."""
+        if self.refused[why] in (1, 10, 100) or self.refused[why] % 1000 == 0:
+            log.warning("HTTP connection from %s refused (%s; %d so far): limits max_connections=%d, "
+                        "max_connections_per_client=%d", client, why, self.refused[why], self.max_connections,
+                        self.max_connections_per_client)
+        if self.web.ssl_context is None:
+            try:
+                request.setblocking(False)
+                request.send(REFUSED)
+            except OSError:
+                pass
+        self.shutdown_request(request)
 
     def finish_request(self, request, client_address):
-        # The TLS handshake runs here, in the connection's own thread, with a timeout: a
-        # client that stalls its handshake never blocks accepting other connections.
+        # The TLS handshake runs here, in the connection's own thread, within the header deadline as a
+        # whole: a client that stalls or trickles its handshake never blocks accepting other connections.
         ctx = self.web.ssl_context
         if ctx is None:
             return super().finish_request(request, client_address)
-        request.settimeout(HANDSHAKE_TIMEOUT)
         try:
-            tls = ctx.wrap_socket(request, server_side=True)
+            tls = ctx.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        except (ssl.SSLError, OSError) as exc:
+            log.debug("TLS with %s failed: %s", client_address[0], exc)
+            return None
+        try:
+            _handshake(tls, min(HANDSHAKE_TIMEOUT, self.header_timeout))
         except (ssl.SSLError, OSError) as exc:
             log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+            tls.close()
             return None
         try:
             self.RequestHandlerClass(tls, client_address, self)
@@ -57,6 +230,21 @@ class _Server(ThreadingHTTPServer):
                 tls.close()
             except OSError:
                 pass
+
+
+def _handshake(tls: ssl.SSLSocket, timeout: float) -> None:
+    """The server side of a TLS handshake, all of it within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("TLS handshake not complete within the deadline")
+        tls.settimeout(left)
+        try:
+            tls.do_handshake()
+            return
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            continue
 
 
 class _ProcessFigures:
@@ -69,6 +257,22 @@ class _ProcessFigures:
 
     def collect(self):
         return [f for f in self._proc.collect() if f.name not in self.LEFT_OUT]
+
+
+class _Refusals:
+    """fleetcanary_http_connections_refused_total, read at each scrape (a flood must not re-render the
+    exposition for every connection it makes); a reason appears once it has happened."""
+
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+
+    def collect(self):
+        fam = HTTP_REFUSED.family()
+        counts = {**self.server.refused, "cut": self.server.evicted}
+        for reason in ("capacity", "per_client", "cut"):
+            if counts.get(reason):
+                fam.add_metric([reason], counts[reason])
+        return [fam] if fam.samples else []
 
 
 class MetricsServer:
@@ -87,8 +291,34 @@ class MetricsServer:
             protocol_version = "HTTP/1.1"
             timeout = request_timeout
 
+            header_deadline: float | None = None
+
             def log_message(self, fmt, *args):  # access logs off; errors go through log
                 pass
+
+            def setup(self):
+                super().setup()
+                self.rfile.close()
+                self.rfile = io.BufferedReader(_DeadlineIO(self.connection, self, request_timeout))
+
+            def handle_one_request(self):
+                # The request line and headers (and, on a kept-alive connection, the wait for the next
+                # request) must all arrive within the header deadline; a GET's handler reads nothing more.
+                self.header_deadline = time.monotonic() + self.server.header_timeout
+                self.server.waiting(self, True)
+                try:
+                    super().handle_one_request()
+                finally:
+                    self.header_deadline = None
+                    self.server.waiting(self, False)
+
+            def parse_request(self):
+                ok = super().parse_request()
+                # Headers are in: the answer is written under the plain per-operation timeout again.
+                self.server.waiting(self, False)
+                self.header_deadline = None
+                self.connection.settimeout(request_timeout)
+                return ok
 
             def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
                 self.send_response(code)
@@ -114,7 +344,7 @@ class MetricsServer:
                                    {"WWW-Authenticate": 'Basic realm="fleetcanary", charset="UTF-8"'})
                         return
                     if path == "/metrics":
-                        gz = "gzip" in (self.headers.get("Accept-Encoding") or "")
+                        gz = wants_gzip(self.headers.get("Accept-Encoding"))
                         body = server.metrics_body(gz)
                         self._send(200, body, CONTENT_TYPE_LATEST, {"Content-Encoding": "gzip"} if gz else None)
                     elif path == "/healthz":
@@ -140,6 +370,7 @@ class MetricsServer:
 
         self.httpd = _Server((host, port), Handler)
         self.httpd.web = web or WebConfig()
+        self._proc_registry.register(_Refusals(self.httpd))
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
@@ -156,6 +387,14 @@ class MetricsServer:
                 self._gz_version = version
             cached = self._gz_static
         return cached + gzip.compress(dynamic, compresslevel=1)
+
+    def set_limits(self, max_connections: int = MAX_CONNECTIONS,
+                   max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT,
+                   header_timeout: float = HEADER_TIMEOUT) -> None:
+        """The connection caps and the header deadline (server.* in the config); before start()."""
+        self.httpd.max_connections = max_connections
+        self.httpd.max_connections_per_client = max_connections_per_client
+        self.httpd.header_timeout = header_timeout
 
     def set_web(self, web) -> None:
         """A reloaded web config: new connections use its TLS context and users."""

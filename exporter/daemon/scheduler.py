@@ -249,7 +249,10 @@ class Scheduler:
                     log.warning("probe %s: %s stayed busy for a whole interval; run dropped", name, what)
                     return
                 held.append(lock)
-            self._run_probe(name, *args)
+            try:
+                self._run_probe(name, *args)
+            except Exception:  # the daemon's run_probe records its own failures; this is the last resort
+                log.exception("probe %s: the run failed in the scheduler and left no record", name)
         finally:
             for lock in reversed(held):
                 lock.release()

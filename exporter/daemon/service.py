@@ -6,6 +6,7 @@ own threads. This process never imports torch and never calls NVML.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -31,7 +32,13 @@ from fleetcanary.probes.base import Probe
 from fleetcanary.probes.lib.xids import CRITICAL_XIDS
 from fleetcanary.runner import job as jobmod
 from fleetcanary.runner.history import History, HistoryError
-from fleetcanary.runner.isolation import become_subreaper, kill_all_workers, reap_orphans, run_isolated
+from fleetcanary.runner.isolation import (
+    become_subreaper,
+    kill_all_workers,
+    reap_orphans,
+    run_isolated,
+    track_workers,
+)
 
 BUDGET_FILE = "gpu-budget.json"  # the GPU-time charges of the last day, kept across restarts
 COVERAGE_FILE = "coverage.json"   # when each GPU was last measured by each invasive probe
@@ -364,28 +371,65 @@ class Daemon:
     def run_probe(self, name: str, trigger: str = "schedule") -> RunRecord | None:
         if self._stopping.is_set():
             return None
-        with self._settings_lock:
-            settings = self.settings
+        started = time.time()
+        out = None
+        try:
+            with self._settings_lock:
+                settings = self.settings
+                history = self.history
+            entry = settings.probe_entries()[name]
+            window = budget_window(entry.interval_seconds)
+            left = self.budget.left(window=window, probe=name, interval=entry.interval_seconds)
+            context = jobmod.probe_context(settings, left, self.gpu_allocation(), budget_window_seconds=window,
+                                           xid_watch_running=self.xid_watch is not None and self.xid_watch.watching())
+            job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
+            out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
+            self._charge(out, window)
+        except Exception as exc:  # noqa: BLE001 - a scheduler-side failure is a counted crash, never a silent gap
+            out = self._internal_crash(name, exc, started, out)
             history = self.history
-        entry = settings.probe_entries()[name]
-        window = budget_window(entry.interval_seconds)
-        left = self.budget.left(window=window, probe=name, interval=entry.interval_seconds)
-        context = jobmod.probe_context(settings, left, self.gpu_allocation(), budget_window_seconds=window,
-                                       xid_watch_running=self.xid_watch is not None and self.xid_watch.watching())
-        job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
-        out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
-        self._charge(out, window)
+            entry = None
         if self._stopping.is_set():
             # Killed by our own shutdown: not a result, not a crash of the probe.
             log.info("probe %s: stopped by the shutdown after %.1fs; not recorded", name, out.wall_seconds)
             return None
         out.trigger = trigger
         self._publish(name, out, history)
-        self._maybe_confirm(name, entry, out)
+        if entry is not None and out.reason not in ("spawn_failed", "internal"):
+            try:
+                self._maybe_confirm(name, entry, out)
+            except Exception:  # the run is recorded; a confirmation is a nicety
+                log.exception("probe %s: planning a confirmation run failed", name)
         return out
 
+    def _internal_crash(self, name: str, exc: BaseException, started: float, out: RunRecord | None) -> RunRecord:
+        """The crash record of a run the daemon itself failed: spawn_failed when the system is out of
+        descriptors, processes or memory, internal for anything else (logged with its traceback)."""
+        spawn = isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN)
+        if not spawn:
+            log.error("probe %s: the daemon failed running it", name, exc_info=exc)
+        crash = RunRecord(name, "crash", "spawn_failed" if spawn else "internal",
+                          f"{type(exc).__name__}: {exc}"[:300], node=self.settings.node_name, started_at=started,
+                          wall_seconds=max(0.0, time.time() - started))
+        if out is not None:  # the run itself finished; what failed came after it (budget, state)
+            crash.node, crash.exit_status = out.node, out.exit_status
+        return crash
+
     def _publish(self, name: str, out: RunRecord, history) -> None:
-        if self.store.apply(out):  # it measured GPUs: the coverage kept across restarts moved
+        counted: list[bool] = []
+        try:
+            self._publish_record(name, out, history, counted)
+        except Exception as exc:  # storing the record failed: the run is counted as an internal crash, once
+            log.error("probe %s: storing its %s run failed", name, out.outcome, exc_info=exc)
+            if counted or (out.outcome == "crash" and out.reason == "internal"):
+                return
+            self._publish_record(name, self._internal_crash(name, exc, out.started_at or time.time(), out),
+                                 None, [])
+
+    def _publish_record(self, name: str, out: RunRecord, history, counted: list[bool]) -> None:
+        measured = self.store.apply(out)
+        counted.append(True)  # the metrics have the run: a later failure must not count it again
+        if measured:  # it measured GPUs: the coverage kept across restarts moved
             self._save_coverage()
         if self._pending_xids:
             self._flush_pending_xids()
@@ -459,6 +503,9 @@ class Daemon:
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         become_subreaper(self.reap_everything)
+        track_workers(self.settings.state_dir)  # kill what a killed predecessor's workers left; record ours
+        srv = self.settings.server
+        self.server.set_limits(srv.max_connections, srv.max_connections_per_client, srv.header_timeout_seconds)
         self.server.start()
         if self.kube is not None:
             self.kube.start()

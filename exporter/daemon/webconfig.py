@@ -13,7 +13,8 @@
 
 Passwords are checked against bcrypt hashes; a successful check is cached (keyed by a
 hash of user and password) so a scrape does not pay bcrypt's cost every time; an
-unknown user is checked against a dummy hash so timing does not reveal user names.
+unknown user is checked against a dummy hash made at load at the highest cost configured, so an unknown
+user costs what a known one does and timing does not reveal user names.
 Settings of exporter-toolkit this server cannot honour (Go cipher-suite names, curve
 preferences) are refused rather than silently ignored.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import ssl
 import threading
 from collections import OrderedDict
@@ -38,8 +40,23 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTI
 TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
             "prefer_server_cipher_suites"}
 UNSUPPORTED_TLS_KEYS = {"cipher_suites", "curve_preferences", "client_allowed_sans", "cert", "key"}
-# A valid bcrypt hash of a random string: unknown users are checked against it.
+# A valid bcrypt hash of a random string, for a WebConfig built without load(); load() makes its own at the
+# configured cost (dummy_hash).
 _DUMMY_HASH = b"$2b$10$Ehoga5O/c4m4aMrUy0Hxz..8KygqJzHl2sbEflLNaOIuoCCvvBRCq"
+
+
+def bcrypt_cost(hashed: bytes) -> int:
+    """The cost (log2 rounds) of a bcrypt hash $2b$NN$...."""
+    return int(hashed[4:6])
+
+
+def dummy_hash(users: dict[str, bytes]) -> bytes:
+    """A bcrypt hash of random bytes at the highest cost among ``users``' hashes: checking an unknown user
+    against it costs what checking the most expensive configured user does."""
+    import bcrypt
+
+    cost = max((bcrypt_cost(h) for h in users.values()), default=10)
+    return bcrypt.hashpw(base64.b64encode(os.urandom(18)), bcrypt.gensalt(rounds=cost))
 
 
 class WebConfigError(Exception):
@@ -52,6 +69,7 @@ class WebConfig:
     ssl_context: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    dummy_hash: bytes = _DUMMY_HASH  # unknown users are checked against it (load(): at the configured cost)
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -76,7 +94,7 @@ class WebConfig:
 
         hashed = self.users.get(user)
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else _DUMMY_HASH)
+            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self.dummy_hash)
         except ValueError:
             ok = False
         ok = ok and hashed is not None
@@ -166,10 +184,13 @@ def load(path: str | None) -> WebConfig:
         raise WebConfigError(f"{path}: basic_auth_users: expected user: bcrypt-hash pairs")
     for user, hashed in users.items():
         h = str(hashed or "")
-        if not (h.startswith(("$2a$", "$2b$", "$2y$")) and len(h) == 60):
+        if not (h.startswith(("$2a$", "$2b$", "$2y$")) and len(h) == 60 and h[4:6].isdigit() and h[6] == "$"
+                and 4 <= int(h[4:6]) <= 31):
             # never echo the value: it might be a plain-text password by mistake
             raise WebConfigError(f"{path}: basic_auth_users.{user}: not a bcrypt hash (use htpasswd -nBC 10)")
         wc.users[str(user)] = h.replace("$2y$", "$2b$", 1).encode()
+    if wc.users:
+        wc.dummy_hash = dummy_hash(wc.users)
     http_cfg = data.get("http_server_config") or {}
     if not isinstance(http_cfg, dict) or set(http_cfg) - {"headers", "http2"}:
         raise WebConfigError(f"{path}: http_server_config: supported keys are headers and http2")

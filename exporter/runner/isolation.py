@@ -7,6 +7,12 @@ which removes any grandchild it left behind. A hung driver call, a stalled
 collective, a segfault or an OOM kill therefore ends as ``timeout`` or ``crash``
 and the daemon goes on.
 
+Workers die with the daemon, even a SIGKILLed one: each sets PR_SET_PDEATHSIG first thing (worker.py),
+and each holds the read end of a pipe whose only write end the daemon holds; a watchdog process in the
+worker's group sees EOF when the daemon is gone and kills the whole group (rank subprocesses included).
+The daemon also records each live worker (pid = pgid, its /proc start time, the boot) in the state
+directory; a starting daemon kills the groups of recorded workers whose leader is still that process.
+
 Output is drained by threads: the result pipe is read up to MAX_RESULT_BYTES, and
 stdout/stderr keep only a tail, so a probe that floods its output costs bounded
 memory and no disk.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import select
 import signal
@@ -24,14 +31,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetcanary.core import statefile
 from fleetcanary.core.record import CRASH_REASONS, OUTCOMES, RunRecord
 from fleetcanary.probes.lib.redact import redact_url
 from fleetcanary.probes.lib.spawn import module_command
-from fleetcanary.runner.job import RESULT_FD_ENV, WORKER_MODULE
+from fleetcanary.runner.job import PARENT_PID_ENV, RESULT_FD_ENV, WATCH_FD_ENV, WORKER_MODULE
 
+log = logging.getLogger("fleetcanary.runner")
 MAX_RESULT_BYTES = 32 << 20
 OUTPUT_TAIL_BYTES = 4096
-__all__ = ["CRASH_REASONS", "OUTCOMES", "become_subreaper", "kill_all_workers", "reap_orphans", "run_isolated"]
+WORKERS_FILE = "workers.json"  # the live workers, in the state directory (track_workers)
+__all__ = ["CRASH_REASONS", "OUTCOMES", "WORKERS_FILE", "become_subreaper", "kill_all_workers", "reap_orphans",
+           "reap_recorded_workers", "run_isolated", "track_workers"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -209,11 +220,13 @@ def _killpg(pgid: int, sig: int) -> None:
 def _wait_exit_no_reap(proc: subprocess.Popen, timeout: float) -> bool:
     """Wait until the leader has exited, without reaping it. True if it exited."""
     deadline = time.monotonic() + max(timeout, 0.0)
-    pidfd = None
+    pidfd, poller = None, None
     try:
         pidfd = os.pidfd_open(proc.pid)
+        poller = select.poll()  # not select.select: that fails on a descriptor numbered 1024 or more
+        poller.register(pidfd, select.POLLIN)
     except (AttributeError, OSError):
-        pidfd = None
+        pass
     try:
         while True:
             try:
@@ -225,13 +238,119 @@ def _wait_exit_no_reap(proc: subprocess.Popen, timeout: float) -> bool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            if pidfd is not None:
-                select.select([pidfd], [], [], remaining)
+            if poller is not None:
+                poller.poll(max(1, int(remaining * 1000) + 1))
             else:  # pre-5.3 kernels: poll the child's state
                 time.sleep(min(0.05, remaining))
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+_life_lock = threading.Lock()
+_life_pipe: tuple[int, int] | None = None
+
+
+def _life_read_fd() -> int:
+    """The read end of this process's life pipe, made once. Only this process holds the write end (os.pipe
+    makes both close-on-exec; workers get the read end alone), so it reads EOF once this process is gone."""
+    global _life_pipe  # noqa: PLW0603 - one pipe for the process's lifetime
+    with _life_lock:
+        if _life_pipe is None:
+            _life_pipe = os.pipe()
+        return _life_pipe[0]
+
+
+# --- the live workers, recorded in the state directory ------------------------------------------------------
+_registry_path: str | None = None
+_registry: dict[int, dict[str, Any]] = {}
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _proc_start(pid: int) -> tuple[int, int] | None:
+    """(start time in clock ticks since boot, process group) of a live process; None when gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        if fields[0] in ("Z", "X"):
+            return None
+        return int(fields[19]), int(fields[2])
+    except (IndexError, ValueError):
+        return None
+
+
+def _save_registry() -> None:
+    if _registry_path is None:
+        return
+    try:  # no fsync: after a power cut no worker is left to reap
+        statefile.write_atomic(_registry_path, json.dumps(list(_registry.values())), fsync=False)
+    except OSError as exc:
+        log.warning("cannot record the live workers in %s: %s", _registry_path, exc)
+
+
+def track_workers(state_dir: str) -> int:
+    """At daemon start: kill what an earlier daemon's recorded workers left (reap_recorded_workers), then
+    record every worker from now on in ``state_dir``/workers.json. Returns the groups killed."""
+    global _registry_path  # noqa: PLW0603 - the daemon's one state directory
+    path = os.path.join(state_dir, WORKERS_FILE)
+    killed = reap_recorded_workers(path)
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        log.warning("cannot make the state directory %s: %s", state_dir, exc)
+    with _live_lock:
+        _registry_path = path
+        _save_registry()
+    return killed
+
+
+def reap_recorded_workers(path: str) -> int:
+    """SIGKILL the process group of each worker recorded in ``path`` whose leader is still that process (the
+    same pid, boot and /proc start time, and still its group's leader): orphans of a daemon that died
+    without killing them. A recorded pid now used by another process is left alone. The groups killed."""
+    entries = statefile.read_json(path, WORKERS_FILE, "orphaned workers of an earlier daemon are not reaped",
+                                  expect=list)
+    boot, killed = _boot_id(), 0
+    for e in entries or ():
+        try:
+            pid, pgid, start, e_boot = int(e["pid"]), int(e["pgid"]), int(e["start_time"]), str(e["boot_id"])
+        except (TypeError, KeyError, ValueError):
+            statefile.drop(WORKERS_FILE, "wrong_shape", path, "an entry without pid, pgid, start_time, boot_id",
+                           "that entry's worker is not reaped")
+            continue
+        if pid <= 1 or pgid <= 1 or pid == os.getpid() or e_boot != boot:
+            continue
+        if _proc_start(pid) != (start, pgid):
+            continue
+        log.warning("killing the process group %d of worker %d, left running by an earlier daemon", pgid, pid)
+        _killpg(pgid, signal.SIGKILL)
+        killed += 1
+    return killed
+
+
+def _register(proc: subprocess.Popen) -> None:
+    """Called with _live_lock held."""
+    if _registry_path is None:
+        return
+    facts = _proc_start(proc.pid)
+    if facts is None:
+        return
+    _registry[proc.pid] = {"pid": proc.pid, "pgid": proc.pid, "start_time": facts[0], "boot_id": _boot_id()}
+    _save_registry()
+
+
+def _unregister(pid: int) -> None:
+    """Called with _live_lock held."""
+    if _registry.pop(pid, None) is not None:
+        _save_registry()
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -251,24 +370,33 @@ def run_isolated(job: dict[str, Any], timeout_seconds: float, kill_grace_seconds
     t0 = time.monotonic()
     job = {**job, "context": {**job["context"], "deadline_monotonic": t0 + timeout_seconds}}
     data = json.dumps(job).encode()
-    r_res, w_res = os.pipe()
-    r_out, w_out = os.pipe()
     ooms_before = oom_kills()
+    fds: list[int] = []
     _live_lock.acquire()  # reap_orphans must not see this child before it is registered
-    try:
+    try:  # out of descriptors or memory (EMFILE, ENFILE, ENOMEM, EAGAIN): a classified crash, never raised
+        watch = _life_read_fd()
+        r_res, w_res = os.pipe()
+        fds += (r_res, w_res)
+        r_out, w_out = os.pipe()
+        fds += (r_out, w_out)
         proc = subprocess.Popen(
             module_command(WORKER_MODULE),
-            stdin=subprocess.PIPE, stdout=w_out, stderr=w_out, pass_fds=(w_res,),
-            env=worker_env({RESULT_FD_ENV: str(w_res), **(env or {})}),
+            stdin=subprocess.PIPE, stdout=w_out, stderr=w_out, pass_fds=(w_res, watch),
+            env=worker_env({RESULT_FD_ENV: str(w_res), WATCH_FD_ENV: str(watch), PARENT_PID_ENV: str(os.getpid()),
+                            **(env or {})}),
             start_new_session=True, close_fds=True,
         )
     except OSError as exc:
         _live_lock.release()
-        for fd in (r_res, w_res, r_out, w_out):
+        for fd in fds:
             os.close(fd)
-        return RunRecord(name, "crash", "spawn_failed", str(exc), node=node, started_at=started)
+        return RunRecord(name, "crash", "spawn_failed", f"{type(exc).__name__}: {exc}"[:300], node=node,
+                         started_at=started)
     _live_groups.add(proc.pid)
-    _live_lock.release()
+    try:
+        _register(proc)
+    finally:
+        _live_lock.release()
     os.close(w_res)
     os.close(w_out)
     res_drain = _Drain(r_res, MAX_RESULT_BYTES + 1, keep_tail=False)
@@ -294,6 +422,7 @@ def run_isolated(job: dict[str, Any], timeout_seconds: float, kill_grace_seconds
     status = proc.wait()
     with _live_lock:
         _live_groups.discard(pgid)
+        _unregister(pgid)
     reap_orphans()
     # Grandchildren that held our pipes are dead now; the drains reach EOF.
     res_drain.join(timeout=5)

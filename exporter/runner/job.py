@@ -8,6 +8,8 @@ from typing import Any
 from fleetcanary.probes.base import Probe
 
 RESULT_FD_ENV = "FLEETCANARY_RESULT_FD"
+WATCH_FD_ENV = "FLEETCANARY_WATCH_FD"     # the read end of the daemon's life pipe: EOF when the daemon is gone
+PARENT_PID_ENV = "FLEETCANARY_PARENT_PID"  # the process that started the worker, for the PDEATHSIG race check
 WORKER_MODULE = "fleetcanary.runner.worker"
 
 

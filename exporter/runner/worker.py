@@ -9,9 +9,11 @@ This is the only place where torch, NVML and network targets are touched.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -21,7 +23,9 @@ from fleetcanary.core import environment
 from fleetcanary.core.record import RunRecord
 from fleetcanary.probes.base import ProbeContext, ProbeError, ProbeSkipped, ProbeTimeout
 from fleetcanary.probes.lib.redact import redact_url
-from fleetcanary.runner.job import RESULT_FD_ENV
+from fleetcanary.runner.job import PARENT_PID_ENV, RESULT_FD_ENV, WATCH_FD_ENV
+
+PR_SET_PDEATHSIG = 1
 
 
 def _load_class(path: str):
@@ -96,7 +100,50 @@ def execute(job: dict[str, Any]) -> RunRecord:
     return run
 
 
+def die_with_parent() -> None:
+    """The worker and its whole process group never outlive the daemon, even one killed by SIGKILL.
+
+    PR_SET_PDEATHSIG kills this process when its parent goes; getppid() is checked after it is set, for a
+    parent that went before. That signal reaches this process only, so a watchdog forked into our process
+    group (rank subprocesses of collectives live here too) waits on the daemon's life pipe and kills the
+    whole group at its EOF: only the daemon holds the write end. Outside a daemon (no env) nothing is done."""
+    parent = os.environ.pop(PARENT_PID_ENV, None)
+    watch = os.environ.pop(WATCH_FD_ENV, None)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if parent and parent.isdigit() and os.getppid() != int(parent):
+        os._exit(1)  # the daemon went before the death signal was set
+    if not (watch and watch.isdigit()):
+        return
+    fd = int(watch)
+    if os.fork() != 0:
+        os.close(fd)  # only the watchdog holds it
+        return
+    try:  # the watchdog: nothing but the pipe open (no pipe of the daemon's is held by it)
+        null = os.open(os.devnull, os.O_RDWR)
+        for std in (0, 1, 2):
+            os.dup2(null, std)
+        os.closerange(3, fd)
+        os.closerange(fd + 1, 1 << 20)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a group SIGTERM at the deadline is for the probe
+        while True:
+            try:
+                if not os.read(fd, 1):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
 def main() -> int:
+    die_with_parent()
     # Under memory pressure the kernel should kill a probe worker, never the daemon that serves
     # /metrics: raising our own OOM score needs no privilege.
     try:

@@ -30,6 +30,7 @@ import re
 import select
 import stat
 import sys
+import time
 
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-9A-Fa-f])?\): "
                  r"(\d+)(?:,|\s|$)(.*)")
@@ -60,6 +61,14 @@ def emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
+def _wait_readable(fd: int, seconds: float) -> None:
+    """Until ``fd`` is readable or ``seconds`` pass; poll, not select.select (which fails on a descriptor
+    numbered 1024 or more)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    p.poll(int(seconds * 1000))
+
+
 def records_from_device(fd: int):
     """/dev/kmsg: one record per read; EPIPE: records were overwritten before being read."""
     while True:
@@ -70,7 +79,7 @@ def records_from_device(fd: int):
                 yield None
                 continue
             if e.errno == errno.EAGAIN:
-                select.select([fd], [], [], 5.0)
+                _wait_readable(fd, 5.0)
                 continue
             raise
         if not data:
@@ -89,7 +98,7 @@ def records_from_file(f):
                 yield buf
                 buf = ""
             continue
-        select.select([], [], [], POLL_SECONDS)
+        time.sleep(POLL_SECONDS)
 
 
 UNAVAILABLE = 3  # exit status: this source cannot work here (no NVML, no events); the daemon stops trying

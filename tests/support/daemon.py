@@ -66,8 +66,8 @@ class Daemon:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.host, self.port = host, port or free_port()
-        self.config = {"state_dir": str(self.workdir / "state"),
-                       "server": {"listen_address": f"{host}:{self.port}"}, **(config or {})}
+        server = {"listen_address": f"{host}:{self.port}", **(config or {}).get("server", {})}  # merged
+        self.config = {"state_dir": str(self.workdir / "state"), **(config or {}), "server": server}
         self.state_dir = Path(self.config["state_dir"])
         self.config_path = self.workdir / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(self.config))
