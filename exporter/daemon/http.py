@@ -391,7 +391,8 @@ class MetricsServer:
     def set_limits(self, max_connections: int = MAX_CONNECTIONS,
                    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT,
                    header_timeout: float = HEADER_TIMEOUT) -> None:
-        """The connection caps and the header deadline (server.* in the config); before start()."""
+        """The connection caps and the header deadline (server.* in the config), at start and at each reload: the
+        accept loop reads them for every new connection."""
         self.httpd.max_connections = max_connections
         self.httpd.max_connections_per_client = max_connections_per_client
         self.httpd.header_timeout = header_timeout

@@ -351,6 +351,8 @@ class Daemon:
             self.store.set_config_reload(False)
             return False
         self.server.set_web(web)
+        srv = new.server  # the caps are read at each accept, so a reload applies them to the next connection
+        self.server.set_limits(srv.max_connections, srv.max_connections_per_client, srv.header_timeout_seconds)
         with self._settings_lock:
             if new.server.listen_address != self.settings.server.listen_address:
                 log.warning("server.listen_address changed; it takes effect at the next restart")
