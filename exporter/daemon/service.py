@@ -451,6 +451,7 @@ class Daemon:
             self.claimer.start()
         jobs = self._jobs()
         self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))
+        self.store.rerender()  # the state files set aside by now (phase.json is read just above) are counted
         self.scheduler.start()
         host, _ = configmod.parse_listen_address(self.settings.server.listen_address)
         log.info("fleetcanary listening on %s:%d; probes: %s", host or "0.0.0.0", self.server.port,
