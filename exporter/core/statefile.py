@@ -331,11 +331,21 @@ class DirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        """Hold the lock, or StateLocked (one line). The lock is held on a read-only descriptor: a descriptor
+        open for writing would keep the state directory's filesystem from being remounted read-only. A
+        directory that cannot be written at all (read-only filesystem, no write permission) is not locked:
+        no daemon can write in it, so none can overwrite another's state."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         except OSError as e:
+            if e.errno in (errno.EROFS, errno.EACCES):
+                log.warning("state directory %s cannot be written (%s); not locked, nothing in it will be kept",
+                            self.path.parent, e.strerror or e)
+                return
             raise StateLocked(f"state directory lock {self.path}: {e.strerror or e}") from None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             holder = ""
@@ -349,8 +359,15 @@ class DirLock:
                 raise StateLocked(f"state directory {self.path.parent} is in use by another fleetcanary "
                                   f"daemon{who}; one daemon per state directory") from None
             raise StateLocked(f"state directory lock {self.path}: {e.strerror or e}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the holder's PID, for the message a second daemon prints; the lock does not depend on it
+            wfd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                os.ftruncate(wfd, 0)
+                os.pwrite(wfd, f"{os.getpid()}\n".encode(), 0)
+            finally:
+                os.close(wfd)
+        except OSError:
+            pass
         self._fd = fd
 
     def release(self) -> None:
