@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetcanary.core import statefile
 from fleetcanary.core.record import RecordError, RunRecord
 from fleetcanary.daemon import phase
 from fleetcanary.daemon.scheduler import budget_window
@@ -161,7 +162,12 @@ class Claimer:
             return 0
         for path in files:
             try:
-                rec = RunRecord.from_json(json.loads(path.read_text(encoding="utf-8")), source=str(path))
+                # never through a link planted in the inbox; bytes, depth and size bounded (core/statefile)
+                raw = statefile.read_bytes(path, "inbox", "the record is dropped")
+                value, kind, detail = statefile.parse_json(raw) if raw is not None else (None, "", "")
+                if raw is None or kind:
+                    raise RecordError(detail or "set aside")
+                rec = RunRecord.from_json(value, source=str(path))
                 cls = self.daemon.probe_map.get(rec.probe)
                 if cls is None or cls.exclusive != "gpu":
                     raise RecordError(f"probe {rec.probe!r} is not an invasive probe of this exporter")

@@ -94,10 +94,10 @@ CLOCK_JUMPS = _m("fleetcanary_clock_jumps_total", "counter",
                  "Wall-clock steps of 5 s or more seen against the monotonic clock; every probe is planned again "
                  "after one.")
 STATE_ERRORS = _m("fleetcanary_state_errors_total", "counter",
-                   "State files (gpu-budget.json, coverage.json, phase.json, judge/figures.jsonl, results.jsonl) and "
-                   "their entries or lines set aside, by file and kind: " + ", ".join(statefile.KINDS) + " (a "
-                   "future one was stamped past the clock: a stepped clock). The daemon starts without them; a "
-                   "series appears once it happened.", ("file", "kind"))
+                   "State files (gpu-budget.json, coverage.json, phase.json, judge/figures.jsonl, results.jsonl; "
+                   "inbox: the claim inbox's records) and their entries or lines set aside, by file and kind: "
+                   + ", ".join(statefile.KINDS) + " (future: stamped past the clock, a stepped clock). The daemon "
+                   "starts without them; a series appears once it happened.", ("file", "kind"))
 BUILD_INFO = _m("fleetcanary_build_info", "info", "Build identity; value 1.", ("version", "commit", "python_version"))
 NODE_INFO = _m("fleetcanary_node_info", "info",
                "The stable part of this node's environment record; value 1. The node label comes from relabeling; "
