@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -216,8 +218,12 @@ CONTENT = st.one_of(st.binary(max_size=300),
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+_SCRATCH = tempfile.TemporaryDirectory(prefix="fc-prop-")  # removed when the test process ends
+
+
 def _in_file(raw: bytes, name: str) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="fc-prop-"))
+    """The bytes in a file of a fresh directory of its own."""
+    d = Path(tempfile.mkdtemp(dir=_SCRATCH.name))
     path = d / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(raw)
@@ -286,3 +292,25 @@ def test_the_results_history_reader_raises_only_its_one_line_error(raw):
         error = str(exc)
     assert "\n" not in error and all(isinstance(r, RunRecord) for r in runs)
 
+
+
+def test_a_kubernetes_fsgroup_volume_is_accepted_and_the_same_directory_without_setgid_refused():
+    """The base DaemonSet's emptyDir, as the kubelet hands it to fsGroup 65532: root-owned, group 65532, 2777
+    (its parent under /var/lib/kubelet/pods is root's only). The same modes without the setgid bit: refused."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a directory of another owner and run as 65532")
+    top = Path(tempfile.mkdtemp(prefix="fc-fsgroup-"))  # pytest's own tmp is root's only: 65532 must reach it
+    os.chmod(top, 0o755)
+    state = top / "state"
+    state.mkdir()
+    os.chown(state, 0, 65532)
+    check = [sys.executable, "-c", f"from fleetcanary.core import statefile; statefile.check_dir({str(state)!r})"]
+    as_65532 = ["setpriv", "--reuid", "65532", "--regid", "65532", "--clear-groups", *check]
+    os.chmod(state, 0o2777)
+    ok = subprocess.run(as_65532, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    os.chmod(state, 0o777)
+    assert not os.stat(state).st_mode & 0o2000
+    refused = subprocess.run(as_65532, capture_output=True, text=True, timeout=60)
+    shutil.rmtree(top)
+    assert refused.returncode != 0 and "owned by uid 0" in refused.stderr, refused.stderr[-2000:]
