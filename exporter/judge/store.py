@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import stat
 import threading
 import time
 from collections import Counter
@@ -108,6 +110,15 @@ class FigureStore:
         self.write_errors = 0
         self.compacted_day = -1
         self.stats: dict[figmod.SeriesKey, Stats] = {}
+        if self.path is not None:
+            try:  # judge/ itself: never a link to elsewhere, never another user's (created 0700)
+                _tighten(self.path.parent)
+                statefile.check_dir(self.path.parent)
+            except statefile.StateDirError as exc:
+                kind = "symlink" if self.path.parent.is_symlink() else "unreadable"
+                statefile.drop(FILE_LABEL, kind, self.path.parent, str(exc), "the figures are kept in memory only")
+                self.write_errors += 1
+                self.path = None
         if self.path is not None:
             self._load()
 
@@ -245,7 +256,6 @@ class FigureStore:
     def _rewrite(self, now: float) -> None:
         """Keep the lines of the retention window, in time order, atomically. The cutoff moves at most
         MAX_DROP_SECONDS past the previous one; lines in the future of the store's clock are kept."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         why: list[str] = []
         lines = list(self._lines(why))
         if "unreadable" in why:
@@ -293,6 +303,20 @@ class FigureStore:
             return self.path.stat().st_size if self.path is not None else 0
         except OSError:
             return 0
+
+
+def _tighten(directory: Path) -> None:
+    """An older version made judge/ with the process's umask (0775 under umask 002): our own directory, so
+    take the group's and others' write bits instead of refusing it."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o022:
+        try:
+            os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass  # check_dir says why it is refused
 
 
 def _checked(value: Any) -> dict[str, Any] | None:

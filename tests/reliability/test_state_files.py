@@ -314,3 +314,18 @@ def test_a_kubernetes_fsgroup_volume_is_accepted_and_the_same_directory_without_
     refused = subprocess.run(as_65532, capture_output=True, text=True, timeout=60)
     shutil.rmtree(top)
     assert refused.returncode != 0 and "owned by uid 0" in refused.stderr, refused.stderr[-2000:]
+
+
+def test_a_judge_directory_planted_as_a_link_is_never_written_through(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "judge").symlink_to(elsewhere)
+    store = FigureStore(str(state))
+    samples = [{"metric": "fleetcanary_host_memory_bandwidth_bytes_per_second", "labels": {"op": "copy"},
+                "value": 5e10}]
+    assert store.observe(RunRecord(probe="host_memory_bandwidth", outcome="success", started_at=time.time() - 10,
+                                   wall_seconds=10, samples=samples))
+    assert list(elsewhere.iterdir()) == [] and len(store.snapshot()) == 1  # kept in memory only
+    assert statefile.ERRORS.snapshot().get(("judge/figures.jsonl", "symlink")) == 1
