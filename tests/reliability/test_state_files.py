@@ -329,3 +329,18 @@ def test_a_judge_directory_planted_as_a_link_is_never_written_through(tmp_path):
                                    wall_seconds=10, samples=samples))
     assert list(elsewhere.iterdir()) == [] and len(store.snapshot()) == 1  # kept in memory only
     assert statefile.ERRORS.snapshot().get(("judge/figures.jsonl", "symlink")) == 1
+
+
+@pytest.mark.parametrize("name", ["gpu-budget.json", "coverage.json"])
+def test_a_state_file_of_the_wrong_type_is_dropped_with_one_line_and_counted(tmp_path, caplog, name):
+    """Before: an object where a list belongs was dropped without a word."""
+    from types import SimpleNamespace
+
+    from fleetcanary.daemon.service import Daemon as InProcess
+    (tmp_path / name).write_text('{"0": [1, 2, 3]}')
+    fake = SimpleNamespace(settings=SimpleNamespace(state_dir=str(tmp_path)))
+    with caplog.at_level("INFO"):
+        assert InProcess._read_state(fake, name, "what", "starting from nothing") == []
+    lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(lines) == 1 and "wrong_shape" in lines[0], lines
+    assert statefile.ERRORS.snapshot() == {(name, "wrong_shape"): 1}
