@@ -166,6 +166,7 @@ class FigureStore:
                             "it as the truth", self.clock.wall() - self.clock.now(), mono - self._ahead_since)
                 self.clock.reanchor()
                 self._ahead_since = None
+                self._reload()  # lines set aside at start as future may be the real history
                 return True
         with self._lock:
             first = self.set_aside["future_run"] == 0
@@ -174,6 +175,14 @@ class FigureStore:
             "judge: run of %s finished at %r, past the store's clock (%.0f) by more than %.0f s (a stepped wall "
             "clock); not kept", rec.probe, t, self.clock.now(), FUTURE_SKEW_SECONDS)
         return False
+
+    def _reload(self) -> None:
+        with self._lock:
+            self.series, self.models, self.stats, self.uuids = {}, {}, {}, {}
+            self._floor = None
+            self.compacted_day = -1
+            if self.path is not None:
+                self._load()
 
     def _apply(self, line: dict[str, Any], compute: bool = True) -> None:
         t = float(line["t"])
