@@ -289,12 +289,12 @@ class Daemon:
 
     def _dropper(self, name: str, what: str):
         """drop(kind, detail) for a restore: each entry refused is counted; one line for the file."""
-        seen: list[tuple[str, str]] = []
+        seen = [0]
 
         def drop(kind: str, detail: str) -> None:
             statefile.ERRORS.count(name, kind)
-            seen.append((kind, detail))
-            if len(seen) == 1:
+            seen[0] += 1
+            if seen[0] == 1:
                 log.warning("state %s: %s set aside (%s: %s; more are counted, not logged); %s",
                             name, what, kind, detail, "the rest is restored")
         return drop
