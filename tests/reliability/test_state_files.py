@@ -7,8 +7,10 @@ and writes nothing outside. Then planted links for results.jsonl and the tempora
 directory's own checks, two daemons on one directory, and property tests of every reader
 (core/statefile and the entry checks of each file).
 
-Hostile inputs: 6 forms x 4 files (24, six daemon starts), 4 planted links (results.jsonl, figures.jsonl and
-both its temporary names, phase.json.tmp), 4 state-directory checks, 1 lock (two daemons).
+Hostile inputs: 6 forms x 4 files (24, six daemon starts) and 2 wrong-typed files; 7 planted links
+(results.jsonl, judge/figures.jsonl, its old and new temporary names, judge/ itself, phase.json.tmp, a
+write_atomic temporary); 5 state-directory checks (world- and group-writable, a link, another owner, the
+kubelet's fsGroup volume accepted and refused without setgid); 1 lock (two daemons).
 Property tests: 200 examples each for the budget, coverage, phase, figure store and results history readers.
 """
 from __future__ import annotations
