@@ -38,6 +38,13 @@ def _stop_daemons():
     stop_all()
 
 
+@pytest.fixture(autouse=True)
+def _state_errors_start_at_zero():
+    """core/statefile's counts are the process's (a daemon's life); in the test process, each test's own."""
+    from fleetcanary.core import statefile
+    statefile.ERRORS.clear()
+
+
 SMALL_HOST_BW = {"params": {"array_bytes": 8 << 20, "repeats": 3}, "interval_seconds": 30, "timeout_seconds": 20}
 
 

@@ -71,6 +71,7 @@ def cmd_run(args) -> int:
         settings = settings.model_copy(update={"server": settings.server.model_copy(
             update={"listen_address": args.listen_address})})
     _setup_logging(settings.log_level)
+    from fleetcanary.core.statefile import StateDirError
     from fleetcanary.daemon.service import Daemon
     from fleetcanary.daemon.webconfig import WebConfigError
 
@@ -79,6 +80,9 @@ def cmd_run(args) -> int:
     except WebConfigError as exc:
         print(f"fleetcanary: web config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except StateDirError as exc:
+        print(f"fleetcanary: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"fleetcanary: cannot listen on {settings.server.listen_address}: {exc.strerror or exc}",
               file=sys.stderr)

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import stat
 import threading
@@ -68,6 +69,37 @@ def drop(file: str, kind: str, path: str | Path, detail: str, consequence: str) 
     log.warning("state %s: %s set aside (%s: %s); %s", file, path, kind, detail, consequence)
 
 
+def number(value: Any) -> float | None:
+    """A finite JSON number as a float; None for anything else (a bool, a string, NaN, Infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return f if math.isfinite(f) else None
+
+
+def lines(raw: bytes, file: str, path: str | Path, consequence: str, max_depth: int = MAX_DEPTH):
+    """(line number, value) of each JSON line of a file's bytes; a line that is not UTF-8, not JSON or too
+    deep is counted and logged (one line per file: the first such line and how many), never raised."""
+    bad: Counter[str] = Counter()
+    first = ""
+    for n, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        value, kind, detail = parse_json(line, max_depth)
+        if kind:
+            bad[kind] += 1
+            first = first or f"line {n}: {kind}: {detail}"
+            continue
+        yield n, value
+    for kind, k in bad.items():
+        ERRORS.count(file, kind, k)
+    if bad:
+        log.warning("state %s: %s: %d lines set aside (%s); %s", file, path, sum(bad.values()), first, consequence)
+
+
 def depth(obj: Any, limit: int = MAX_DEPTH) -> int:
     """How deep the containers nest, stopping once past `limit` (no recursion: a hostile file cannot
     exhaust the stack)."""
@@ -101,29 +133,35 @@ def parse_json(raw: bytes | str, max_depth: int = MAX_DEPTH) -> tuple[Any, str |
     return value, None, ""
 
 
-def read_bytes(path: str | Path, file: str, consequence: str, max_bytes: int = MAX_BYTES) -> bytes | None:
-    """The file's bytes; None when absent or set aside (counted, one line). Never follows a link."""
-    path = Path(path)
+def read_bytes(path: str | Path, file: str, consequence: str, max_bytes: int = MAX_BYTES,
+               why: list[str] | None = None) -> bytes | None:
+    """The file's bytes; None when absent or set aside (counted, one line; its kind appended to `why`).
+    Never follows a link."""
+    data, kind, detail = _read(Path(path), max_bytes)
+    if kind:
+        drop(file, kind, path, detail, consequence)
+        if why is not None:
+            why.append(kind)
+    return data
+
+
+def _read(path: Path, max_bytes: int) -> tuple[bytes | None, str, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        return None
+        return None, "", ""
     except OSError as e:
         if e.errno == errno.ELOOP:
-            drop(file, "symlink", path, "a symbolic link, not followed", consequence)
-        elif e.errno == errno.EISDIR:
-            drop(file, "not_a_file", path, "a directory", consequence)
-        else:
-            drop(file, "unreadable", path, e.strerror or str(e), consequence)
-        return None
+            return None, "symlink", "a symbolic link, not followed"
+        if e.errno == errno.EISDIR:
+            return None, "not_a_file", "a directory"
+        return None, "unreadable", e.strerror or str(e)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            drop(file, "not_a_file", path, "not a regular file", consequence)
-            return None
+            return None, "not_a_file", "not a regular file"
         if st.st_size > max_bytes:
-            drop(file, "too_large", path, f"{st.st_size} bytes > {max_bytes}", consequence)
-            return None
+            return None, "too_large", f"{st.st_size} bytes > {max_bytes}"
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, 1 << 20)
@@ -131,13 +169,11 @@ def read_bytes(path: str | Path, file: str, consequence: str, max_bytes: int = M
                 break
             total += len(chunk)
             if total > max_bytes:  # it grew while we read
-                drop(file, "too_large", path, f"more than {max_bytes} bytes", consequence)
-                return None
+                return None, "too_large", f"more than {max_bytes} bytes"
             chunks.append(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks), "", ""
     except OSError as e:
-        drop(file, "unreadable", path, e.strerror or str(e), consequence)
-        return None
+        return None, "unreadable", e.strerror or str(e)
     finally:
         os.close(fd)
 
@@ -212,7 +248,34 @@ def write_atomic(path: str | Path, data: str | bytes, fsync: bool = True, mode: 
 
 def open_append(path: str | Path, mode: int = 0o644) -> int:
     """A descriptor appending to the file, created if needed, never through a link (OSError ELOOP)."""
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+
+
+def append(path: str | Path, data: bytes, file: str, mode: int = 0o644) -> int:
+    """Append `data` in one write() under O_APPEND, never through a link: a link planted in the file's place
+    is counted, removed (unlink removes the link, never its target) and the file made afresh. Returns the
+    bytes written: fewer than len(data) on a full disk, and then undone (the file is as it was). OSError
+    propagates."""
+    path = Path(path)
+    try:
+        fd = open_append(path, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        drop(file, "symlink", path, "a symbolic link in the file's place, removed, not followed",
+             "writing a new file in its place")
+        os.unlink(path)
+        fd = open_append(path, mode)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device planted in its place: O_NOFOLLOW does not refuse those
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        n = os.write(fd, data)
+        if n != len(data):
+            os.ftruncate(fd, st.st_size)
+        return n
+    finally:
+        os.close(fd)
 
 
 class StateDirError(Exception):
@@ -234,12 +297,24 @@ def check_dir(path: str | Path, uid: int | None = None) -> None:
         raise StateDirError(f"state directory {path}: is a symbolic link; give the real path")
     if not stat.S_ISDIR(st.st_mode):
         raise StateDirError(f"state directory {path}: not a directory")
+    if st.st_uid != uid and _kubelet_volume(st):
+        log.info("state directory %s: a volume Kubernetes handed to this pod (owner root, group %d by fsGroup, "
+                 "setgid); only the pod's containers and root reach it", path, st.st_gid)
+        return
     if st.st_uid != uid:
         raise StateDirError(f"state directory {path}: owned by uid {st.st_uid}, not this user ({uid}); "
                             f"chown it to {uid}")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise StateDirError(f"state directory {path}: writable by group or others (mode "
                             f"{stat.S_IMODE(st.st_mode):04o}); chmod go-w it")
+
+
+def _kubelet_volume(st: os.stat_result) -> bool:
+    """An emptyDir (or other volume) whose ownership the kubelet set from the pod's fsGroup: owned by root,
+    group this process's group, setgid. The kubelet makes it 0777 (2777); its parent,
+    /var/lib/kubelet/pods/<uid>/volumes, is root's only, so no other user of the host can plant files in it."""
+    return st.st_uid == 0 and os.geteuid() != 0 and st.st_gid in (os.getegid(), *os.getgroups()) \
+        and bool(st.st_mode & stat.S_ISGID)
 
 
 class StateLocked(Exception):
@@ -256,11 +331,21 @@ class DirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        """Hold the lock, or StateLocked (one line). The lock is held on a read-only descriptor: a descriptor
+        open for writing would keep the state directory's filesystem from being remounted read-only. A
+        directory that cannot be written at all (read-only filesystem, no write permission) is not locked:
+        no daemon can write in it, so none can overwrite another's state."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         except OSError as e:
+            if e.errno in (errno.EROFS, errno.EACCES):
+                log.warning("state directory %s cannot be written (%s); not locked, nothing in it will be kept",
+                            self.path.parent, e.strerror or e)
+                return
             raise StateLocked(f"state directory lock {self.path}: {e.strerror or e}") from None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             holder = ""
@@ -274,8 +359,15 @@ class DirLock:
                 raise StateLocked(f"state directory {self.path.parent} is in use by another fleetcanary "
                                   f"daemon{who}; one daemon per state directory") from None
             raise StateLocked(f"state directory lock {self.path}: {e.strerror or e}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the holder's PID, for the message a second daemon prints; the lock does not depend on it
+            wfd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                os.ftruncate(wfd, 0)
+                os.pwrite(wfd, f"{os.getpid()}\n".encode(), 0)
+            finally:
+                os.close(wfd)
+        except OSError:
+            pass
         self._fd = fd
 
     def release(self) -> None:

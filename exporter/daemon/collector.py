@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
+from fleetcanary.core import statefile
 from fleetcanary.core.environment import STABLE_FIELDS
 from fleetcanary.core.record import CRASH_REASONS, SKIP_REASONS
 from fleetcanary.core.version import git_commit, version
@@ -93,6 +94,11 @@ HISTORY_ERRORS = _m("fleetcanary_history_write_errors_total", "counter",
 CLOCK_JUMPS = _m("fleetcanary_clock_jumps_total", "counter",
                  "Wall-clock steps of 5 s or more seen against the monotonic clock; every probe is planned again "
                  "after one.")
+STATE_ERRORS = _m("fleetcanary_state_errors_total", "counter",
+                   "State files (gpu-budget.json, coverage.json, phase.json, judge/figures.jsonl, results.jsonl; "
+                   "inbox: the claim inbox's records) and their entries or lines set aside, by file and kind: "
+                   + ", ".join(statefile.KINDS) + " (future: stamped past the clock, a stepped clock). The daemon "
+                   "starts without them; a series appears once it happened.", ("file", "kind"))
 BUILD_INFO = _m("fleetcanary_build_info", "info", "Build identity; value 1.", ("version", "commit", "python_version"))
 NODE_INFO = _m("fleetcanary_node_info", "info",
                "The stable part of this node's environment record; value 1. The node label comes from relabeling; "
@@ -222,6 +228,10 @@ class _StateCollector:
             rejected.add_metric([reason], n)
         yield rejected
         yield CLOCK_JUMPS.family(s.clock_jumps)
+        state_errors = STATE_ERRORS.family()
+        for (file, kind), n in sorted(statefile.ERRORS.snapshot().items()):
+            state_errors.add_metric([file, kind], n)
+        yield state_errors
         build = BUILD_INFO.family()
         build.add_metric([], {"version": version(), "commit": git_commit(),
                               "python_version": platform.python_version()})

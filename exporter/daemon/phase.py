@@ -18,7 +18,7 @@ import logging
 import secrets
 from pathlib import Path
 
-from fleetcanary.core.textfile import write_atomic
+from fleetcanary.core import statefile
 
 log = logging.getLogger("fleetcanary.phase")
 FILE = "phase.json"
@@ -29,17 +29,16 @@ def seed(state_dir: str, node_name: str) -> str:
     if node_name:
         return node_name
     path = Path(state_dir) / FILE
-    try:
-        kept = json.loads(path.read_text()).get("seed")
-        if isinstance(kept, str) and kept:
-            return kept
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as e:
-        log.warning("phase: %s unreadable (%s); drawing a new seed", path, e)
+    # read through core/statefile: never raises, never follows a link; what is set aside is counted
+    kept = statefile.read_json(path, FILE, "drawing a new seed", expect=dict)
+    if kept is not None:
+        value = kept.get("seed")
+        if isinstance(value, str) and 0 < len(value) <= 256:
+            return value
+        statefile.drop(FILE, "wrong_shape", path, "no seed string in it", "drawing a new seed")
     new = secrets.token_hex(16)
     try:
-        write_atomic(path, json.dumps({"seed": new}))
+        statefile.write_atomic(path, json.dumps({"seed": new}))
     except OSError as e:  # a read-only state directory: the phase holds until the next restart
         log.warning("phase: cannot keep the seed in %s: %s", path, e)
     return new

@@ -23,6 +23,8 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from fleetcanary.core import statefile
+
 log = logging.getLogger("fleetcanary.scheduler")
 
 BUDGET_WINDOW_SECONDS = 3600.0        # the shortest budget window (probes running hourly or more often)
@@ -141,20 +143,28 @@ class GpuBudget:
                     for gpu, dq in self._spent.items() for t, s, wc, who in dq
                     if mono - t <= MAX_BUDGET_WINDOW_SECONDS]
 
-    def restore(self, charges: list, wall_now: float) -> int:
+    def restore(self, charges: list, wall_now: float, drop: Callable[[str, str], None] | None = None) -> int:
         """Charges from dump() of an earlier process, placed on this process's monotonic clock; ones older
-        than a day, from the future, or malformed are dropped. Returns how many were kept."""
+        than a day are let go. A malformed one (not [str, finite number, finite seconds >= 0, finite window > 0,
+        str]) or one stamped in the future (a stepped clock) is refused and passed
+        to ``drop(kind, detail)``, kind "wrong_shape" or "future". Returns how many were kept."""
         mono, kept = self._monotonic(), 0
         with self._lock:
             for c in charges:
-                try:
-                    gpu, at, secs, wc, who = str(c[0]), float(c[1]), float(c[2]), float(c[3]), str(c[4])
-                except (TypeError, ValueError, IndexError):
+                shaped = isinstance(c, list) and len(c) == 5 and isinstance(c[0], str) and isinstance(c[4], str)
+                at, secs, wc = (statefile.number(c[i]) for i in (1, 2, 3)) if shaped else (None, None, None)
+                if at is None or secs is None or wc is None or secs < 0 or wc <= 0:
+                    if drop:
+                        drop("wrong_shape", f"charge {str(c)[:80]}")
                     continue
                 age = wall_now - at
-                if not (0 <= age <= MAX_BUDGET_WINDOW_SECONDS) or secs < 0 or wc <= 0:
+                if age < 0:
+                    if drop:
+                        drop("future", f"charge at {at:.0f}, {-age:.0f} s past this clock")
                     continue
-                self._spent[gpu].append((mono - age, secs, wc, who))
+                if age > MAX_BUDGET_WINDOW_SECONDS:
+                    continue
+                self._spent[c[0]].append((mono - age, secs, wc, c[4]))
                 kept += 1
             for dq in self._spent.values():
                 ordered = sorted(dq)

@@ -16,9 +16,8 @@ import threading
 import time
 
 from fleetcanary.core import config as configmod
-from fleetcanary.core import environment
+from fleetcanary.core import environment, statefile
 from fleetcanary.core.record import RunRecord
-from fleetcanary.core.textfile import write_atomic
 from fleetcanary.daemon import claim as claimmod
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import phase, pod_resources, webconfig, xid_watch
@@ -57,6 +56,10 @@ class Daemon:
         clock: where the schedule's and the GPU budget's time comes from (tests pass a fake one)."""
         # First: a bad web config is the one line the operator sees, before any state is read or logged.
         web = webconfig.load(settings.server.web_config_file)  # WebConfigError: the caller reports it
+        # Then the state directory: one another user could plant files in is refused (StateDirError: the
+        # caller prints its one line and exits non-zero), before any file of it is read.
+        statefile.check_dir(settings.state_dir)
+        self.dir_lock = statefile.DirLock(settings.state_dir)
         self.reap_everything = reap_everything
         self._settings_lock = threading.Lock()
         self.settings = settings
@@ -65,7 +68,8 @@ class Daemon:
         self.clock = clock or Clock()
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
         self._restore_budget()
-        self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir))
+        self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir,
+                                                                                       clock=self.clock))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
         # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
@@ -286,28 +290,33 @@ class Daemon:
         return jobs
 
     def _read_state(self, name: str, what: str, lost: str) -> list:
-        """A JSON list the daemon keeps in its state directory; [] when absent, or unreadable (logged)."""
-        path = os.path.join(self.settings.state_dir, name)
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as e:
-            log.warning("%s: %s unreadable (%s); %s", what, path, e, lost)
-            return []
-        return data if isinstance(data, list) else []
+        """A JSON list the daemon keeps in its state directory; [] when absent or set aside (core/statefile:
+        counted in fleetcanary_state_errors_total, one line). Never raises."""
+        data = statefile.read_json(os.path.join(self.settings.state_dir, name), name, f"{what}: {lost}", expect=list)
+        return data if data is not None else []
+
+    def _dropper(self, name: str, what: str):
+        """drop(kind, detail) for a restore: each entry refused is counted; one line for the file."""
+        seen = [0]
+
+        def drop(kind: str, detail: str) -> None:
+            statefile.ERRORS.count(name, kind)
+            seen[0] += 1
+            if seen[0] == 1:
+                log.warning("state %s: %s set aside (%s: %s; more are counted, not logged); %s",
+                            name, what, kind, detail, "the rest is restored")
+        return drop
 
     def _keep_state(self, name: str, what: str, data: list) -> None:
         path = os.path.join(self.settings.state_dir, name)
         try:
-            write_atomic(path, json.dumps(data))
-        except OSError as e:
-            log.warning("%s: cannot keep it in %s: %s", what, path, e)
+            statefile.write_atomic(path, json.dumps(data, allow_nan=False))
+        except (OSError, ValueError) as e:
+            log.warning("%s: cannot keep it in %s: %s", what, path, getattr(e, "strerror", None) or e)
 
     def _restore_budget(self) -> None:
         charges = self._read_state(BUDGET_FILE, "GPU budget", "starting from nothing spent")
-        kept = self.budget.restore(charges, time.time())
+        kept = self.budget.restore(charges, time.time(), drop=self._dropper(BUDGET_FILE, "a GPU budget charge"))
         log.info("GPU budget: %d charges of the last day restored", kept)
 
     def _save_budget(self) -> None:
@@ -315,7 +324,8 @@ class Daemon:
 
     def _restore_coverage(self) -> None:
         self.store.restore_coverage(self._read_state(COVERAGE_FILE, "coverage",
-                                                     "every GPU counts as unmeasured until its next run"))
+                                                     "every GPU counts as unmeasured until its next run"),
+                                    drop=self._dropper(COVERAGE_FILE, "a coverage entry"))
 
     def _save_coverage(self) -> None:
         self._keep_state(COVERAGE_FILE, "coverage", self.store.dump_coverage())
@@ -519,6 +529,7 @@ class Daemon:
             self.claimer.start()
         jobs = self._jobs()
         self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))
+        self.store.rerender()  # the state files set aside by now (phase.json is read just above) are counted
         self.scheduler.start()
         host, _ = configmod.parse_listen_address(self.settings.server.listen_address)
         log.info("fleetcanary listening on %s:%d; probes: %s", host or "0.0.0.0", self.server.port,
@@ -548,6 +559,14 @@ class Daemon:
         os.set_blocking(w, False)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)
+        try:  # one daemon per state directory: a second one would overwrite the first's budget and figures
+            self.dir_lock.acquire()
+        except statefile.StateLocked as exc:
+            log.error("%s", exc)
+            os.close(r)
+            os.close(w)
+            self.server.stop()
+            return 1
         old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self.start()
         try:
@@ -566,4 +585,5 @@ class Daemon:
             signal.set_wakeup_fd(old_wakeup)
             os.close(r)
             os.close(w)
+            self.dir_lock.release()
         return 0

@@ -16,6 +16,7 @@ windows hold samples of fresh runs only (docs/alerting.md, "Windows of runs").
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import defaultdict
@@ -31,6 +32,7 @@ from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes.base import Probe
 
 MAX_LABEL_VALUE = 128
+COVERAGE_SKEW_SECONDS = 600.0  # a kept coverage time further past the wall clock than this is from a stepped clock
 # A run's figures stay exported for this many probe intervals, plus the probe's timeout, after
 # the run finished: the next run is due after one interval (+ up to 10% jitter by default) and
 # may take up to its timeout, or wait behind another exclusive GPU probe; half an interval more
@@ -295,18 +297,29 @@ class ResultStore:
             self.exposition = data
             self.version += 1
 
-    def restore_coverage(self, entries: list) -> int:
-        """Coverage kept in the state directory ([[gpu, probe, unix time], ...]); what is unreadable is left
-        out. The number restored."""
+    def restore_coverage(self, entries: list, now: float | None = None, drop=None) -> int:
+        """Coverage kept in the state directory ([[gpu, probe, unix time], ...]). An entry of the wrong shape
+        (not [str, str, finite time > 0]) or stamped past ``now`` by more than COVERAGE_SKEW_SECONDS (a stepped
+        clock) is refused and passed to ``drop(kind, detail)`` ("wrong_shape", "future"); one of a probe that
+        is not here is let go. The number restored."""
+        now = time.time() if now is None else now
         kept = 0
         with self._lock:
             for e in entries:
-                try:
-                    gpu, probe, ts = str(e[0])[:16], str(e[1]), float(e[2])
-                except (TypeError, ValueError, IndexError):
+                ts = e[2] if isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) \
+                    and isinstance(e[1], str) and isinstance(e[2], (int, float)) and not isinstance(e[2], bool) \
+                    else None
+                if ts is None or not math.isfinite(ts) or ts <= 0:
+                    if drop:
+                        drop("wrong_shape", f"entry {str(e)[:80]}")
                     continue
-                if probe in self.probes and ts == ts and ts > 0:
-                    self.last_measured[(gpu, probe)] = max(self.last_measured.get((gpu, probe), 0.0), ts)
+                if ts > now + COVERAGE_SKEW_SECONDS:
+                    if drop:
+                        drop("future", f"entry at {ts:.0f}, {ts - now:.0f} s past this clock")
+                    continue
+                gpu, probe = e[0][:16], e[1]
+                if probe in self.probes:
+                    self.last_measured[(gpu, probe)] = max(self.last_measured.get((gpu, probe), 0.0), float(ts))
                     kept += 1
         self.rerender()
         return kept

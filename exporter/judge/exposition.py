@@ -54,6 +54,10 @@ METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_judge_series", "gauge", HELP["series"], ("pool", "figure", "state")),
     ("fleetcanary_judge_store_bytes", "gauge", "Size of the judge's figure store in the state directory "
      "(judge/figures.jsonl).", ()),
+    ("fleetcanary_judge_set_aside_total", "counter", "Runs and figure store lines the judge set aside because "
+     "they were stamped more than 10 minutes past its clock (anchored on the monotonic clock: a stepped wall "
+     "clock), by reason: future_run (a run refused), future_line (a line of judge/figures.jsonl kept in the file, "
+     "not used, at start). Once above 0.", ("reason",)),
     ("fleetcanary_judge_store_errors_total", "counter", "Figure store lines that did not parse (skipped) and writes "
      "that failed (kept in memory), by kind.", ("kind",)),
 )
@@ -105,6 +109,12 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
     yield count
     yield GaugeMetricFamily("fleetcanary_judge_store_bytes", _HELP["fleetcanary_judge_store_bytes"],
                             value=store.size_bytes())
+    aside = CounterMetricFamily("fleetcanary_judge_set_aside", _HELP["fleetcanary_judge_set_aside_total"],
+                                labels=["reason"])
+    for reason, n in sorted(store.set_aside.items()):
+        if n:
+            aside.add_metric([reason], n)
+    yield aside
     bad = CounterMetricFamily("fleetcanary_judge_store_errors", _HELP["fleetcanary_judge_store_errors_total"],
                               labels=["kind"])
     bad.add_metric(["unreadable_line"], store.bad_lines)

@@ -10,6 +10,19 @@ retention are dropped when the file is rewritten (at start and once a day, to a 
 renamed over the old one). A line that does not parse (a torn write at a power cut) is skipped and
 counted; a write that fails is counted and the figures stay in memory.
 
+Time: the wall clock can step by any amount (a bad RTC at boot before NTP, a VM restored with a skewed
+clock), so no wall-clock reading alone may delete history. The store keeps its own clock, anchored on the
+monotonic clock at start (``Anchored``). A run stamped more than FUTURE_SKEW_SECONDS past it is refused and
+counted (``set_aside["future_run"]``); a compaction's cutoff comes from the appended run's time, which is
+then never in the future, and never moves more than MAX_DROP_SECONDS past the previous cutoff at once, so
+even a wrong anchor costs at most a day of the oldest data per compaction. On load, lines stamped in the
+future are set aside (kept in the file, not applied, not used for retention) and counted. A wall clock
+that stays ahead of the anchor for REANCHOR_SECONDS is taken as the truth (NTP corrected a clock that was
+behind at start) and the store re-anchors on it.
+
+Every line is read through core/statefile (no link followed, never raises) and checked field by field; a
+line of the wrong shape is set aside and counted (``fleetcanary_state_errors_total``).
+
 The store also remembers the node's last known driver and models, so that an exporter that has
 just started reports the driver its runs had rather than "unknown" (an exporter restart is never a
 driver change).
@@ -18,11 +31,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import stat
 import threading
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from fleetcanary.core import statefile
 from fleetcanary.core.environment import UNKNOWN
 from fleetcanary.core.record import RunRecord
 from fleetcanary.judge import figures as figmod
@@ -33,6 +51,40 @@ log = logging.getLogger("fleetcanary.judge")
 FILENAME = "figures.jsonl"
 RETAIN_DAYS = 15
 MAX_SERIES = 4096  # a bound on what a misconfigured probe (thousands of label values) can make the node keep
+FILE_LABEL = "judge/figures.jsonl"  # its name in fleetcanary_state_errors_total
+FUTURE_SKEW_SECONDS = 600.0   # a run finished this far past the anchored clock is from a stepped clock
+MAX_DROP_SECONDS = DAY        # the most a compaction moves its cutoff past the previous one
+REANCHOR_SECONDS = 3600.0     # a wall clock ahead of the anchor this long is the truth (re-anchored)
+SET_ASIDE_REASONS = ("future_run", "future_line")
+
+
+class SystemClock:
+    """The clock the store reads (the daemon passes its scheduler Clock: the same two methods)."""
+
+    def now(self):
+        from datetime import datetime, timezone
+        return datetime.now(timezone.utc)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class Anchored:
+    """Wall time carried forward on the monotonic clock from one reading of the wall clock: a later step
+    of the wall clock does not move it."""
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.reanchor()
+
+    def reanchor(self) -> None:
+        self._wall0, self._mono0 = self.clock.now().timestamp(), self.clock.monotonic()
+
+    def now(self) -> float:
+        return self._wall0 + (self.clock.monotonic() - self._mono0)
+
+    def wall(self) -> float:
+        return self.clock.now().timestamp()
 
 
 def _known(value: Any) -> str:
@@ -41,8 +93,13 @@ def _known(value: Any) -> str:
 
 
 class FigureStore:
-    def __init__(self, state_dir: str | None, retain_days: float = RETAIN_DAYS) -> None:
+    def __init__(self, state_dir: str | None, retain_days: float = RETAIN_DAYS, clock=None) -> None:
+        """clock: now() (a datetime) and monotonic(), e.g. the daemon's scheduler Clock; tests pass a fake."""
         self.path = Path(state_dir) / "judge" / FILENAME if state_dir else None
+        self.clock = Anchored(clock or SystemClock())
+        self.set_aside: Counter[str] = Counter()  # reason -> runs refused or lines not used
+        self._floor: float | None = None          # the previous compaction's cutoff (or the file's oldest line)
+        self._ahead_since: float | None = None    # monotonic time the wall clock first ran ahead of the anchor
         self.retain = retain_days * DAY
         self._lock = threading.Lock()
         self.series: dict[figmod.SeriesKey, Series] = {}
@@ -54,11 +111,16 @@ class FigureStore:
         self.compacted_day = -1
         self.stats: dict[figmod.SeriesKey, Stats] = {}
         if self.path is not None:
-            try:
-                self._load()
-            except OSError as exc:
+            try:  # judge/ itself: never a link to elsewhere, never another user's (created 0700)
+                _tighten(self.path.parent)
+                statefile.check_dir(self.path.parent)
+            except statefile.StateDirError as exc:
+                kind = "symlink" if self.path.parent.is_symlink() else "unreadable"
+                statefile.drop(FILE_LABEL, kind, self.path.parent, str(exc), "the figures are kept in memory only")
                 self.write_errors += 1
-                log.error("judge: cannot read %s: %s; starting from nothing", self.path, exc.strerror or exc)
+                self.path = None
+        if self.path is not None:
+            self._load()
 
     # --- runs in ------------------------------------------------------------------------------------
     def observe(self, rec: RunRecord) -> bool:
@@ -67,6 +129,8 @@ class FigureStore:
             return False
         values = figmod.extract(rec.probe, rec.samples)
         if not values:
+            return False
+        if not self._in_time(rec):
             return False
         env = rec.environment or {}
         line = {"t": round(rec.finished_at, 3), "p": rec.probe,
@@ -85,6 +149,40 @@ class FigureStore:
             self._apply(line)
             self._append(line)
         return True
+
+    def _in_time(self, rec: RunRecord) -> bool:
+        """False for a run stamped in the future of the anchored clock (counted, logged once a step)."""
+        t = rec.finished_at
+        limit = self.clock.now() + FUTURE_SKEW_SECONDS
+        if isinstance(t, (int, float)) and math.isfinite(t) and t <= limit:
+            self._ahead_since = None
+            return True
+        if isinstance(t, (int, float)) and math.isfinite(t) and self.clock.wall() > limit:
+            mono = self.clock.clock.monotonic()
+            if self._ahead_since is None:
+                self._ahead_since = mono
+            elif mono - self._ahead_since >= REANCHOR_SECONDS:
+                log.warning("judge: the wall clock has been %.0f s ahead of the store's clock for %.0f s; taking "
+                            "it as the truth", self.clock.wall() - self.clock.now(), mono - self._ahead_since)
+                self.clock.reanchor()
+                self._ahead_since = None
+                self._reload()  # lines set aside at start as future may be the real history
+                return True
+        with self._lock:
+            first = self.set_aside["future_run"] == 0
+            self.set_aside["future_run"] += 1
+        (log.warning if first else log.debug)(
+            "judge: run of %s finished at %r, past the store's clock (%.0f) by more than %.0f s (a stepped wall "
+            "clock); not kept", rec.probe, t, self.clock.now(), FUTURE_SKEW_SECONDS)
+        return False
+
+    def _reload(self) -> None:
+        with self._lock:
+            self.series, self.models, self.stats, self.uuids = {}, {}, {}, {}
+            self._floor = None
+            self.compacted_day = -1
+            if self.path is not None:
+                self._load()
 
     def _apply(self, line: dict[str, Any], compute: bool = True) -> None:
         t = float(line["t"])
@@ -138,47 +236,67 @@ class FigureStore:
         try:
             if day != self.compacted_day:
                 self._rewrite(line["t"])
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(line, separators=(",", ":")) + "\n")
-        except OSError as exc:
+            data = (json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n").encode()
+            n = statefile.append(self.path, data, FILE_LABEL)
+            if n != len(data):
+                raise OSError(28, f"wrote {n} of {len(data)} bytes")
+        except (OSError, ValueError) as exc:
             self.write_errors += 1
-            log.error("judge: cannot write %s: %s", self.path, exc.strerror or exc)
+            log.error("judge: cannot write %s: %s", self.path, getattr(exc, "strerror", None) or exc)
 
-    def _lines(self):
-        try:
-            with open(self.path, encoding="utf-8", errors="replace") as f:
-                for raw in f:
-                    try:
-                        line = json.loads(raw)
-                        float(line["t"])
-                        if not isinstance(line["v"], dict):
-                            raise TypeError
-                    except (ValueError, KeyError, TypeError):
-                        self.bad_lines += 1
-                        continue
-                    yield line
-        except FileNotFoundError:
+    def _lines(self, why: list[str] | None = None):
+        """The file's lines of the right shape, "t" a float; the rest counted and logged."""
+        raw = statefile.read_bytes(self.path, FILE_LABEL, "its figures are not used", why=why)
+        if raw is None:
             return
+        wrong = 0
+        for _, value in statefile.lines(raw, FILE_LABEL, self.path, "those lines are skipped"):
+            line = _checked(value)
+            if line is None:
+                wrong += 1
+                continue
+            yield line
+        if wrong:
+            statefile.drop(FILE_LABEL, "wrong_shape", self.path, f"{wrong} lines of the wrong shape" if wrong > 1
+                           else "a line of the wrong shape", "those lines are skipped")
+            if wrong > 1:
+                statefile.ERRORS.count(FILE_LABEL, "wrong_shape", wrong - 1)
 
     def _rewrite(self, now: float) -> None:
-        """Keep the lines of the retention window, in time order, atomically."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        keep = sorted((ln for ln in self._lines() if float(ln["t"]) > now - self.retain), key=lambda ln: ln["t"])
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(ln, separators=(",", ":")) + "\n" for ln in keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        """Keep the lines of the retention window, in time order, atomically. The cutoff moves at most
+        MAX_DROP_SECONDS past the previous one; lines in the future of the store's clock are kept."""
+        why: list[str] = []
+        lines = list(self._lines(why))
+        if "unreadable" in why:
+            return  # the file is there but cannot be read now (EIO, EACCES): never replace it with nothing
+        cutoff = now - self.retain
+        if self._floor is not None:
+            cutoff = min(cutoff, self._floor + MAX_DROP_SECONDS)
+        keep = sorted((ln for ln in lines if ln["t"] > cutoff), key=lambda ln: ln["t"])
+        statefile.write_atomic(self.path, "".join(json.dumps(ln, separators=(",", ":")) + "\n" for ln in keep))
+        self._floor = cutoff if self._floor is None else max(self._floor, cutoff)
         self.compacted_day = int(now // DAY)
 
     def _load(self) -> None:
+        before = statefile.ERRORS.snapshot()
         lines = sorted(self._lines(), key=lambda ln: ln["t"])
+        after = statefile.ERRORS.snapshot()
+        self.bad_lines += sum(n - before.get(k, 0) for k, n in after.items()
+                              if k[0] == FILE_LABEL and k[1] in ("not_utf8", "not_json", "too_deep", "wrong_shape"))
+        future = self.clock.now() + FUTURE_SKEW_SECONDS
+        ahead = [ln for ln in lines if ln["t"] > future]
+        if ahead:
+            lines = [ln for ln in lines if ln["t"] <= future]
+            self.set_aside["future_line"] += len(ahead)
+            statefile.ERRORS.count(FILE_LABEL, "future", len(ahead))
+            log.warning("judge: %d lines of %s are stamped in the future (the newest %.0f, the store's clock %.0f); "
+                        "kept in the file, not used", len(ahead), self.path, ahead[-1]["t"], self.clock.now())
         if not lines:
             return
-        newest = float(lines[-1]["t"])
+        newest = lines[-1]["t"]
+        self._floor = max(lines[0]["t"], newest - self.retain)
         for line in lines:
-            if float(line["t"]) > newest - self.retain:
+            if line["t"] > newest - self.retain:
                 self._apply(line, compute=False)  # the statistics once, at the end
         for key in self.series:
             self._compute(key)
@@ -194,3 +312,39 @@ class FigureStore:
             return self.path.stat().st_size if self.path is not None else 0
         except OSError:
             return 0
+
+
+def _tighten(directory: Path) -> None:
+    """An older version made judge/ with the process's umask (0775 under umask 002): our own directory, so
+    take the group's and others' write bits instead of refusing it."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o022:
+        try:
+            os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass  # check_dir says why it is refused
+
+
+def _checked(value: Any) -> dict[str, Any] | None:
+    """The line with "t" a finite float, "v" an object of objects of finite numbers (other values left out),
+    the facts strings and "u" an object of strings; None when its shape is wrong."""
+    if not isinstance(value, dict):
+        return None
+    t = statefile.number(value.get("t"))
+    v = value.get("v")
+    if t is None or not isinstance(v, dict):
+        return None
+    if any(k in value and not isinstance(value[k], str) for k in ("p", "d", "m", "c")):
+        return None
+    u = value.get("u")
+    if u is not None and not (isinstance(u, dict) and all(isinstance(x, str) for x in u.values())):
+        return None
+    figures = {}
+    for figure, series in v.items():
+        if isinstance(series, dict):
+            kept = {k: statefile.number(x) for k, x in series.items()}
+            figures[figure] = {k: x for k, x in kept.items() if x is not None}
+    return {**value, "t": t, "v": figures}

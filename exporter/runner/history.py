@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from fleetcanary.core import statefile
 from fleetcanary.core.record import RecordError, RunRecord
 from fleetcanary.core.textfile import TextFileError, read_text
 
@@ -40,9 +41,9 @@ class History:
             return
         for i in range(self.backups - 1, 0, -1):
             src = self.path.with_name(f"{FILENAME}.{i}")
-            if src.exists():
+            if os.path.lexists(src):  # a rename moves a link itself; nothing is written through one
                 os.replace(src, self.path.with_name(f"{FILENAME}.{i + 1}"))
-        if self.path.exists():
+        if os.path.lexists(self.path):
             os.replace(self.path, self.path.with_name(f"{FILENAME}.1"))
 
     def append(self, run: RunRecord) -> None:
@@ -50,21 +51,19 @@ class History:
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                size = self.path.stat().st_size if self.path.exists() else 0
+                try:
+                    size = os.lstat(self.path).st_size  # never a link's target
+                except FileNotFoundError:
+                    size = 0
                 if size and size + len(line) > self.max_bytes:
                     self._rotate()
                     size = 0
-                # One write() of the whole line under O_APPEND: a reader never sees half a record
-                # from us, and a failed write leaves the file as it was before it.
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    n = os.write(fd, line)
-                    if n != len(line):
-                        os.ftruncate(fd, size)
-                        raise HistoryError(f"{self.path}: No space left on device (wrote {n} of {len(line)} bytes; "
-                                           "undone)")
-                finally:
-                    os.close(fd)
+                # One write() of the whole line under O_APPEND, never through a link (core/statefile: a link
+                # planted in its place is removed and counted): a reader never sees half a record from us.
+                n = statefile.append(self.path, line, FILENAME)
+                if n != len(line):
+                    raise HistoryError(f"{self.path}: No space left on device (wrote {n} of {len(line)} bytes; "
+                                       "undone)")
             except OSError as exc:
                 raise HistoryError(f"{self.path}: {exc.strerror or exc}") from None
 

@@ -110,7 +110,7 @@ def test_an_oom_killed_probe_is_classified_and_the_daemon_survives(tmp_path):
 
 def test_state_dir_full_or_read_only_is_counted_and_survived(tmp_path):
     state = tmp_path / "state"
-    with tmpfs(state, "size=1m"):
+    with tmpfs(state, "size=1m,mode=0700"):  # a tmpfs is 1777 by default: a state directory others could write
         d = fault_daemon(tmp_path, {"quick": {"interval_seconds": 1, "timeout_seconds": 0.9, "jitter_seconds": 0}},
                         extra={"state_dir": str(state)})
         try:
