@@ -249,3 +249,44 @@ def test_the_gpu_budget_survives_a_restart(tmp_path):
     finally:
         d2.server.stop()
     assert abs(after["0"] - before) < 1e-6 and "1" not in after
+
+
+def test_a_reload_applies_the_connection_caps_to_the_next_connections(start_daemon):
+    """server.max_connections is read at each accept: after a SIGHUP that lowers it to 4, the fifth connection
+    whose request never ends makes room by cutting the longest waiter (counted), which the first config's 64
+    never did."""
+    import socket
+    d = start_daemon({"probes": {"host_memory_bandwidth": SMALL_HOST_BW}})
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    conf = yaml.safe_load(d.config_path.read_text())
+
+    def hold(n: int) -> list[socket.socket]:
+        socks = []
+        for _ in range(n):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")  # headers that never end
+            socks.append(s)
+        return socks
+
+    def cut() -> float:
+        return value(d.metrics(), "fleetcanary_http_connections_refused_total", reason="cut") or 0.0
+
+    held = hold(6)
+    try:
+        wait_for(lambda: http_get(d.url + "/healthz")[0] == 200, what="the daemon answers beside 6 idle connections")
+        assert cut() == 0.0
+    finally:
+        for s in held:
+            s.close()
+    conf.setdefault("server", {})["max_connections"] = 4
+    d.config_path.write_text(yaml.safe_dump(conf))
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: value(d.metrics(), "fleetcanary_config_reloads_total", result="success") == 1.0,
+             what="the reload")
+    held = hold(6)
+    try:
+        wait_for(lambda: cut() >= 1.0, what="a waiter cut under the reloaded cap of 4")
+    finally:
+        for s in held:
+            s.close()
+    assert "Traceback" not in d.log()
