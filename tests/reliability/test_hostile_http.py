@@ -199,28 +199,31 @@ def test_one_address_cannot_take_every_slot(served):
              what="a slot once the held connections closed")
 
 
+def trickle_until_closed(s, data: bytes) -> bool:
+    """Send `data` a byte every half second (as long as the server keeps the socket open); whether the server
+    closed it before the bytes ran out. Bounded by len(data) half-seconds."""
+    s.settimeout(0.5)
+    for i in range(len(data)):
+        try:
+            if s.recv(4096) == b"":
+                return True
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            return True
+        try:
+            s.send(data[i:i + 1])
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+    return False
+
+
 def test_a_trickled_request_is_cut_at_the_header_deadline(served):
     """A byte every half second keeps a per-recv timeout from ever firing; the header deadline (10 s by default)
     ends it. Bounded: 120 bytes (60 s) at most."""
     s = idle(served.port, "127.0.3.1")
-    s.settimeout(0.5)
-    closed = False
     try:
-        for _ in range(120):
-            try:
-                if s.recv(4096) == b"":
-                    closed = True
-                    break
-            except TimeoutError:
-                pass
-            except ConnectionResetError:
-                closed = True
-                break
-            try:
-                s.send(b"X")
-            except (BrokenPipeError, ConnectionResetError):
-                closed = True
-                break
+        closed = trickle_until_closed(s, b"X" * 120)
     finally:
         s.close()
     assert closed, "the server still held a request whose headers never ended, after 60 s of trickling"
@@ -260,24 +263,8 @@ def test_a_trickled_tls_handshake_is_cut_at_the_deadline(tmp_path):
     hello = outgoing.read()
     assert len(hello) > 120  # the whole hello is never sent within the bound
     s = idle(d.port, "127.0.4.1", request_line=False)
-    s.settimeout(0.5)
-    closed = False
     try:
-        for i in range(120):
-            try:
-                if s.recv(4096) == b"":
-                    closed = True
-                    break
-            except TimeoutError:
-                pass
-            except ConnectionResetError:
-                closed = True
-                break
-            try:
-                s.send(hello[i:i + 1])
-            except (BrokenPipeError, ConnectionResetError):
-                closed = True
-                break
+        closed = trickle_until_closed(s, hello[:120])
     finally:
         s.close()
     assert closed, "the server still waited for a TLS handshake trickled over 60 s"
