@@ -40,9 +40,12 @@ def _stop_daemons():
 
 @pytest.fixture(autouse=True)
 def _state_errors_start_at_zero():
-    """core/statefile's counts are the process's (a daemon's life); in the test process, each test's own."""
+    """core/statefile's and the claim inbox's counts are the process's (a daemon's life); in the test process,
+    each test's own (an in-process daemon after a claim test on the same xdist worker showed its refusals)."""
     from fleetcanary.core import statefile
+    from fleetcanary.daemon import claim_inbox
     statefile.ERRORS.clear()
+    claim_inbox.REJECTED.clear()
 
 
 SMALL_HOST_BW = {"params": {"array_bytes": 8 << 20, "repeats": 3}, "interval_seconds": 30, "timeout_seconds": 20}

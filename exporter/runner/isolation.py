@@ -163,6 +163,28 @@ def reap_orphans() -> int:
     return n
 
 
+def _group_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _reap_group(pgid: int, bound_seconds: float = 2.0) -> None:
+    """Reap the swept group's members that were re-parented to us (a worker killed at its deadline leaves
+    its watchdog and forked children here): SIGKILL reaches them asynchronously, so one pass can come before
+    they exit and leave a zombie until the next run. Polled for at most `bound_seconds` in this run's own
+    thread; then, as ever, the next reap takes what is left."""
+    deadline = time.monotonic() + bound_seconds
+    while True:
+        reap_orphans()
+        if not _subreaper or not any(_group_of(p) == pgid for p in _children_of_self()):
+            return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.005)
+
+
 def live_worker_groups() -> set[int]:
     with _live_lock:
         return set(_live_groups)
@@ -423,7 +445,7 @@ def run_isolated(job: dict[str, Any], timeout_seconds: float, kill_grace_seconds
     with _live_lock:
         _live_groups.discard(pgid)
         _unregister(pgid)
-    reap_orphans()
+    _reap_group(pgid)
     # Grandchildren that held our pipes are dead now; the drains reach EOF.
     res_drain.join(timeout=5)
     out_drain.join(timeout=5)

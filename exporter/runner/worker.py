@@ -100,13 +100,14 @@ def execute(job: dict[str, Any]) -> RunRecord:
     return run
 
 
-def die_with_parent() -> None:
+def die_with_parent() -> int | None:
     """The worker and its whole process group never outlive the daemon, even one killed by SIGKILL.
 
     PR_SET_PDEATHSIG kills this process when its parent goes; getppid() is checked after it is set, for a
     parent that went before. That signal reaches this process only, so a watchdog forked into our process
     group (rank subprocesses of collectives live here too) waits on the daemon's life pipe and kills the
-    whole group at its EOF: only the daemon holds the write end. Outside a daemon (no env) nothing is done."""
+    whole group at its EOF: only the daemon holds the write end. Outside a daemon (no env) nothing is done.
+    Returns the watchdog's pid, for `end_watchdog`."""
     parent = os.environ.pop(PARENT_PID_ENV, None)
     watch = os.environ.pop(WATCH_FD_ENV, None)
     try:
@@ -117,11 +118,12 @@ def die_with_parent() -> None:
     if parent and parent.isdigit() and os.getppid() != int(parent):
         os._exit(1)  # the daemon went before the death signal was set
     if not (watch and watch.isdigit()):
-        return
+        return None
     fd = int(watch)
-    if os.fork() != 0:
+    pid = os.fork()
+    if pid != 0:
         os.close(fd)  # only the watchdog holds it
-        return
+        return pid
     try:  # the watchdog: nothing but the pipe open (no pipe of the daemon's is held by it)
         null = os.open(os.devnull, os.O_RDWR)
         for std in (0, 1, 2):
@@ -142,8 +144,20 @@ def die_with_parent() -> None:
         os._exit(0)
 
 
+def end_watchdog(pid: int | None) -> None:
+    """A worker that finished ends and reaps its own watchdog: left to the group sweep, the watchdog would be
+    re-parented to the daemon (a subreaper) and linger there as a zombie until the next run's reap."""
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
 def main() -> int:
-    die_with_parent()
+    watchdog = die_with_parent()
     # Under memory pressure the kernel should kill a probe worker, never the daemon that serves
     # /metrics: raising our own OOM score needs no privilege.
     try:
@@ -161,6 +175,7 @@ def main() -> int:
     # process group after the leader exits, so nothing forked by the probe outlives it.
     sys.stdout.flush()
     sys.stderr.flush()
+    end_watchdog(watchdog)
     os._exit(0)
 
 
