@@ -43,6 +43,9 @@ def parsers_hold(line: bytes) -> None:
 @given(st.binary(max_size=1100))
 def test_any_bytes_parse_or_are_refused_never_raise(line):
     parsers_hold(line)
+    # bytes drawn at random never carry a MAC under the secret: never an authenticated hello or welcome
+    assert rendezvous.check_hello(line, 7, "a", "b", SECRET, NH) is None
+    assert rendezvous.check_welcome(line, 7, "a", "b", SECRET, NG, NH) is False
 
 
 @SETTINGS

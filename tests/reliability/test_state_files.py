@@ -38,7 +38,7 @@ from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.runner import history as historymod
 from tests.support.daemon import READY_TIMEOUT_S, Daemon
-from tests.support.helpers import metric_value
+from tests.support.helpers import metric_value, unavailable
 
 FILES = ("gpu-budget.json", "coverage.json", "phase.json", "judge/figures.jsonl")
 ALL_OFF = {"probes": {n: {"enabled": False} for n in PROBES}}
@@ -178,7 +178,7 @@ def test_a_state_directory_others_can_plant_files_in_is_refused_with_one_line(tm
 
 def test_a_state_directory_of_another_user_is_refused_with_one_line(tmp_path):
     if os.geteuid() != 0:
-        pytest.skip("needs root to hand a directory to another user")
+        unavailable("needs root to hand a directory to another user")
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     os.chown(state, 65533, 65533)
@@ -300,7 +300,7 @@ def test_a_kubernetes_fsgroup_volume_is_accepted_and_the_same_directory_without_
     """The base DaemonSet's emptyDir, as the kubelet hands it to fsGroup 65532: root-owned, group 65532, 2777
     (its parent under /var/lib/kubelet/pods is root's only). The same modes without the setgid bit: refused."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to make a directory of another owner and run as 65532")
+        unavailable("needs root to make a directory of another owner and run as 65532")
     top = Path(tempfile.mkdtemp(prefix="fc-fsgroup-"))  # pytest's own tmp is root's only: 65532 must reach it
     os.chmod(top, 0o755)
     state = top / "state"
