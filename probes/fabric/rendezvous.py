@@ -4,13 +4,17 @@ The host (the lower-ordered name) listens on its member address and port from wh
 run is ready until the meeting deadline; the guest connects from its own member address.
 Both prove they hold the fleet secret and mean this slot, this pair and this connection:
 
-  host  -> guest  {"v": 2, "slot", "nonce": Nh}                 on every accepted connection, a fresh Nh
+  host  -> guest  {"v": 2, "slot", "nonce": Nh}                 on every accepted connection, a fresh Nh, sent
+                                                                 after CHALLENGE_AFTER_SECONDS of quiet
   guest -> host   {"v": 2, "slot", "host", "guest", "nonce": Ng, "mac": HMAC(K, hello|slot|host|guest|Nh|Ng)}
   host  -> guest  {"v": 2, "slot", "nonce": Nh, "mac": HMAC(K, welcome|slot|host|guest|Ng|Nh)}
 
 The hello's MAC covers the host's nonce of that connection, so a hello recorded on the wire and
 replayed (on another connection, within its slot) fails authentication like garbage: it cannot take
-the host's only pairing. Version 1 (a hello without the host's nonce) is refused; both sides are this code.
+the host's only pairing. Version 1 (a hello without the host's nonce) is refused: a version-1 guest speaks
+first, so the host, which waits a quarter second before its challenge, closes such a connection without a
+word; the old guest retries and skips (peer_unavailable) rather than failing on every mixed pair of a
+rolling upgrade. A version-2 guest meeting a version-1 host waits for a challenge that never comes: a skip.
 
 Each message is one JSON line of at most MAX_LINE ASCII bytes. Later messages on the same
 connection (the store's port) carry a MAC under the session key HMAC(K, session|...|Ng|Nh),
@@ -49,6 +53,11 @@ from fleetcanary.probes.fabric.spec import MIN_SECRET_BYTES, PROTOCOL, SECRET_EN
 
 MAX_LINE = 1024
 MAX_PENDING = 16
+# A version-1 guest (before this release) speaks first: its hello arrives at once after the connection. The
+# host sends its challenge only after this quiet, so a rolling upgrade's old guest that spoke first is closed
+# without a word (it retries, then skips peer_unavailable) instead of reading the challenge as a bad welcome
+# and failing rendezvous_failed on every mixed pair until the rollout ends.
+CHALLENGE_AFTER_SECONDS = 0.25
 CONNECT_RETRY_SECONDS = 0.2
 
 
@@ -215,7 +224,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
     rejected: Counter = Counter()
     lsock = socket.socket(_family(bind_ip), socket.SOCK_STREAM)
     sel = selectors.DefaultSelector()
-    pending: dict[socket.socket, list] = {}   # sock -> [buffer, deadline, peer ip, host nonce], oldest first
+    pending: dict[socket.socket, list] = {}   # sock -> [buffer, deadline, ip, nonce, challenge at], oldest first
     won: Session | None = None
     try:
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -231,9 +240,12 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
             for s in [s for s, p in pending.items() if p[1] <= now]:
                 rejected["silent"] += 1
                 _drop(sel, pending, s)
+            for s in [s for s, p in pending.items() if p[4] is not None and p[4] <= now]:
+                _challenge(sel, pending, s, slot, rejected)
             if now >= until:
                 break
-            wake = min([until] + [p[1] for p in pending.values()])
+            wake = min([until] + [p[1] for p in pending.values()]
+                       + [p[4] for p in pending.values() if p[4] is not None])
             for key, _ in sel.select(max(0.0, wake - now)):
                 if key.fileobj is lsock:
                     _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock, slot)
@@ -248,6 +260,12 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
                 if not chunk:   # closed by the client; a bare connect (a port check) is not counted
                     if pending[s][0]:
                         rejected["bad_handshake"] += 1
+                    _drop(sel, pending, s)
+                    continue
+                if pending[s][4] is not None:
+                    # it spoke before our challenge: a version-1 guest (or a stray); closed without a word, so
+                    # an old guest of a rolling upgrade retries and skips instead of failing
+                    rejected["bad_handshake"] += 1
                     _drop(sel, pending, s)
                     continue
                 pending[s][0] += chunk
@@ -309,15 +327,38 @@ def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock, s
             # address cannot keep the partner's connection out until their hello timeout.
             rejected["silent"] += 1
             _drop(sel, pending, next(iter(pending)))
-        nh = secrets.token_hex(16)
         try:
             s.setblocking(False)
-            s.send(json.dumps({"v": VERSION, "slot": slot, "nonce": nh}).encode() + b"\n")
-        except OSError:   # gone already (or a full buffer on a fresh connection): nothing to wait for
+        except OSError:
             s.close()
             continue
-        pending[s] = [b"", clock() + hello_timeout, ip, nh]
+        # [buffer, hello deadline, peer ip, host nonce, when to send the challenge (None: sent)]
+        now = clock()
+        pending[s] = [b"", now + hello_timeout, ip, secrets.token_hex(16), now + CHALLENGE_AFTER_SECONDS]
         sel.register(s, selectors.EVENT_READ)
+
+
+def _challenge(sel, pending, s, slot: int, rejected: Counter) -> None:
+    """Send the connection's challenge (its fresh host nonce) once it stayed quiet for CHALLENGE_AFTER_SECONDS.
+    Bytes already waiting (the host's loop came late) mean it spoke first: closed unanswered, as in the loop."""
+    entry = pending[s]
+    try:
+        first = s.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        first = None
+    except OSError:
+        first = b""
+    if first is not None:
+        if first:
+            rejected["bad_handshake"] += 1
+        _drop(sel, pending, s)
+        return
+    try:
+        s.send(json.dumps({"v": VERSION, "slot": slot, "nonce": entry[3]}).encode() + b"\n")
+    except OSError:   # gone already (or a full buffer on a fresh connection): nothing to wait for
+        _drop(sel, pending, s)
+        return
+    entry[4] = None
 
 
 def _refuse_backlog(lsock, expected_ips, rejected) -> None:

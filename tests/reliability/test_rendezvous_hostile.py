@@ -208,3 +208,27 @@ def test_16_silent_connections_from_the_partners_address_do_not_keep_the_guest_o
     for c in silent:
         c.close()
     s.close(), h.close()
+
+
+def test_a_guest_of_the_first_protocol_is_closed_unanswered_so_it_skips_instead_of_failing():
+    """A rolling upgrade meets old guests: the first protocol's guest sends its hello at once and reads the
+    next line as the welcome. The host answers nothing to a connection that spoke before its challenge, so the
+    old guest sees the connection closed (it retries, then skips peer_unavailable) and never reads a
+    challenge as a welcome without a MAC (a rendezvous_failed failure on every mixed pair)."""
+    port = free_port()
+    t, box = start_host(port)
+    old = socket.create_connection(("127.0.0.1", port), timeout=10)
+    old.sendall(hello_v1(rendezvous.mac(SECRET, "hello", 7, "a", "b", NONCE)))
+    got = b""
+    try:
+        while chunk := old.recv(4096):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    old.close()
+    assert got == b"", got                                   # not even a challenge
+    s = guest(port)
+    t.join(10)
+    h = box["session"]
+    assert s.key == h.key and h.rejected["bad_handshake"] == 1
+    s.close(), h.close()
