@@ -124,3 +124,46 @@ def table(g: dict, noise: dict, driver: str) -> str:
         out.append(f"| {short} | {pool} | {nodes} | {nz['noise_median']:.2%} ({nz['noise_p90']:.2%}) | {ms} | "
                    + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def false_context(prom, alerts, rows: list[dict]) -> dict:
+    """Mechanism (i): at the start of each false episode of a change path (up to 25 per alert), what the
+    node's own series read (its change against its own best day, its drift: the day's median over the best
+    day) against the peers' median change, as the replayed Prometheus has them at that instant."""
+    recs = rp.recording_rules()
+    by = {a.display: a for a in alerts}
+    out = {}
+    for r in rows:
+        a = by.get(r["alert"])
+        if a is None or a.kind != "peer" or a.path != "change" or not r.get("false_examples"):
+            continue
+        got = []
+        for f in r["false_examples"]:
+            m = [f'node="{f["node"]}"', f'figure="{a.family}"']
+            if f.get("series"):
+                m.append(f'series="{f["series"]}"')
+            if f.get("gpu"):
+                m.append(f'gpu="{f["gpu"]}"')
+            sel = "{" + ", ".join(m) + "}"
+            t = f["start"]
+
+            def one(expr: str, t: int = t) -> float | None:
+                res = prom.query(expr, t)
+                return float(res[0]["value"][1]) if res else None
+
+            change = one(f'fleetcanary_judge_change{{{", ".join(m)}, baseline="current_driver"}}')
+            drift = one(f"fleetcanary_judge_drift{sel}")
+            pool = prom.query(f"fleetcanary_judge_median{sel}", t)
+            peer = None
+            if pool:
+                lab = pool[0]["metric"]
+                pm = (f'{CHANGE_MEDIAN}{{figure="{a.family}", series="{lab.get("series")}", '
+                      f'pool="{lab.get("pool")}", driver_version="{lab.get("driver_version")}", '
+                      f'baseline="current_driver"}}')
+                peer = one(rp.substitute(pm, recs, a.group, a.interval, a.offset))
+            got.append({"node": f["node"], "gpu": f.get("gpu"), "series": f.get("series"), "day": f["day"],
+                        "minutes": round((f["end"] - f["start"]) / 60), "cause": f["cause"],
+                        "own_change": change, "own_drift": drift, "peers_median_change": peer,
+                        "own_over_peers": round(change / peer, 4) if change and peer else None})
+        out[r["alert"]] = got
+    return out

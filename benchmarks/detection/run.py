@@ -362,6 +362,7 @@ def main() -> int:
                                                  for e in evaluations))
             t1 = time.monotonic()
             gate_info = gt.peer_gates(prom, alerts, fleet, fleet.eval_start, end)
+            gate_info["false_change_path"] = gt.false_context(prom, alerts, rows)
             timings["gates_s"] = round(time.monotonic() - t1, 1)
         finally:
             prom.stop()
@@ -424,6 +425,14 @@ def main() -> int:
            "collective_bus_bandwidth"}
     if fbs:
         print("false collective episodes by series: " + json.dumps(fbs))
+    for name, fc in gate_info["false_change_path"].items():
+        print(f"false episodes of {name}: own change / peers' median change (own drift), minutes:")
+        for x in fc:
+            def f3(v):
+                return "-" if v is None else f"{v:.3f}"
+            print(f"  day {x['day']} {x['node']} {x['gpu'] or ''} {x['series']}: {f3(x['own_change'])} / "
+                  f"{f3(x['peers_median_change'])} = {f3(x['own_over_peers'])} (drift {f3(x['own_drift'])}), "
+                  f"{x['minutes']} min, {x['cause']}")
     lo = found["lost_evaluations"]
     print(f"lost evaluations: {'none' if lo['ok'] else 'SOME'}; promtool rule backfill: {json.dumps(gap)}")
     if skipped:
