@@ -73,7 +73,9 @@ def column(d: dict) -> dict[str, str]:
                 out[f"fast path TTD 20% {short}, intervals (target 2)"] = \
                     f"{statistics.median(e) / IV[r['family']]:.1f} ({sum(x > 2 * IV[r['family']] for x in e)} over 2)"
     # one episode per fault per alert
-    spf = d.get("issue38", {}).get("spells_per_fault", {})
+    spf = d.get("issue38", {}).get("spells_per_fault")
+    if spf is None:  # a run before issue 38's columns
+        return out
     over = [(a, lab, v) for a, sizes in spf.items() for lab, v in sizes.items() if v["max"] > 1]
     n = sum(v["n"] for sizes in spf.values() for v in sizes.values())
     pairs = sum(len(s) for s in spf.values())
