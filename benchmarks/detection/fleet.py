@@ -44,7 +44,18 @@ DRIVER_OLD, DRIVER_NEW = "550.90.07", "570.124.06"
 POOLS = [("a", 60, "H100"), ("b", 40, "H200"), ("c", 30, "B200"), ("d", 25, "H100"), ("e", 20, "H200"),
          ("f", 10, "B200"), ("g", 4, "H100"), ("h", 3, "H200"), ("i", 3, "B200")]
 COLL_LABELS = 'collective="all_reduce",size_bytes="1073741824",ranks="8",backend="nccl"'
+COLL_SMALL_SHARE = 0.02  # a small-message all-reduce's bus bandwidth against the 1 GiB one's (latency-bound)
 OUTCOMES = ("success", "failure", "skipped")  # timeout and crash stay 0 here; the rules only sum them with failure
+
+
+def rules_floors() -> dict:
+    """The shipped rules' fast-path and level-path floors (alerts/build.py SETTINGS), not a copy of them."""
+    import sys
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from alerts.build import SETTINGS
+    return {"fast_floor": float(SETTINGS.fast_floor), "level_floor": float(SETTINGS.level_floor)}
 
 
 @dataclass
@@ -114,6 +125,31 @@ class Profile:
     # series start at day 0, so every window (3 days for the history baselines) is full of data by then.
     # It spares a third of the rule backfill, most of which is 3-day windows.
     eval_from_day: float = 2.5
+    # Issue 38: the cases the benchmark lacked (all off by default, so earlier result files stay comparable).
+    # coll_small_bytes > 0: every collective run also measures an all_reduce of this many bytes (a second series
+    # per node, e.g. 1048576), with its own run noise coll_small_noise (a scale, as coll_noise), its own per-node
+    # offset, and the collective faults; drawn from its own random stream, so the 1 GiB series stays as it was
+    coll_small_bytes: int = 0
+    coll_small_noise: float = 0.03
+    # the collectives' noise kind: "" as `noise`, or "t" / "normal" (heavy tails on collectives as on GPUs)
+    coll_noise_kind: str = ""
+    # collective drops equal to the fast path's threshold (the rules' settings: alerts/build.py fast_floor),
+    # on this many nodes outside the small pools, from held_day to the end (own random stream)
+    coll_fast_steps: int = 0
+    coll_fast_step_size: float = 0.0   # 0: the rules' fast_floor
+    # GPU memory bandwidth steps equal to the level path's floor (alerts/build.py level_floor), held from
+    # held_day to the end, on this many GPUs without another fault, outside the small pools
+    level_steps: int = 0
+    level_step_size: float = 0.0      # 0: the rules' level_floor
+    held_day: float = 2.6
+
+    def __post_init__(self) -> None:
+        if (self.coll_fast_steps and not self.coll_fast_step_size) or (self.level_steps and not self.level_step_size):
+            floors = rules_floors()
+            if self.coll_fast_steps and not self.coll_fast_step_size:
+                self.coll_fast_step_size = floors["fast_floor"]
+            if self.level_steps and not self.level_step_size:
+                self.level_step_size = floors["level_floor"]
 
     @classmethod
     def h200(cls, **kw) -> Profile:
@@ -136,6 +172,8 @@ class Event:
     def label(self) -> str:
         if self.kind == "step":
             return f"step {self.size:.0%}"
+        if self.kind == "held":
+            return f"held {self.size:.0%}"
         return f"week {self.size:.0%}" if self.kind == "week" else self.kind
 
 
@@ -189,6 +227,8 @@ class Fleet:
         self.by_name = {n.name: n for n in self.nodes}
         self.events: list[Event] = []
         self._place_events(rng)
+        self.srng = np.random.default_rng([p.seed, 13])  # the small-message collective's draws (coll_small_bytes)
+        self.small_off = self.srng.uniform(-p.offset, p.offset, len(self.nodes))
         for n in self.nodes:
             self._busy(n, rng)
             n.runs["gpu_bandwidth"] = self._runs(n, p.bw_interval_s, 30.0, rng) | {"timeout": p.bw_timeout_s}
@@ -256,9 +296,35 @@ class Fleet:
                 self.events.append(Event("week", "gpu_memory_bandwidth", node, gpu,
                                          t0 + float(wrng.uniform(p.week_fault_day, p.week_fault_day + 0.1)) * DAY,
                                          p.week_fault_size))
+        self._place_held(t0)
         self.fault = {}  # (node, gpu|None, family) -> [events]
         for e in self.events:
             self.fault.setdefault((e.node, e.gpu, e.family), []).append(e)
+
+    def _place_held(self, t0: float) -> None:
+        """Issue 38's held faults, from their own random stream on GPUs / nodes without another fault, outside
+        the small pools: GPU steps equal to the level path's floor and collective drops equal to the fast
+        path's threshold, each from held_day (+ up to 0.2 days) to the end."""
+        p = self.p
+        if not (p.level_steps or p.coll_fast_steps):
+            return
+        hrng = np.random.default_rng([p.seed, 17])
+        big = [n for n in self.nodes if self.pool_size[n.pool] >= 5 and n.pool != p.upgrade_pool]
+        if p.level_steps:
+            hit = {(e.node, e.gpu) for e in self.events if e.gpu is not None}
+            free = [(n.name, str(g)) for n in big for g in range(8) if (n.name, str(g)) not in hit]
+            for k in hrng.permutation(len(free))[:p.level_steps]:
+                node, gpu = free[k]
+                self.events.append(Event("held", "gpu_memory_bandwidth", node, gpu,
+                                         t0 + float(hrng.uniform(p.held_day, p.held_day + 0.2)) * DAY,
+                                         p.level_step_size))
+        if p.coll_fast_steps:
+            hit = {e.node for e in self.events if e.family == "collective_bus_bandwidth"}
+            free = [n.name for n in big if n.name not in hit]
+            for k in hrng.permutation(len(free))[:p.coll_fast_steps]:
+                self.events.append(Event("held", "collective_bus_bandwidth", free[k], None,
+                                         t0 + float(hrng.uniform(p.held_day, p.held_day + 0.2)) * DAY,
+                                         p.coll_fast_step_size))
 
     @staticmethod
     def _merge(iv) -> list[tuple]:
@@ -344,15 +410,15 @@ class Fleet:
                 "held": np.array(held, dtype=bool).reshape(len(fin), 8), "trigger": np.zeros(len(fin), dtype=np.int8)}
 
     # ------------------------------------------------------------------ figures
-    def _noise(self, rng, scale: float, size) -> np.ndarray:
-        if self.p.noise == "t":
+    def _noise(self, rng, scale: float, size, kind: str = "") -> np.ndarray:
+        if (kind or self.p.noise) == "t":
             return 1 + scale * rng.standard_t(self.p.noise_df, size)
         return 1 + scale * rng.standard_normal(size)
 
     def degradation(self, node: str, gpu: str | None, family: str, t: np.ndarray) -> np.ndarray:
         f = np.ones_like(t)
         for e in self.fault.get((node, gpu, family), []):
-            if e.kind in ("step", "driver", "week"):
+            if e.kind in ("step", "driver", "week", "held"):
                 f *= np.where(t >= e.start, 1 - e.size, 1.0)
             elif e.kind == "ramp":
                 f *= 1 - e.size * np.clip((t - e.start) / DAY, 0, None)
@@ -379,12 +445,20 @@ class Fleet:
                     v[t >= e.start] = np.nan
                 vals[:, g] = v
         else:
-            v = base_coll * (1 + n.coll_off) * diur * self._noise(rng, p.coll_noise, len(t)) * \
-                self.degradation(n.name, None, "collective_bus_bandwidth", t)
+            deg = self.degradation(n.name, None, "collective_bus_bandwidth", t)
+            v = base_coll * (1 + n.coll_off) * diur * self._noise(rng, p.coll_noise, len(t), p.coll_noise_kind) * deg
             junk = rng.random(len(t)) < p.junk
             v[junk] *= rng.uniform(0.3, 0.7, int(junk.sum()))
             n.junk.setdefault("node", []).extend(t[junk & (out == 0)].tolist())
             vals = v[:, None]
+            if p.coll_small_bytes:  # the small-message series: its own stream, so the 1 GiB one is unchanged
+                s = self.srng
+                w = base_coll * COLL_SMALL_SHARE * (1 + self.small_off[n.idx]) * diur * \
+                    np.maximum(self._noise(s, p.coll_small_noise, len(t), p.coll_noise_kind), 0.3) * deg
+                junk = s.random(len(t)) < p.junk
+                w[junk] *= s.uniform(0.3, 0.7, int(junk.sum()))
+                n.junk.setdefault("node", []).extend(t[junk & (out == 0)].tolist())
+                vals = np.column_stack([v, w])
         vals[out != 0] = np.nan
         return vals
 

@@ -58,12 +58,16 @@ def _labels_text(node: str, labels: dict[str, str]) -> str:
     return ",".join(['job="fleetcanary"', f'node="{node}"'] + [f'{k}="{v}"' for k, v in labels.items()])
 
 
-def _samples(probe: str, row: np.ndarray) -> list[dict]:
+def _samples(probe: str, row: np.ndarray, small_bytes: int = 0) -> list[dict]:
     if probe == "gpu_bandwidth":
         return [{"metric": BW, "labels": {"gpu": str(g), "direction": "d2d"}, "value": float(v)}
                 for g, v in enumerate(row) if not math.isnan(v)]
-    return [{"metric": COLL, "labels": dict(COLL_SAMPLE_LABELS), "value": float(row[0])}] \
+    out = [{"metric": COLL, "labels": dict(COLL_SAMPLE_LABELS), "value": float(row[0])}] \
         if not math.isnan(row[0]) else []
+    if small_bytes and len(row) > 1 and not math.isnan(row[1]):  # the small-message series (issue 38)
+        out.append({"metric": COLL, "labels": dict(COLL_SAMPLE_LABELS, size_bytes=str(small_bytes)),
+                    "value": float(row[1])})
+    return out
 
 
 def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, state_dir: Path,
@@ -132,7 +136,8 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
                 env = {"driver_version": UNKNOWN, "gpu_model": UNKNOWN, "cpu_model": CPU_MODEL}
                 unknown_next.discard(probe)
             rec = RunRecord(probe, outcome, started_at=fin - DURATION[probe], wall_seconds=DURATION[probe],
-                            samples=_samples(probe, row) if outcome == "success" else [], environment=env)
+                            samples=_samples(probe, row, p.coll_small_bytes) if outcome == "success" else [],
+                            environment=env)
             if store.observe(rec):
                 dirty = True
         if not up[i]:

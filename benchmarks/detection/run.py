@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root, for the imports below
 from benchmarks.common import write_result
+from benchmarks.detection import gates as gt
 from benchmarks.detection import replay as rp
 from benchmarks.detection.fleet import DAY, DRIVER_OLD, Fleet, Profile
 from benchmarks.detection.score import (
@@ -179,6 +180,7 @@ def table(rows: list[dict], fleet: Fleet) -> str:
     cols = ["step 3%", "step 5%", "step 7%", "step 10%", "step 20%", "ramp", "intermittent", "driver"]
     if any("week 5%" in r["recall"] for r in rows):
         cols.append("week 5%")
+    cols += sorted({k for r in rows for k in r["recall"] if k.startswith("held ")})  # issue 38's held faults
     head = ("| alert | kind | prec | false | /1k GPU-d | false causes | " + " | ".join(
         c.replace("step ", "") for c in cols) + " | TTD >=7% med (max) | >=7% pooled, intervals | TTD 20% | ramp TTD "
         "| other |")
@@ -358,6 +360,10 @@ def main() -> int:
                 evaluations.append(rp.count_evaluations(prom, r, fleet.eval_start, end))
             say("recording rules: " + ", ".join(f"{e['rule']} {e['with_output']}/{e['evaluations']}"
                                                  for e in evaluations))
+            t1 = time.monotonic()
+            gate_info = gt.peer_gates(prom, alerts, fleet, fleet.eval_start, end)
+            gate_info["false_change_path"] = gt.false_context(prom, alerts, rows)
+            timings["gates_s"] = round(time.monotonic() - t1, 1)
         finally:
             prom.stop()
         timings["replay_s"] = round(time.monotonic() - t, 1)
@@ -407,6 +413,26 @@ def main() -> int:
         print(f"week-long fault {w['node']}/{w['gpu']} pool {w['pool']}: " + (
             f"detected after {w['detected_after_min']} min, covered {w['covered']:.1%} of {w['days_to_end']} days, "
             f"gaps {w['gaps']}" if w["detected"] else "NOT detected"))
+    noise = gt.run_noise(fleet)
+    print(f"\nGates per pool beside the run noise (issue 38; driver {DRIVER_OLD}, hourly over the evaluated span):")
+    print(gt.table(gate_info, noise, DRIVER_OLD))
+    print("\nEpisodes (firing spells) per detected steady fault, per alert: median / max (faults)")
+    spf = {name: d["spells_per_fault"] for name, d in found["episodes_per_steady_fault"].items()
+           if d.get("spells_per_fault")}
+    for name, d in spf.items():
+        print(f"  {name}: " + ", ".join(f"{k} {v['median']:g} / {v['max']} ({v['n']})" for k, v in d.items()))
+    fbs = {r["alert"]: r["false_by_series"] for r in rows if r.get("false_episodes") and r["family"] ==
+           "collective_bus_bandwidth"}
+    if fbs:
+        print("false collective episodes by series: " + json.dumps(fbs))
+    for name, fc in gate_info["false_change_path"].items():
+        print(f"false episodes of {name}: own change / peers' median change (own drift), minutes:")
+        for x in fc:
+            def f3(v):
+                return "-" if v is None else f"{v:.3f}"
+            print(f"  day {x['day']} {x['node']} {x['gpu'] or ''} {x['series']}: {f3(x['own_change'])} / "
+                  f"{f3(x['peers_median_change'])} = {f3(x['own_over_peers'])} (drift {f3(x['own_drift'])}), "
+                  f"{x['minutes']} min, {x['cause']}")
     lo = found["lost_evaluations"]
     print(f"lost evaluations: {'none' if lo['ok'] else 'SOME'}; promtool rule backfill: {json.dumps(gap)}")
     if skipped:
@@ -418,6 +444,9 @@ def main() -> int:
                        "lookback": "5m", "groups": {a.group: {"interval_s": a.interval, "offset_s": a.offset}
                                                     for a in alerts},
                        "rows": rows, "unions": unions, "defects": found, "not_replayed": skipped,
+                       "issue38": {"gates": gate_info, "spells_per_fault": spf,
+                                   "run_noise": [{"figure": f, "series": s_, "pool": pl} | v
+                                                 for (f, s_, pl), v in sorted(noise.items())]},
                        "timings": timings})
     return 0
 

@@ -33,12 +33,12 @@ from benchmarks.detection.fleet import DAY, HOUR, Fleet
 CAUSE_WINDOW = 3 * HOUR
 CAUSES = ("rolling upgrade", "outage/restart", "busy period", "junk run", "small pool", "diurnal", "noise")
 RELEVANT = {
-    "peer": {"step", "ramp", "intermittent", "week"},
-    "fast": {"step", "ramp", "intermittent", "week"},
-    "other": {"step", "ramp", "intermittent", "week"},
-    "history": {"step", "ramp", "intermittent", "driver", "week"},
-    "drift": {"step", "ramp", "intermittent", "driver", "week"},
-    "driver": {"step", "ramp", "intermittent", "driver", "week"},
+    "peer": {"step", "ramp", "intermittent", "week", "held"},
+    "fast": {"step", "ramp", "intermittent", "week", "held"},
+    "other": {"step", "ramp", "intermittent", "week", "held"},
+    "history": {"step", "ramp", "intermittent", "driver", "week", "held"},
+    "drift": {"step", "ramp", "intermittent", "driver", "week", "held"},
+    "driver": {"step", "ramp", "intermittent", "driver", "week", "held"},
 }
 INTERVAL_MIN = {"gpu_memory_bandwidth": 15, "collective_bus_bandwidth": 30}  # the probes' intervals
 HARD_EVENTS = {"gpu_lost": ("gpu_lost", {"lost"}), "pcie": ("pcie", {"downtrain"}),
@@ -102,6 +102,7 @@ def score(fleet: Fleet, alert, episodes: list[dict], why: Why | None = None) -> 
         else:
             primary, all_ = cause(fleet, alert, ep)
             false.append({"node": ep["labels"].get("node"), "gpu": ep["labels"].get("gpu"),
+                          "series": ep["labels"].get("series"),
                           "start": ep["start"], "end": ep["end"], "cause": primary, "overlaps": all_,
                           "day": round((ep["start"] - fleet.start) / DAY, 2)})
     recall, ttd = {}, defaultdict(list)
@@ -134,11 +135,12 @@ def score(fleet: Fleet, alert, episodes: list[dict], why: Why | None = None) -> 
             "episodes": n, "true_episodes": tp, "false_episodes": len(false),
             "precision": round(tp / n, 3) if n else None,
             "false_per_1000_gpu_days": round(len(false) / fleet.gpu_days() * 1000, 2),
-            "false_causes": dict(causes), "recall": recall, "false_examples": false[:25]}
+            "false_causes": dict(causes), "recall": recall, "false_examples": false[:25],
+            "false_by_series": dict(Counter(f["series"] or "-" for f in false).most_common())}
 
 
 def union(fleet: Fleet, name: str, family: str, rows_eps: list[tuple],
-          kinds=("step", "ramp", "intermittent", "week")) -> dict:
+          kinds=("step", "ramp", "intermittent", "week", "held")) -> dict:
     """Recall and time to detect of several alerts together (the first of them to fire)."""
     events = [e for e in fleet.events if e.family == family and e.kind in kinds]
     first = {}
@@ -296,7 +298,7 @@ def gap_cause(fleet: Fleet, node: str, a: float, b: float, why: Why | None = Non
     return "condition false"
 
 
-def episodes_per_fault(fleet: Fleet, alert, episodes: list[dict], kinds=("step", "week"),
+def episodes_per_fault(fleet: Fleet, alert, episodes: list[dict], kinds=("step", "week", "held"),
                        why: Why | None = None) -> dict:
     """Per steady fault (a step that lasts to the end) the alert detected: its firing spells on the fault's
     series after the fault began (one is the target), and why each further one began (what was in the
@@ -304,6 +306,7 @@ def episodes_per_fault(fleet: Fleet, alert, episodes: list[dict], kinds=("step",
     by_spells: Counter = Counter()
     by_eps: Counter = Counter()
     by_size: dict = defaultdict(Counter)
+    per_size: dict = defaultdict(list)   # fault label -> spells of each detected fault
     causes: Counter = Counter()
     examples = []
     for e in fleet.events:
@@ -315,6 +318,7 @@ def episodes_per_fault(fleet: Fleet, alert, episodes: list[dict], kinds=("step",
         sp = spells(mine, alert.interval)
         by_spells[len(sp)] += 1
         by_size[e.label]["1" if len(sp) == 1 else "more"] += 1
+        per_size[e.label].append(len(sp))
         by_eps[len(mine)] += 1
         for (_, b0), (a1, _) in itertools.pairwise(sp):
             c = gap_cause(fleet, e.node, b0, a1, why, e.gpu)
@@ -325,6 +329,9 @@ def episodes_per_fault(fleet: Fleet, alert, episodes: list[dict], kinds=("step",
     return {"faults": sum(by_spells.values()), "by_spells": dict(sorted(by_spells.items())),
             "by_size": {k: dict(v) for k, v in sorted(by_size.items())},
             "by_episodes": dict(sorted(by_eps.items())), "extra_spell_causes": dict(causes.most_common()),
+            # issue 38: episodes (firing spells) per detected fault, median and max, per fault size
+            "spells_per_fault": {k: {"n": len(v), "median": statistics.median(v), "max": max(v)}
+                                 for k, v in sorted(per_size.items())},
             "examples": examples}
 
 
