@@ -57,9 +57,8 @@ def _listening(port) -> bool:
         return False
 
 
-def closed(sock) -> bool:
-    """The host closed the connection without a welcome (EOF, or a reset when our data was unread): all it
-    sent, if anything, was its challenge (a nonce, no MAC)."""
+def received(sock) -> bytes:
+    """All the host sent until it closed the connection (EOF, or a reset when our data was unread)."""
     sock.settimeout(10)
     got = b""
     try:
@@ -67,7 +66,13 @@ def closed(sock) -> bool:
             got += chunk
     except ConnectionResetError:
         pass
-    return all("mac" not in json.loads(line) for line in got.splitlines() if line)
+    return got
+
+
+def closed(sock) -> bool:
+    """The host closed the connection without a welcome: all it sent, if anything, was its challenge (a nonce,
+    no MAC)."""
+    return all("mac" not in json.loads(line) for line in received(sock).splitlines() if line)
 
 
 def guest(port, secret=SECRET, slot=7, until_s=10.0):

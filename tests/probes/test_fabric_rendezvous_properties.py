@@ -90,7 +90,10 @@ def test_any_bytes_on_the_wire_are_counted_and_the_pair_meets(payloads):
     for payload in payloads:
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
         s.sendall(payload)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.shutdown(socket.SHUT_WR)
+        except OSError:   # the host already closed it: it spoke before the host's challenge
+            pass
         assert closed(s)
         s.close()
     g = guest(port)
