@@ -105,6 +105,7 @@ class Claimer:
         # probe -> unix time a claim asked for it: a record of a probe no claim asked for is refused
         # (learnt again from the pod's annotations after a restart)
         self.asked: dict[str, float] = {}
+        self._refused = 0  # entries refused in the pass under way
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -178,7 +179,15 @@ class Claimer:
         line and counted (fleetcanary_claim_records_rejected_total{reason}), so the inbox always drains. The
         accepted records of one pass are charged to the GPU budget together (its state file written once).
         Partial files (*.tmp) of a claim killed while writing are deleted once older than the claim's
-        deadline."""
+        deadline. The exposition is rendered once after a pass that refused anything, not once per entry."""
+        self._refused = 0
+        try:
+            return self._drain()
+        finally:
+            if self._refused:
+                self.daemon.store.rerender()
+
+    def _drain(self) -> int:
         now = self.clock()
         try:
             with os.scandir(self.inbox) as it:
@@ -194,7 +203,7 @@ class Claimer:
                 try:
                     st = os.lstat(path)
                     if not stat.S_ISREG(st.st_mode) or now - st.st_mtime > self.cfg.max_run_seconds:
-                        self._remove(path)
+                        claim_inbox.remove(path)
                 except OSError:
                     pass
                 continue
@@ -222,7 +231,7 @@ class Claimer:
             if id(rec) in bad:
                 self._reject(path, "error", f"{type(bad[id(rec)]).__name__} while publishing")
                 continue
-            self._remove(path)
+            claim_inbox.remove(path)
             n += 1
         return n
 
@@ -230,11 +239,7 @@ class Claimer:
         claim_inbox.REJECTED.count(reason)
         where = claim_inbox.quarantine(self.inbox, path, reason)
         log.error("claim inbox: %s refused (%s: %s); %s", path.name[:120], reason, detail, where)
-        self.daemon.store.rerender()
-
-    @staticmethod
-    def _remove(path: Path) -> None:
-        claim_inbox._remove(path)
+        self._refused += 1
 
     # --- the pod -----------------------------------------------------------------------------------------
     def _call(self, operation: str, fn, *args, **kw):
