@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from fleetcanary.core import statefile
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
 
@@ -47,16 +48,18 @@ MAX_CONFIG_BYTES = 4 << 20  # a config is kilobytes; anything near this is not o
 MAX_DEPTH = 64              # nesting of mappings and lists; the settings themselves go 8 deep
 MAX_NODES = 1_000_000       # scalars and collections once aliases are expanded (a billion laughs is refused)
 
-_YAML_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YAML_PARSER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it
 
 
-def _mark(node_or_event: Any) -> str:
-    mark = getattr(node_or_event, "start_mark", None)
+def _where(mark: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
 
 
-class _Loader(_YAML_BASE):  # type: ignore[misc, valid-type]
+def _mark(node_or_event: Any) -> str:
+    return _where(getattr(node_or_event, "start_mark", None))
+
+
+class _Loader(_YAML_LOADER):  # type: ignore[misc, valid-type]
     """yaml's safe loader that refuses a key given twice in one mapping (yaml keeps the last one silently)."""
 
     def construct_mapping(self, node, deep=False):  # type: ignore[override]
@@ -84,7 +87,7 @@ def _check_shape(text: str) -> None:
     anchors: dict[str, tuple[int, int]] = {}   # anchor -> (nodes, height) of the node it names
     open_: list[tuple[str | None, int, int]] = []  # (anchor, total at its start, depth at its start)
     max_below: list[int] = []                  # deepest depth reached inside each open collection
-    for ev in yaml.parse(text, Loader=_YAML_PARSER):
+    for ev in yaml.parse(text, Loader=_YAML_LOADER):
         if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             total += 1
@@ -117,10 +120,7 @@ def _check_shape(text: str) -> None:
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-    problem = getattr(exc, "problem", None) or "invalid YAML"
-    return f"{where}{problem}"
+    return f"{_where(getattr(exc, 'problem_mark', None))}{getattr(exc, 'problem', None) or 'invalid YAML'}"
 
 
 def parse_yaml(raw: bytes, source: str) -> Any:
@@ -562,33 +562,16 @@ def _missing_in(value: Any, path: str, out: list[str]) -> None:
 
 def read_bounded(path: str | os.PathLike, source: str) -> bytes:
     """The file's bytes, at most MAX_CONFIG_BYTES, checked before anything is parsed. A FIFO, a device or a
-    directory is refused without blocking or reading it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ConfigError([f"{source}: file not found"]) from None
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise ConfigError([f"{source}: cannot read: {reason}"]) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError([f"{source}: cannot read: not a regular file"])
-        if st.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError([f"{source}: larger than {MAX_CONFIG_BYTES >> 20} MiB ({st.st_size} bytes); "
-                               "not a config file"])
-        chunks, size = [], 0
-        while size <= MAX_CONFIG_BYTES:
-            chunk = os.read(fd, min(1 << 20, MAX_CONFIG_BYTES + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise ConfigError([f"{source}: cannot read: {exc.strerror or type(exc).__name__}"]) from None
-    finally:
-        os.close(fd)
+    directory is refused without blocking or reading it (core/statefile.read_raw; a link is followed: a
+    ConfigMap's file is one)."""
+    raw, kind, detail = statefile.read_raw(path, MAX_CONFIG_BYTES, follow_links=True)
+    if raw is not None:
+        return raw
+    if not kind:
+        raise ConfigError([f"{source}: file not found"])
+    if kind == "too_large":
+        raise ConfigError([f"{source}: larger than {MAX_CONFIG_BYTES >> 20} MiB ({detail}); not a config file"])
+    raise ConfigError([f"{source}: cannot read: {'not a regular file' if kind == 'not_a_file' else detail}"])
 
 
 def load(path: str | os.PathLike | None = None, *, env: dict[str, str] | None = None,

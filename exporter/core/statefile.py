@@ -39,19 +39,21 @@ KINDS = ("unreadable", "not_a_file", "symlink", "too_large", "not_utf8", "not_js
          "future")
 
 
-class _Errors:
-    """Counts of state set aside, by (file, kind); thread-safe, read by the collector."""
+class Tally:
+    """Thread-safe counts by key, read by the collector at each render. Keys become label values, so each is
+    checked against a fixed set (``valid``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, valid) -> None:
+        self._valid = valid
         self._lock = threading.Lock()
-        self._counts: Counter[tuple[str, str]] = Counter()
+        self._counts: Counter = Counter()
 
-    def count(self, file: str, kind: str, n: int = 1) -> None:
-        assert kind in KINDS, kind
+    def count(self, key, n: int = 1) -> None:
+        assert self._valid(key), key
         with self._lock:
-            self._counts[(file, kind)] += n
+            self._counts[key] += n
 
-    def snapshot(self) -> dict[tuple[str, str], int]:
+    def snapshot(self) -> dict:
         with self._lock:
             return dict(self._counts)
 
@@ -60,12 +62,22 @@ class _Errors:
             self._counts.clear()
 
 
+class _Errors(Tally):
+    """Counts of state set aside, by (file, kind)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda key: key[1] in KINDS)
+
+    def count(self, file: str, kind: str, n: int = 1) -> None:  # type: ignore[override]
+        super().count((file, kind), n)
+
+
 ERRORS = _Errors()
 
 
-def drop(file: str, kind: str, path: str | Path, detail: str, consequence: str) -> None:
-    """Count one thing set aside and say so in one line."""
-    ERRORS.count(file, kind)
+def drop(file: str, kind: str, path: str | Path, detail: str, consequence: str, n: int = 1) -> None:
+    """Count what was set aside (n things of one kind) and say so in one line."""
+    ERRORS.count(file, kind, n)
     log.warning("state %s: %s set aside (%s: %s); %s", file, path, kind, detail, consequence)
 
 
@@ -137,7 +149,7 @@ def read_bytes(path: str | Path, file: str, consequence: str, max_bytes: int = M
                why: list[str] | None = None) -> bytes | None:
     """The file's bytes; None when absent or set aside (counted, one line; its kind appended to `why`).
     Never follows a link."""
-    data, kind, detail = _read(Path(path), max_bytes)
+    data, kind, detail = read_raw(path, max_bytes)
     if kind:
         drop(file, kind, path, detail, consequence)
         if why is not None:
@@ -145,9 +157,13 @@ def read_bytes(path: str | Path, file: str, consequence: str, max_bytes: int = M
     return data
 
 
-def _read(path: Path, max_bytes: int) -> tuple[bytes | None, str, str]:
+def read_raw(path: str | Path, max_bytes: int, follow_links: bool = False) -> tuple[bytes | None, str, str]:
+    """(bytes, "", "") of a regular file of at most ``max_bytes``; (None, "", "") when absent; else (None, kind,
+    detail) with a kind of KINDS. Never blocks on a FIFO, never follows a link unless ``follow_links`` (a
+    config in a Kubernetes ConfigMap is one), never counts or logs: the caller says what it means."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return None, "", ""
     except OSError as e:
@@ -156,10 +172,12 @@ def _read(path: Path, max_bytes: int) -> tuple[bytes | None, str, str]:
         if e.errno == errno.EISDIR:
             return None, "not_a_file", "a directory"
         return None, "unreadable", e.strerror or str(e)
+    except ValueError as e:  # a NUL in the path
+        return None, "unreadable", str(e)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return None, "not_a_file", "not a regular file"
+            return None, "not_a_file", "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         if st.st_size > max_bytes:
             return None, "too_large", f"{st.st_size} bytes > {max_bytes}"
         chunks, total = [], 0

@@ -28,9 +28,7 @@ import math
 import os
 import shutil
 import stat
-import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,28 +52,7 @@ REASONS = ("not_a_file", "too_large", "unreadable", "not_json", "too_deep", "mal
            "not_asked", "wrong_node", "bad_time", "bad_gpu_seconds", "too_many_series", "error")
 
 
-class _Rejected:
-    """Counts of records refused, by reason; thread-safe, read by the collector."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
-
-    def count(self, reason: str) -> None:
-        assert reason in REASONS, reason
-        with self._lock:
-            self._counts[reason] += 1
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._counts.clear()
-
-
-REJECTED = _Rejected()
+REJECTED = statefile.Tally(lambda reason: reason in REASONS)  # reason -> records refused
 
 
 @dataclass
@@ -203,30 +180,21 @@ def _check_series(rec: RunRecord, expect: Expect) -> None:
         raise Reject("too_many_series", "the environment's GPU list is not a list of this node's GPUs")
 
 
+_READ_REASONS = {"symlink": "not_a_file", "not_a_file": "not_a_file", "too_large": "too_large"}
+
+
 def read(path: Path, expect: Expect, now: float) -> tuple[RunRecord | None, str, str]:
     """One inbox entry: (record, "", "") or (None, reason, detail). Never follows a link, never raises."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None, "unreadable", "gone"
-    except OSError as exc:
-        return None, "unreadable", exc.strerror or type(exc).__name__
-    if stat.S_ISLNK(st.st_mode):
-        return None, "not_a_file", "a symbolic link, not followed"
-    if not stat.S_ISREG(st.st_mode):
-        return None, "not_a_file", "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-    if st.st_size > MAX_BYTES:
-        return None, "too_large", f"{st.st_size} bytes > {MAX_BYTES}"
-    raw = statefile.read_bytes(path, "claim-inbox", "refused", max_bytes=MAX_BYTES)
+    raw, kind, detail = statefile.read_raw(path, MAX_BYTES)
     if raw is None:
-        return None, "unreadable", "could not be read as a regular file"
+        return None, _READ_REASONS.get(kind, "unreadable"), detail or "gone"
     rec, reason, detail = check(raw, expect, now)
     if rec is not None:
         rec.source = str(path)
     return rec, reason, detail
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
     """Remove an entry, a directory with all in it, never following a link."""
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
@@ -242,7 +210,7 @@ def _quarantine_dir(inbox: Path) -> Path | None:
     try:
         st = os.lstat(q)
         if not stat.S_ISDIR(st.st_mode):   # a planted link or file: never moved into
-            _remove(q)
+            remove(q)
             raise FileNotFoundError
         return q
     except FileNotFoundError:
@@ -278,10 +246,10 @@ def quarantine(inbox: Path, path: Path, reason: str) -> str:
                 return f"moved to {QUARANTINE}/{target.name}"
             except OSError:
                 pass
-        _remove(path)
+        remove(path)
         return "removed"
     except Exception:  # noqa: BLE001 - the inbox drains whatever this entry is
-        _remove(path)
+        remove(path)
         return "removed"
 
 
@@ -291,4 +259,4 @@ def _trim(q: Path) -> None:
     except OSError:
         return
     for name in names[:max(0, len(names) - MAX_QUARANTINE)]:
-        _remove(q / name)
+        remove(q / name)
