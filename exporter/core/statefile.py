@@ -92,24 +92,28 @@ def number(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def lines(raw: bytes, file: str, path: str | Path, consequence: str, max_depth: int = MAX_DEPTH):
+def lines(raw: bytes, file: str, path: str | Path, consequence: str, max_depth: int = MAX_DEPTH,
+          bad: Counter[str] | None = None):
     """(line number, value) of each JSON line of a file's bytes; a line that is not UTF-8, not JSON or too
-    deep is counted and logged (one line per file: the first such line and how many), never raised."""
-    bad: Counter[str] = Counter()
+    deep is counted and logged (one line per file: the first such line and how many), never raised. ``bad``
+    gets the counts by kind too, for a caller that keeps its own."""
+    found: Counter[str] = Counter()
     first = ""
     for n, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():
             continue
         value, kind, detail = parse_json(line, max_depth)
         if kind:
-            bad[kind] += 1
+            found[kind] += 1
             first = first or f"line {n}: {kind}: {detail}"
             continue
         yield n, value
-    for kind, k in bad.items():
+    for kind, k in found.items():
         ERRORS.count(file, kind, k)
-    if bad:
-        log.warning("state %s: %s: %d lines set aside (%s); %s", file, path, sum(bad.values()), first, consequence)
+    if found:
+        log.warning("state %s: %s: %d lines set aside (%s); %s", file, path, sum(found.values()), first, consequence)
+        if bad is not None:
+            bad.update(found)
 
 
 def depth(obj: Any, limit: int = MAX_DEPTH) -> int:

@@ -244,13 +244,14 @@ class FigureStore:
             self.write_errors += 1
             log.error("judge: cannot write %s: %s", self.path, getattr(exc, "strerror", None) or exc)
 
-    def _lines(self, why: list[str] | None = None):
-        """The file's lines of the right shape, "t" a float; the rest counted and logged."""
+    def _lines(self, why: list[str] | None = None, bad: Counter[str] | None = None):
+        """The file's lines of the right shape, "t" a float; the rest counted and logged (and, by kind, in
+        ``bad`` when given)."""
         raw = statefile.read_bytes(self.path, FILE_LABEL, "its figures are not used", why=why)
         if raw is None:
             return
         wrong = 0
-        for _, value in statefile.lines(raw, FILE_LABEL, self.path, "those lines are skipped"):
+        for _, value in statefile.lines(raw, FILE_LABEL, self.path, "those lines are skipped", bad=bad):
             line = _checked(value)
             if line is None:
                 wrong += 1
@@ -258,9 +259,9 @@ class FigureStore:
             yield line
         if wrong:
             statefile.drop(FILE_LABEL, "wrong_shape", self.path, f"{wrong} lines of the wrong shape" if wrong > 1
-                           else "a line of the wrong shape", "those lines are skipped")
-            if wrong > 1:
-                statefile.ERRORS.count(FILE_LABEL, "wrong_shape", wrong - 1)
+                           else "a line of the wrong shape", "those lines are skipped", n=wrong)
+            if bad is not None:
+                bad["wrong_shape"] += wrong
 
     def _rewrite(self, now: float) -> None:
         """Keep the lines of the retention window, in time order, atomically. The cutoff moves at most
@@ -278,11 +279,9 @@ class FigureStore:
         self.compacted_day = int(now // DAY)
 
     def _load(self) -> None:
-        before = statefile.ERRORS.snapshot()
-        lines = sorted(self._lines(), key=lambda ln: ln["t"])
-        after = statefile.ERRORS.snapshot()
-        self.bad_lines += sum(n - before.get(k, 0) for k, n in after.items()
-                              if k[0] == FILE_LABEL and k[1] in ("not_utf8", "not_json", "too_deep", "wrong_shape"))
+        bad: Counter[str] = Counter()
+        lines = sorted(self._lines(bad=bad), key=lambda ln: ln["t"])
+        self.bad_lines += sum(bad.values())
         future = self.clock.now() + FUTURE_SKEW_SECONDS
         ahead = [ln for ln in lines if ln["t"] > future]
         if ahead:
