@@ -346,23 +346,18 @@ class Daemon:
         try:
             new = configmod.load(self.config_path, probe_map=self.probe_map)
             web = webconfig.load(new.server.web_config_file)
-        except configmod.ConfigError as exc:
-            log.error("config reload failed, keeping the running config: %s", "; ".join(exc.lines)[:2000])
-            self.store.set_config_reload(False)
-            return False
-        except webconfig.WebConfigError as exc:
-            log.error("config reload failed, keeping the running config: web config: %s",
-                      " ".join(str(exc).split())[:2000])
-            self.store.set_config_reload(False)
-            return False
         except Exception as exc:  # noqa: BLE001 - a reload never ends the running daemon, whatever the file
-            log.error("config reload failed, keeping the running config: %s: %s", type(exc).__name__,
-                      " ".join(str(exc).split())[:500])
+            if isinstance(exc, configmod.ConfigError):
+                why = "; ".join(exc.lines)
+            elif isinstance(exc, webconfig.WebConfigError):
+                why = "web config: " + " ".join(str(exc).split())
+            else:
+                why = f"{type(exc).__name__}: " + " ".join(str(exc).split())
+            log.error("config reload failed, keeping the running config: %s", why[:2000])
             self.store.set_config_reload(False)
             return False
         self.server.set_web(web)
-        srv = new.server  # the caps are read at each accept, so a reload applies them to the next connection
-        self.server.set_limits(srv.max_connections, srv.max_connections_per_client, srv.header_timeout_seconds)
+        self._set_limits(new)  # read at each accept: a reload applies them to the next connection
         with self._settings_lock:
             if new.server.listen_address != self.settings.server.listen_address:
                 log.warning("server.listen_address changed; it takes effect at the next restart")
@@ -513,11 +508,14 @@ class Daemon:
         return self.healthy() and bool(self.store.exposition)
 
     # --- lifecycle ------------------------------------------------------------------
+    def _set_limits(self, settings) -> None:
+        srv = settings.server
+        self.server.set_limits(srv.max_connections, srv.max_connections_per_client, srv.header_timeout_seconds)
+
     def start(self) -> None:
         become_subreaper(self.reap_everything)
         track_workers(self.settings.state_dir)  # kill what a killed predecessor's workers left; record ours
-        srv = self.settings.server
-        self.server.set_limits(srv.max_connections, srv.max_connections_per_client, srv.header_timeout_seconds)
+        self._set_limits(self.settings)
         self.server.start()
         if self.kube is not None:
             self.kube.start()
@@ -555,18 +553,16 @@ class Daemon:
         # The kernel may deliver a signal to any thread; Python runs handlers only in the main
         # thread, which would sleep on in read() meanwhile. The wakeup fd gets the signal number
         # written from whichever thread caught it, so the main thread always wakes.
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *_: None)
         try:  # one daemon per state directory: a second one would overwrite the first's budget and figures
             self.dir_lock.acquire()
         except statefile.StateLocked as exc:
             log.error("%s", exc)
-            os.close(r)
-            os.close(w)
             self.server.stop()
             return 1
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda *_: None)
         old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self.start()
         try:

@@ -124,13 +124,18 @@ def _children_of_self() -> list[int]:
         pass
     for entry in os.listdir("/proc"):  # kernels without the children file
         if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == me:
-                    out.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
+            fields = _stat(int(entry))
+            if fields is not None and fields[1] == str(me):
+                out.append(int(entry))
     return out
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, pgrp, ...); None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def reap_orphans() -> int:
@@ -164,9 +169,10 @@ def reap_orphans() -> int:
 
 
 def _group_of(pid: int) -> int | None:
+    fields = _stat(pid)
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
+        return int(fields[2]) if fields is not None else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -288,7 +294,9 @@ _registry_path: str | None = None
 _registry: dict[int, dict[str, Any]] = {}
 
 
+@functools.cache
 def _boot_id() -> str:
+    """This boot's id (it cannot change under a running process)."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -297,9 +305,8 @@ def _boot_id() -> str:
 
 def _proc_start(pid: int) -> tuple[int, int] | None:
     """(start time in clock ticks since boot, process group) of a live process; None when gone or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = _stat(pid)
+    if fields is None:
         return None
     try:
         if fields[0] in ("Z", "X"):
