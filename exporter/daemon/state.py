@@ -16,7 +16,6 @@ windows hold samples of fresh runs only (docs/alerting.md, "Windows of runs").
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import defaultdict
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetcanary.core import environment as envmod
+from fleetcanary.core import statefile
 from fleetcanary.core.record import OUTCOMES, RunRecord
 from fleetcanary.daemon.collector import render
 from fleetcanary.judge import figures as figmod
@@ -306,10 +306,9 @@ class ResultStore:
         kept = 0
         with self._lock:
             for e in entries:
-                ts = e[2] if isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) \
-                    and isinstance(e[1], str) and isinstance(e[2], (int, float)) and not isinstance(e[2], bool) \
-                    else None
-                if ts is None or not math.isfinite(ts) or ts <= 0:
+                shaped = isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str)
+                ts = statefile.number(e[2]) if shaped else None
+                if ts is None or ts <= 0:
                     if drop:
                         drop("wrong_shape", f"entry {str(e)[:80]}")
                     continue
