@@ -51,7 +51,7 @@ from fleetcanary.probes.base import (
     ProbeSkipped,
     Sample,
 )
-from fleetcanary.probes.lib import fanout, llm_client
+from fleetcanary.probes.lib import fanout, llm_client, safefile
 from fleetcanary.probes.lib.kube_pods import DaemonSetPods
 
 P = "fleetcanary_inference_"
@@ -395,9 +395,10 @@ def _cursor_path(state_dir: str) -> Path:
 def _rotated(mine: list[Target], state_dir: str) -> list[Target]:
     """The targets from where the last run stopped (a cursor in the state directory, by target name), so the
     targets a short deadline could not hold come first in the next run."""
+    raw, _, _ = safefile.read_raw(_cursor_path(state_dir), 1 << 16)
     try:
-        after = json.loads(_cursor_path(state_dir).read_text())["next"]
-    except (OSError, ValueError, KeyError, TypeError):
+        after = json.loads(raw)["next"] if raw is not None else None
+    except (ValueError, KeyError, TypeError, RecursionError):
         return list(mine)
     names = [t.name for t in mine]
     if after not in names:
@@ -410,11 +411,9 @@ def _advance(state_dir: str, order: list[Target], tried: int) -> None:
     path = _cursor_path(state_dir)
     if not order or (tried >= len(order) and not path.exists()):
         return  # every target had its turn and nothing was ever deferred: no file needed
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"next": order[tried % len(order)].name}))
-        os.replace(tmp, path)
+    try:  # never through a link planted in the state directory (probes/lib/safefile)
+        if safefile.private_dir(path.parent):
+            safefile.write_atomic(path, json.dumps({"next": order[tried % len(order)].name}), fsync=False)
     except OSError:
         pass
 
@@ -425,17 +424,16 @@ def _stability(state_dir: str, t: Target, text: str) -> bool:
     key = hashlib.sha256(f"{t.name}\0{t.model}\0{t.stream_prompt}\0{t.stream_max_tokens}".encode()).hexdigest()[:24]
     path = d / f"{key}.json"
     digest = hashlib.sha256(text.encode()).hexdigest()
+    raw, _, _ = safefile.read_raw(path, 1 << 16)
     try:
-        first = json.loads(path.read_text())["output_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+        first = json.loads(raw)["output_sha256"] if raw is not None else None
+    except (ValueError, KeyError, TypeError, RecursionError):
         first = None
     if first is None:
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"target": t.name, "model": t.model, "output_sha256": digest,
-                                       "first_seen": time.time()}))
-            os.replace(tmp, path)
+        try:  # never through a link planted in the state directory (probes/lib/safefile)
+            if safefile.private_dir(d):
+                safefile.write_atomic(path, json.dumps({"target": t.name, "model": t.model, "output_sha256": digest,
+                                                        "first_seen": time.time()}))
         except OSError:
             pass
         return True

@@ -28,6 +28,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+# the two primitives every state file goes through (probes/lib: the probes that keep state use them too)
+from fleetcanary.probes.lib.safefile import read_raw, write_atomic  # noqa: F401 - write_atomic re-exported
+
 log = logging.getLogger("fleetcanary.state")
 
 MAX_BYTES = 64 << 20     # no state file the daemon writes comes near this; a larger one is junk
@@ -161,45 +164,6 @@ def read_bytes(path: str | Path, file: str, consequence: str, max_bytes: int = M
     return data
 
 
-def read_raw(path: str | Path, max_bytes: int, follow_links: bool = False) -> tuple[bytes | None, str, str]:
-    """(bytes, "", "") of a regular file of at most ``max_bytes``; (None, "", "") when absent; else (None, kind,
-    detail) with a kind of KINDS. Never blocks on a FIFO, never follows a link unless ``follow_links`` (a
-    config in a Kubernetes ConfigMap is one), never counts or logs: the caller says what it means."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None, "", ""
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return None, "symlink", "a symbolic link, not followed"
-        if e.errno == errno.EISDIR:
-            return None, "not_a_file", "a directory"
-        return None, "unreadable", e.strerror or str(e)
-    except ValueError as e:  # a NUL in the path
-        return None, "unreadable", str(e)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "not_a_file", "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        if st.st_size > max_bytes:
-            return None, "too_large", f"{st.st_size} bytes > {max_bytes}"
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > max_bytes:  # it grew while we read
-                return None, "too_large", f"more than {max_bytes} bytes"
-            chunks.append(chunk)
-        return b"".join(chunks), "", ""
-    except OSError as e:
-        return None, "unreadable", e.strerror or str(e)
-    finally:
-        os.close(fd)
-
-
 def read_json(path: str | Path, file: str, consequence: str, expect: type | tuple[type, ...] = (list, dict),
               max_bytes: int = MAX_BYTES) -> Any:
     """The file's JSON value when it is of type `expect`; None when absent or set aside (counted, one line)."""
@@ -219,53 +183,6 @@ def read_json(path: str | Path, file: str, consequence: str, expect: type | tupl
 def _names(expect) -> str:
     types = expect if isinstance(expect, tuple) else (expect,)
     return " or ".join({list: "a list", dict: "an object"}.get(t, t.__name__) for t in types)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str | Path, data: str | bytes, fsync: bool = True, mode: int = 0o644) -> None:
-    """Replace the file in one step without following a link: an exclusive, O_NOFOLLOW temporary beside
-    it, written and (by default) fsynced, renamed over the target (a rename replaces a link, it does not
-    follow it), then the directory fsynced. OSError propagates; the temporary never stays behind."""
-    path = Path(path)
-    body = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, mode)
-    except FileExistsError:  # a stale temporary of a dead process with our PID, or something planted
-        os.unlink(tmp)       # unlink removes a link itself, never its target
-        fd = os.open(tmp, flags, mode)
-    try:
-        try:
-            view = memoryview(body)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if fsync:
-        _fsync_dir(path.parent)
 
 
 def open_append(path: str | Path, mode: int = 0o644) -> int:

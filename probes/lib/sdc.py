@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetcanary.probes.lib import safefile
+
 STATUSES = ("match", "mismatch", "no_consensus", "unjudged")
 GOLDEN_FILE = "sdc_golden.json"
+MAX_GOLDEN_BYTES = 16 << 20  # goldens are a few hundred bytes each; a larger file is not one
 
 
 def golden_key(identity: dict[str, Any]) -> str:
@@ -100,11 +101,16 @@ class GoldenStore:
         self.shipped = Path(shipped) if shipped else None
 
     def _read(self, path: Path) -> dict[str, Any]:
+        # the state directory's file never through a link (probes/lib/safefile); the shipped one is the
+        # operator's path (a ConfigMap's file is a link)
+        raw, kind, detail = safefile.read_raw(path, MAX_GOLDEN_BYTES, follow_links=path == self.shipped)
+        if raw is None:
+            if not kind or kind == "symlink":
+                return {}  # absent, or a link planted in the state directory: not read, replaced by the next put
+            raise GoldenFileError(f"{path}: {detail}")
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise GoldenFileError(f"{path}: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("goldens", {}), dict):
             raise GoldenFileError(f"{path}: not a golden file (want an object with 'goldens')")
@@ -125,10 +131,7 @@ class GoldenStore:
         goldens[key] = {"checksum": checksum, "identity": identity, "voters": voters, "agreeing": agreeing,
                         "established_unix": time.time()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".sdc_golden.")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"goldens": goldens}, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        safefile.write_atomic(self.path, json.dumps({"goldens": goldens}, indent=1, sort_keys=True))
 
 
 class GoldenFileError(Exception):
