@@ -224,7 +224,7 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
     rejected: Counter = Counter()
     lsock = socket.socket(_family(bind_ip), socket.SOCK_STREAM)
     sel = selectors.DefaultSelector()
-    pending: dict[socket.socket, list] = {}   # sock -> [buffer, deadline, ip, nonce, challenge at], oldest first
+    pending: dict[socket.socket, _Pending] = {}   # oldest first
     won: Session | None = None
     try:
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -237,15 +237,15 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
         sel.register(lsock, selectors.EVENT_READ)
         while won is None:
             now = clock()
-            for s in [s for s, p in pending.items() if p[1] <= now]:
+            for s in [s for s, p in pending.items() if p.deadline <= now]:
                 rejected["silent"] += 1
                 _drop(sel, pending, s)
-            for s in [s for s, p in pending.items() if p[4] is not None and p[4] <= now]:
+            for s in [s for s, p in pending.items() if p.challenge_at is not None and p.challenge_at <= now]:
                 _challenge(sel, pending, s, slot, rejected)
             if now >= until:
                 break
-            wake = min([until] + [p[1] for p in pending.values()]
-                       + [p[4] for p in pending.values() if p[4] is not None])
+            wake = min([until] + [p.deadline for p in pending.values()]
+                       + [p.challenge_at for p in pending.values() if p.challenge_at is not None])
             for key, _ in sel.select(max(0.0, wake - now)):
                 if key.fileobj is lsock:
                     _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock, slot)
@@ -258,31 +258,31 @@ def host(bind_ip: str, port: int, expected_ips: set[str], slot: int, me: str, pa
                 except OSError:
                     chunk = b""
                 if not chunk:   # closed by the client; a bare connect (a port check) is not counted
-                    if pending[s][0]:
+                    if pending[s].buffer:
                         rejected["bad_handshake"] += 1
                     _drop(sel, pending, s)
                     continue
-                if pending[s][4] is not None:
+                if pending[s].challenge_at is not None:
                     # it spoke before our challenge: a version-1 guest (or a stray); closed without a word, so
                     # an old guest of a rolling upgrade retries and skips instead of failing
                     rejected["bad_handshake"] += 1
                     _drop(sel, pending, s)
                     continue
-                pending[s][0] += chunk
-                if b"\n" not in pending[s][0]:
-                    if len(pending[s][0]) > MAX_LINE:
+                pending[s].buffer += chunk
+                if b"\n" not in pending[s].buffer:
+                    if len(pending[s].buffer) > MAX_LINE:
                         rejected["bad_handshake"] += 1
                         _drop(sel, pending, s)
                     continue
-                line = pending[s][0].split(b"\n", 1)[0]
-                nh = pending[s][3]
+                line = pending[s].buffer.split(b"\n", 1)[0]
+                nh = pending[s].nonce
                 ng = check_hello(line, slot, me, partner, secret, nh)
                 if ng is None:
                     rejected["bad_handshake"] += 1
                     _drop(sel, pending, s)
                     continue
                 sel.unregister(s)
-                peer_ip = pending.pop(s)[2]
+                peer_ip = pending.pop(s).ip
                 s.setblocking(True)
                 s.settimeout(max(0.1, until - clock()))
                 try:
@@ -332,10 +332,19 @@ def _accept(lsock, sel, pending, expected_ips, rejected, hello_timeout, clock, s
         except OSError:
             s.close()
             continue
-        # [buffer, hello deadline, peer ip, host nonce, when to send the challenge (None: sent)]
         now = clock()
-        pending[s] = [b"", now + hello_timeout, ip, secrets.token_hex(16), now + CHALLENGE_AFTER_SECONDS]
+        pending[s] = _Pending(now + hello_timeout, ip, secrets.token_hex(16), now + CHALLENGE_AFTER_SECONDS)
         sel.register(s, selectors.EVENT_READ)
+
+
+@dataclass
+class _Pending:
+    """A connection the host waits on for its hello."""
+    deadline: float             # the hello must have come by then (monotonic)
+    ip: str
+    nonce: str                  # the host's fresh nonce for this connection (its challenge)
+    challenge_at: float | None  # when to send the challenge; None once sent
+    buffer: bytes = b""
 
 
 def _challenge(sel, pending, s, slot: int, rejected: Counter) -> None:
@@ -354,11 +363,11 @@ def _challenge(sel, pending, s, slot: int, rejected: Counter) -> None:
         _drop(sel, pending, s)
         return
     try:
-        s.send(json.dumps({"v": VERSION, "slot": slot, "nonce": entry[3]}).encode() + b"\n")
+        s.send(json.dumps({"v": VERSION, "slot": slot, "nonce": entry.nonce}).encode() + b"\n")
     except OSError:   # gone already (or a full buffer on a fresh connection): nothing to wait for
         _drop(sel, pending, s)
         return
-    entry[4] = None
+    entry.challenge_at = None
 
 
 def _refuse_backlog(lsock, expected_ips, rejected) -> None:
