@@ -158,6 +158,33 @@ def _libfaketime() -> str:
     return found[0]
 
 
+def tracebacks(log: str) -> list[str]:
+    """Each traceback in a daemon log: its header, its indented frames and the exception line that ends it."""
+    found, lines = [], log.splitlines()
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last):" in line:
+            end = i + 1
+            while end < len(lines) and lines[end].startswith((" ", "\t")):
+                end += 1
+            found.append("\n".join(lines[i:end + 1]))
+    return found
+
+
+def _faketime_sleep(traceback: str) -> bool:
+    frames = [ln.strip() for ln in traceback.splitlines()[1:-1] if ln.strip() and not set(ln.strip()) <= set("^~ ")]
+    return (traceback.splitlines()[-1].strip() == "OSError: [Errno 22] Invalid argument"
+            and bool(frames) and frames[-1].startswith("time.sleep("))
+
+
+def test_the_traceback_filter_sets_aside_only_a_failed_sleep():
+    sleep = ("x ERROR fleetcanary.daemon: probe p: the daemon failed running it\nTraceback (most recent call last):\n"
+             '  File "/a/isolation.py", line 191, in _reap_group\n    time.sleep(0.005)\n'
+             "OSError: [Errno 22] Invalid argument\nx WARNING next line")
+    other = sleep.replace("time.sleep(0.005)", "os.kill(pid, 9)")
+    assert [_faketime_sleep(t) for t in tracebacks(sleep + "\n" + other)] == [True, False]
+    assert tracebacks("no failure here") == []
+
+
 def test_a_daemon_whose_clock_steps_30_days_forward_then_back_keeps_its_history(tmp_path):
     lib = _libfaketime()
     state = tmp_path / "state"
@@ -187,9 +214,15 @@ def test_a_daemon_whose_clock_steps_30_days_forward_then_back_keeps_its_history(
     stepped_back = runs()
     wait_for(lambda: runs() >= stepped_back + 2, timeout=180, what="two runs 30 days behind")
     running = d.log()
-    assert "Traceback" not in running, running[-3000:]  # nothing failed while its clock stepped
-    # The exit status is not asserted: after a negative offset, libfaketime's clock_nanosleep can fail with EINVAL
-    # (time.sleep raises in the shutdown's kill loop, seen 2 runs in 7), an artifact of the preload. What is
+    failures = tracebacks(running)
+    # Nothing failed while its clock stepped, but for one artifact of the preload: with an offset set,
+    # libfaketime's clock_nanosleep rewrites Python's absolute CLOCK_MONOTONIC deadline by the wall-clock offset
+    # and can fail with EINVAL, so a time.sleep raises (seen in the worker reaper and the shutdown's kill loop,
+    # about 1 run in 4). A real kernel's monotonic sleep never sees a wall-clock step. The daemon counts such a
+    # run as crash "internal" and goes on, which the runs waited for above show.
+    real = [t for t in failures if not _faketime_sleep(t)]
+    assert not real, "\n".join(real)[-3000:]
+    # The exit status is not asserted for the same reason (time.sleep in the shutdown's kill loop). What is
     # asserted is what the step used to destroy: the history in figures.jsonl.
     offset.write_text("+0\n")
     d.stop()
