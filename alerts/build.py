@@ -21,9 +21,12 @@ repository needed): label matchers added to every selector (job, cluster), extra
 share, thresholds per figure, the runbook URL pattern, the evaluation interval, and pools that get
 their own groups (sharding). Prometheus 2.42 and vmalert 1.79 both load the files unchanged:
 no `keep_firing_for` (vmalert 1.79 rejects it; the fast path's figure is held by the exporter, and
-the hard failures hold through their windows). The change path and the regression hold through
-their own ALERTS series while the node's change against its own baseline stays bad (`hold`):
-the one place a steady fault near a threshold would otherwise fire again and again.
+the hard failures hold through their windows). Every judged path that can page again holds
+through its own ALERTS series (`hold`): once firing, it stays firing while its value is still worse
+than half its floor, read with last_over_time over `hold_gap` so that a gap in the figure (an
+exporter restart, the first runs on a new driver) does not resolve it either. Without it a steady
+fault at a threshold fired again every time noise carried it back over (docs/detection.md, issue
+38: a 15% collective drop paged the fast path a median 18.5 times).
 
 `build(scale=...)` multiplies every group interval and `for` (not the data windows):
 tests/test_alerts_live.py runs the shipped structure faster on a real Prometheus.
@@ -89,8 +92,10 @@ class Settings:
     level_k_mad: float = 5        # ... and more than this many MADs of the peers' level ratios (fast path too)
     fast_floor: float = 0.15      # fast path: the best of the newest 3 runs this far below the peers' median level
     drift_floor: float = 0.04     # the day's median this far below the best day
-    hold: bool = True             # a firing change-path or regression alert holds while its own change is still
-                                  # worse by its floor (an ALERTS self-hold; docs/alerting.md, "Hold")
+    hold: bool = True             # a firing judged alert holds while its value is still worse than half its floor
+                                  # (an ALERTS self-hold; docs/alerting.md, "Hold")
+    hold_gap: str = "6h"          # ... and through a gap in its figure this long (last_over_time): an exporter
+                                  # restart, a new driver's first 7 runs of a 30-minute probe
     pools: tuple[str, ...] = ()   # pools that get their own peer group (the rest share one)
     coverage_min_share: float = 0.5  # FleetCanaryPoolUnmeasured: fewer of a pool's GPUs than this measured ...
     coverage_intervals: int = 3      # ... by a probe in its last this many intervals
@@ -225,17 +230,23 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
     return out
 
 
-def hold(s: Settings, name: str, value: str, floor: float) -> str:
-    """The hold branch of an alert that judges a change: while the alert fires, it stays firing as long as
-    `value` (how far the node's change is worse than its own baseline) is past `floor`. Without it, a steady
-    fault near a threshold resolves and fires again whenever the peers' MAD gate or the node's diurnal swing
-    moves the value across it (docs/detection.md: a median of 4 spells per steady fault on the change path)."""
+def hold(s: Settings, name: str, value: str, floor: float, what: str) -> str:
+    """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value` (how far the
+    node is worse: its change against its own baseline, or its figure against its peers') is past `floor`, half
+    the alert's own. `value` reads the node's statistic through ``gap(s, ...)``, its newest sample of the last
+    `hold_gap`. Without it a steady fault near a threshold resolves and fires again whenever noise, the peers'
+    MAD gate or a gap in the figure moves it across (docs/detection.md, issue 38)."""
     if not s.hold:
         return ""
     on = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
-    return (f"\n# hold: firing, and its change against its own baseline still worse by {floor:g}\n"
+    return (f"\n# hold: firing, and {what} still worse by {floor:g} (its newest figure of the last {s.hold_gap})\n"
             f"or {value} > {floor:g}\n"
             f'  and on({on}) ALERTS{{alertname="{name}", alertstate="firing"}}')
+
+
+def gap(s: Settings, selector: str) -> str:
+    """A node's statistic as a hold reads it: its newest sample of the last `hold_gap` (held through a gap)."""
+    return f"last_over_time({selector}[{s.hold_gap}])" if s.hold else selector
 
 
 def median_words(f: FigureRules) -> str:
@@ -262,8 +273,13 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
             f"  > on({g}) group_left() ({k:g} * pool:fleetcanary_judge_{stat}:peer_mad{rsel(fm)})")
     word = "slower than" if not f.higher_is_better else "below"
     name = f"FleetCanary{f.alert}{'SlowerThanPeers' if not f.higher_is_better else 'BelowPeers'}"
-    if path == "change":
-        expr += hold(s, name, worse(f, "fleetcanary_judge_change" + sel(s, fm, pool)), floor)
+    # The hold compares what fired, without the MAD gate: against the peers, not its own baseline, whose
+    # previous driver's (baseline=previous_driver) carries the new driver's own effect for two weeks.
+    held = (f"{gap(s, f'fleetcanary_judge_{stat}' + sel(s, fm, pool))}\n"
+            f"    / on({g}) group_left pool:fleetcanary_judge_{stat}:peer_median{rsel(fm)}")
+    expr += hold(s, name, worse(f, held), floor / 2,
+                 "its change against its peers' median change" if path == "change" else
+                 "its figure against its peers' median")
     base = ", baseline='%s', baseline_driver='%s'" if path == "change" else ""
     peer = peer_query(s, f"pool:fleetcanary_judge_{stat}:peer_median", f.key, base,
                       RATIO if path == "change" else "humanize")
@@ -274,8 +290,8 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
             f"{query('fleetcanary_judge_median', f.key)}; own change "
             f"against its best day: {query('fleetcanary_judge_change', f.key, CURRENT, RATIO)}"
             f"; peers' median {'change' if path == 'change' else 'figure'}: {peer}."
-            + (" (Held: once firing, the value is its change against its own baseline while that is still worse "
-               f"by {floor:g}.)" if path == "change" and s.hold else ""))
+            + (f" (Held: once firing, while its {'change' if path == 'change' else 'figure'} is still worse than "
+               f"its peers' by {floor / 2:g}.)" if s.hold else ""))
     return {"alert": name, "expr": expr, "for": c.t(max(f.interval_minutes, 15)),
             "labels": {"severity": "warning", "figure": f.key, "path": path},
             "annotations": annotations(s, f"{f.title} {word} peers", desc, name)}
@@ -293,11 +309,16 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
             f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm)})")
     word = "far slower than" if not f.higher_is_better else "far below"
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if not f.higher_is_better else 'FarBelowPeers'}"
+    held = (f"{gap(s, 'fleetcanary_judge_newest' + sel(s, fm, pool))}\n"
+            f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm)}")
+    expr += hold(s, name, worse(f, held), s.fast_floor / 2, "its newest runs against its peers' median")
     desc = (f"The newest 3 runs of the {what(f)} (all of them, or its median of {median_words(f)}) are "
             f"{{{{ $value | humanizePercentage }}}} or more {word} the median figure of {peers_words()}: path fast. "
             f"Best of the newest 3 (the median when worse): "
             f"{query('fleetcanary_judge_newest', f.key)}; median of {median_words(f)}: "
-            f"{query('fleetcanary_judge_median', f.key)}.")
+            f"{query('fleetcanary_judge_median', f.key)}."
+            + (f" (Held: once firing, while its newest runs are still worse than its peers' by {s.fast_floor / 2:g}.)"
+               if s.hold else ""))
     return {"alert": name, "expr": expr, "for": "0m", "labels": {"severity": "critical", "figure": f.key,
                                                                   "path": "fast"},
             "annotations": annotations(s, f"{f.title} {word} peers", desc, name)}
@@ -317,11 +338,13 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
     if f.fast:
         name = f"FleetCanary{f.alert}{names['fast']}"
         out.append({"alert": name, "for": "0m",
-                    "expr": f"# {f.title}: its confirmed figure against its own best day, where peers are too few\n"
+                    "expr": f"# {f.title}: its level against its own best day, where peers are too few\n"
                             f"{worse(f, cur)} > {s.fast_floor:g}\n"
                             f"# silent where the peer fast path judges (as many nodes with a median)\n"
                             f"unless on({on(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm)} >= "
-                            f"{s.min_peers})",
+                            f"{s.min_peers})"
+                            + hold(s, name, worse(f, gap(s, cur)), s.fast_floor / 2,
+                                   "its change against its own baseline"),
                     "labels": {"severity": "critical", "figure": f.key, "path": "own_fast"},
                     "annotations": annotations(
                         s, f"{f.title} far off its own history",
@@ -331,9 +354,10 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
                         f"{query('fleetcanary_judge_median', f.key)}.", name)})
     name = f"FleetCanary{f.alert}{names['regression']}"
     out.append({"alert": name, "for": c.t(max(2 * f.interval_minutes, 30)),
-                "expr": f"# {f.title}: its confirmed figure against its own best day on this driver\n"
+                "expr": f"# {f.title}: its level against its own best day on this driver\n"
                         f"{worse(f, cur)} > {f.history_floor:g}"
-                        + hold(s, name, worse(f, cur), f.history_floor / 2),
+                        + hold(s, name, worse(f, gap(s, cur)), f.history_floor / 2,
+                               "its change against its own baseline"),
                 "labels": {"severity": "warning", "figure": f.key, "path": "regression"},
                 "annotations": annotations(
                     s, f"{f.title} {'rose' if lower else 'fell'} against its own history",
@@ -343,8 +367,10 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
     if f.per_driver:  # a figure without a driver (host memory, storage) has no previous driver's change
         name = f"FleetCanary{f.alert}{names['driver']}"
         out.append({"alert": name, "for": c.t(max(f.interval_minutes, 15)),
-                    "expr": f"# {f.title}: its confirmed figure on the new driver against its best day on the previous "
-                            f"one\n{worse(f, prev)} > {f.history_floor:g}",
+                    "expr": f"# {f.title}: its level on the new driver against its best day on the previous "
+                            f"one\n{worse(f, prev)} > {f.history_floor:g}"
+                            + hold(s, name, worse(f, gap(s, prev)), f.history_floor / 2,
+                                   "its change against the previous driver's best day"),
                     "labels": {"severity": "warning", "figure": f.key, "path": "driver_change"},
                     "annotations": annotations(
                         s, f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
@@ -355,7 +381,9 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
     name = f"FleetCanary{f.alert}{names['drift']}"
     out.append({"alert": name, "for": c.t(60),
                 "expr": f"# {f.title}: the median of its last day of runs against its best day on this driver\n"
-                        f"{worse(f, 'fleetcanary_judge_drift' + sel(s, fm, pool))} > {s.drift_floor:g}",
+                        f"{worse(f, 'fleetcanary_judge_drift' + sel(s, fm, pool))} > {s.drift_floor:g}"
+                        + hold(s, name, worse(f, gap(s, 'fleetcanary_judge_drift' + sel(s, fm, pool))),
+                               s.drift_floor / 2, "its last day against its best day"),
                 "labels": {"severity": "warning", "figure": f.key, "path": "drift"},
                 "annotations": annotations(
                     s, f"{f.title} drifted from its best day",

@@ -172,18 +172,20 @@ def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) ->
     checks, causes = FAMILY_CHECKS[key]
     runs = judge_stats.median_words(judged.BY_KEY[key])
     change = (f"**path=change**: its change against its own baseline (the exporter's `fleetcanary_judge_change`: "
-              f"its confirmed figure, the better of the median of its newest {runs} and the best of its newest "
-              f"{judge_stats.NEWEST_RUNS} (the median alone while a drop of {judge_stats.LATCH:.1%} or more lasts), "
-              "over its best day on its driver in the last 14 days) is worse than its peers' median change by the "
-              f"figure's floor and by more than {k_mad:g} median absolute deviations of the peers' change ratios; "
-              "the peers share pool, model, driver and series, and at least 5 nodes report. With baseline="
+              f"its level, the median of its newest {runs} each taken hour for hour (over the node's own daily "
+              "swing at its time of day), over its best day on its driver in the last 14 days; every node publishes "
+              "the same statistic, so the peers' median carries no premium) is worse than its peers' median change "
+              f"by the figure's floor and by more than {k_mad:g} median absolute deviations of the peers' change "
+              "ratios; the peers share pool, model, driver and series, and at least 5 nodes report. With baseline="
               "previous_driver the same comparison runs, for two weeks after a driver change, against the nodes "
-              "upgraded the same way (the driver's own effect cancels). Once firing it holds while the node's own "
-              "change stays worse by the floor, so a fault near the peers' gate stays one episode; it resolves when "
-              "the node is back within the floor of its best day. " if history else "")
+              "upgraded the same way (the driver's own effect cancels). Once firing it holds while its change stays "
+              "worse than the peers' median change by half the floor, through a gap of up to 6 h in its figure (an "
+              "exporter restart, a new driver's first runs), so a steady fault stays one episode; it resolves when "
+              "the node is back within half the floor of its peers. " if history else "")
     return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of "
             f"{runs} is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
-            "without a baseline, or a GPU that was always slow). The label `path` says which fired; the description "
+            "without a baseline, or a GPU that was always slow); once firing it holds while the figure is still 5% "
+            "under the peers'. The label `path` says which fired; the description "
             "gives the figure, its own change and the peers' median. Each GPU is judged against itself first, so "
             "a persistent manufacturing offset does not count on the change path." + quiet_text(key),
             "`curl -s localhost:9835/metrics | grep fleetcanary_judge` for the "
@@ -206,13 +208,15 @@ def fast_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
             f"of {runs} when that is worse) is 15% or more {WORSE[lower]} the median figure of its peers and by more "
             "than 5 MADs: all three runs are that bad, which two junk runs in a row cannot make; once the median is "
             "as bad, the figure is the median, so one lucky run of a GPU that is still slow does not resolve the "
-            "page. The exporter adds a confirmation run minutes after a run whose figure jumped, so the three runs "
-            "usually span about one probe interval.", checks, causes)
+            "page, and once firing the page holds while the newest runs are still 7.5% under the peers' median "
+            "(half the threshold), so a fault at the threshold pages once. After a run whose figure jumped the "
+            "exporter runs the probe again minutes later, up to three times while each run confirms the jump, so "
+            "the three runs usually come within minutes of the first.", checks, causes)
 
 
 def fast_history_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {title}'s confirmed figure is 15% or more {'above' if lower else 'below'} its own best day on this "
+    return (f"The {title}'s level is 15% or more {'above' if lower else 'below'} its own best day on this "
             "driver, and fewer than 5 peer nodes report in its group, so the peer fast path cannot judge it (a small "
             "pool, or one whose members are mostly busy). Every GPU of a small pool firing at once points at "
             "something they share (a firmware or BIOS change, cooling, power).",
@@ -222,15 +226,16 @@ def fast_history_text(title: str, key: str, lower: bool) -> tuple[str, str, str]
 def drift_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     return (f"The median of the last day of runs of the {title} is 4% or more {'above' if lower else 'below'} its "
-            "best day on the current driver in the last 14 days (`fleetcanary_judge_drift`): a slow decline (a fan "
-            "slowly failing, dust, a creeping thermal problem).",
+            "best day on the current driver in the last 14 days (`fleetcanary_judge_drift`; the runs taken hour for "
+            "hour, and only from a day of enough runs that its median's error is 1% or less): a slow decline (a fan "
+            "slowly failing, dust, a creeping thermal problem). Once firing it holds while the drift is 2% or more.",
             "Plot `fleetcanary_judge_drift` and the raw figure over two weeks; compare with its peers. " + checks,
             causes)
 
 
 def regression_text(title: str, key: str, lower: bool = False) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
-    return (f"The {title}'s confirmed figure is {'above' if lower else 'below'} its own best day on this driver in the "
+    return (f"The {title}'s level is {'above' if lower else 'below'} its own best day on this driver in the "
             "last 14 days by its floor (10%; 5% for GPU memory bandwidth) or more. It needs no peers, and it keeps "
             "firing while the fault lasts: the best day does not absorb a fault the GPU keeps; once firing it holds "
             "until the change is back within half its floor.", checks, causes)

@@ -15,9 +15,8 @@ LABELS = ["figure", "series", "gpu", "pool", "model", "driver_version"]
 BURN_RUNS = statsmod.median_runs(figmod.BY_KEY["gpu_sustained_ratio"])  # the daily burn's median
 QUIET = (f"{statsmod.QUIET_MEDIAN_RUNS} for a quiet series: one whose run-to-run noise, measured over its complete "
          "days on this driver, is under a fifth of the change the fleet alerts on")
-RUNS = (f"median of the newest {statsmod.MEDIAN_RUNS} runs ({QUIET}) on the driver now running, or the best of the "
-        f"newest {statsmod.NEWEST_RUNS} when better; once that is {statsmod.LATCH:.1%} or more worse than the "
-        "baseline, the median alone until the median is back within it")
+RUNS = (f"median of the newest {statsmod.MEDIAN_RUNS} runs ({QUIET}) on the driver now running, each run taken "
+        "hour for hour: over the node's own daily swing at its time of day, once that is known")
 BEST_DAY = (f"the best day: the highest daily level (lowest for a lower-is-better figure) of the last "
             f"{statsmod.BASELINE_DAYS} complete UTC days, each with at least {statsmod.DAY_MIN_RUNS} runs over "
             f"{statsmod.DAY_MIN_SPAN / 3600:.0f} h, days compared hour for hour (a median polish of the days' "
@@ -30,11 +29,12 @@ HELP = {
               f"figure), or its median of {statsmod.MEDIAN_RUNS} when that is worse, in the figure's unit: low "
               "only when all three newest runs are, and held low while the median is. The fleet's fast path "
               "reads it.",
-    "change": f"The series' confirmed figure ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
+    "change": f"The series' level ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
               "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
-    "drift": f"Median of the series' runs in the 24 h before its newest run over its baseline ({BEST_DAY}, "
-             f"current driver); needs the day's runs to span {statsmod.DAY_MIN_SPAN / 3600:.0f} h.",
+    "drift": f"Median of the series' runs in the 24 h before its newest run, hour for hour, over its baseline "
+             f"({BEST_DAY}, current driver); needs the day's runs to span {statsmod.DAY_MIN_SPAN / 3600:.0f} h and "
+             f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.0%}.",
     "series": f"Judged series by state: warming (fewer than {statsmod.MEDIAN_RUNS} runs on this driver; the daily "
               f"burn {BURN_RUNS}), smoothed (a median, no baseline yet), baselined (a change against its own "
               "baseline), held (no fresh run: the GPU is busy or the probe skips; the statistics of its newest runs "

@@ -23,13 +23,17 @@ previous driver's baseline, which judges the first two weeks on the new one.
   median stays bad, so one lucky run of a GPU that is still slow (a heavy-tailed high run lifts the
   best of three for three runs) does not resolve the page and fire it again; it resolves once the
   newest three and most of the median's runs are good again.
-- confirmed: the better of median and newest. A drop counts only once the median has turned and
-  the newest runs all confirm it (two junk runs in five move a median, not the newest three's best).
-  A drop is then latched: once confirmed is LATCH or more worse than the baseline, confirmed is the
-  median alone until the median is back within LATCH of the baseline, so one good run of a GPU that
-  is still slow (a heavy-tailed high run lifts the best of three for three runs) does not resolve
-  its alert for 45 minutes and fire it again: a recovery counts once most of the newest runs agree.
-  The latch is decided run by run (in ``add``), so a store replayed after a restart latches the same.
+- level: the median of the same runs as the median, each taken hour for hour: divided by the node's
+  own daily swing at its time (the baseline's profile below, interpolated between the bins' centres),
+  so that the runs of a node's daily trough are not read as a drop against a best day that is a
+  whole day's level. The change and the drift are over it; the published median stays in the
+  figure's unit, as measured. It is the same statistic on every node, with no premium: the fleet
+  compares a node's change with the median of its peers' changes, and until issue 38 the change was
+  over the better of the median and the best of the newest three, which sits above the median by
+  about a run's noise (the peers' median change 1.01-1.03 on a 1 MiB all-reduce with 4% run noise)
+  while a node whose newest runs were low, or whose drop had latched, read its median alone: 3-11%
+  under peers on a normal day. Two junk runs among the median's runs move it by an order statistic,
+  not to their level; a fault moves it once it is most of them.
 - baseline: the best day on the driver now running: the highest (lowest) daily median among the
   complete UTC days of the last BASELINE_DAYS on that driver, each with at least DAY_MIN_RUNS runs
   spread over DAY_MIN_SPAN. The best day, not a trailing median, so that a fault the GPU keeps is
@@ -43,20 +47,26 @@ previous driver's baseline, which judges the first two weeks on the new one.
   the day's runs fell in, weighted by its runs. A whole day leans by about 1. A bin's part of
   the swing is known once PROFILE_MIN_DAYS days had runs in it (from fewer it is one junk run or
   one odd day), and the swing is taken out once PROFILE_MIN_BINS of the 8 bins are known (a
-  node busy every night still gets it); until then days stand as they are. A part day is never dropped,
+  node busy every night still gets it); until then days stand as they are. The swing is the node's, not
+  its driver's: the profile is over every complete day kept, on any driver. A part day is never dropped,
   so a fault or a ramp that began on the exporter's first day is judged against the runs
   before it.
-- change: confirmed / baseline.
-- previous driver: for the BASELINE_DAYS after an upgrade, confirmed / the best day on the driver
+- change: level / baseline.
+- previous driver: for the BASELINE_DAYS after an upgrade, level / the best day on the driver
   before it. The fleet judges it against the nodes upgraded the same way: the driver's own effect
   is common to them and cancels, and a GPU that lost more stands out, also when its fault came with
   the upgrade (a baseline on the new driver would have absorbed it).
-- drift: the median of the runs of the 24 h before the newest run over the baseline (the day's
-  median needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN): a slow ramp that the 5-run figure's
-  noise hides.
+- drift: the median of the runs of the 24 h before the newest run, each taken hour for hour as in
+  the level, over the baseline: a slow ramp that the 5-run figure's noise hides. The day's median
+  needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN, and enough runs that its standard error
+  (1.2533 x the series' run noise / sqrt(runs)) is at most DRIFT_MAX_ERROR: a busy node's day of
+  a few runs of a 4%-noise series is not a figure to hold against a 4% drift floor (20 false drift
+  warnings on the 1 MiB all-reduce at 49% busy before issue 38). The daily swing is taken out of
+  the baseline's days the same way (``lean``), so the two sides are alike.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import statistics
@@ -76,7 +86,7 @@ DAY_MIN_SPAN = 6 * 3600.0
 DAY_BINS = 8        # 3-hour bins of the UTC day: days are compared hour for hour
 PROFILE_MIN_DAYS = 3  # days with runs in a bin before its part of the node's daily swing is known
 PROFILE_MIN_BINS = 6  # bins known before the swing is taken out
-LATCH = 0.025   # a drop this far under the baseline is latched until the median recovers (0: none)
+DRIFT_MAX_ERROR = 0.01  # the drift's standard error at most this: a quarter of the rules' 4% drift floor
 
 
 def median_runs(fig: Figure) -> int:
@@ -164,6 +174,20 @@ def lean(bins: tuple, profile: list[float | None]) -> float:
     return sum(w * n for w, n in seen) / sum(n for _, n in seen) if seen else 1.0
 
 
+def swing_at(profile: list[float | None], t: float) -> float:
+    """The daily swing (log) at time of day t: interpolated between the centres of the known bins on either
+    side (around midnight too), so a run early in a bin is not taken at the bin's average."""
+    known = [(b + 0.5) * DAY / DAY_BINS for b, p in enumerate(profile) if p is not None]
+    if not known:
+        return 0.0
+    values = [p for p in profile if p is not None]
+    x = t % DAY
+    i = bisect.bisect_right(known, x)
+    x0, y0 = (known[i - 1], values[i - 1]) if i > 0 else (known[-1] - DAY, values[-1])
+    x1, y1 = (known[i], values[i]) if i < len(known) else (known[0] + DAY, values[0])
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
 def run_noise(values: list[float]) -> float | None:
     """One day's run-to-run noise: the robust standard deviation of one run, relative to the day's median,
     from the successive differences (a slow daily swing barely moves them). None with too few runs."""
@@ -185,15 +209,16 @@ class Series:
         self.last = 0.0
         self.today = -1
         self.median_runs = median_runs(fig)
-        self.tail: deque[float] = deque(maxlen=self.median_runs)  # newest values on the current driver
+        self.tail: deque[tuple[float, float]] = deque(maxlen=self.median_runs)  # newest runs, current driver
         self.recent: deque[tuple[float, float]] = deque()      # the 24 h before the newest run, current driver
         self.days: dict[tuple[int, str], list[tuple[float, float]]] = {}  # today's runs per driver
         self.day_medians: dict[tuple[int, str], float | None] = {}       # complete days of the last 14
         self.day_bins: dict[tuple[int, str], tuple] = {}               # and their bins' medians and counts
         self.day_noise: dict[tuple[int, str], float] = {}              # and their run-to-run noise
         self.smooth = self.median_runs  # runs in the median now (QUIET_MEDIAN_RUNS for a quiet series)
-        self.latched = False          # a confirmed drop, latched until the median recovers
         self._best: dict[str, float | None] = {}  # best_day per driver, until a day ends
+        self._profile: list[float | None] | None = None  # the node's daily swing, until a day ends
+        self._profile_day = -1
 
     def add(self, t: float, value: float, driver: str) -> None:
         if t < self.last:
@@ -208,7 +233,7 @@ class Series:
             self.smooth = self._smooth()
         self.runs += 1
         self.last = t
-        self.tail.append(value)
+        self.tail.append((t, value))
         self.recent.append((t, value))
         while self.recent and self.recent[0][0] <= t - DAY:
             self.recent.popleft()
@@ -231,7 +256,6 @@ class Series:
             self.smooth = self._smooth()
             self.today = today
         self.days.setdefault((today, driver), []).append((t, value))
-        self.latched = self._latch()
 
     def noise(self) -> float | None:
         """The series' run-to-run noise on the driver now running (None before a complete day)."""
@@ -246,34 +270,40 @@ class Series:
     def _median(self) -> float | None:
         if len(self.tail) < self.median_runs:
             return None
-        return statistics.median(list(self.tail)[-self.smooth:])
+        return statistics.median(v for _, v in list(self.tail)[-self.smooth:])
+
+    def _level(self) -> float | None:
+        """The median's runs taken hour for hour (see the module docstring)."""
+        if len(self.tail) < self.median_runs:
+            return None
+        return statistics.median(self.hour_for_hour(list(self.tail)[-self.smooth:]))
 
     def _newest(self) -> float | None:
         if not self.fig.fast or len(self.tail) < NEWEST_RUNS:
             return None
-        newest = list(self.tail)[-NEWEST_RUNS:]
+        newest = [v for _, v in list(self.tail)[-NEWEST_RUNS:]]
         return max(newest) if self.fig.higher_is_better else min(newest)
 
-    def _latch(self) -> bool:
-        """Whether the drop is latched after this run: entered when the confirmed figure is LATCH or more
-        worse than the baseline, left when the median alone is back within LATCH of it."""
-        median = self._median()
-        if LATCH <= 0 or median is None or not self.fig.history:
-            return False
-        baseline = self.best_day(self.driver)
-        if baseline is None:
-            return False
-        newest = None if self.latched else self._newest()
-        judged = median if newest is None else self.fig.better(median, newest)
-        ratio = judged / baseline
-        return ratio <= 1 - LATCH if self.fig.higher_is_better else ratio >= 1 / (1 - LATCH)
+    def profile(self) -> list[float | None] | None:
+        """The node's daily swing (hour_profile) over every complete day kept, on any driver; None until known."""
+        if self._profile_day != self.today:
+            self._profile = hour_profile([self.day_bins[k] for k, m in self.day_medians.items() if m is not None])
+            self._profile_day = self.today
+        return self._profile
+
+    def hour_for_hour(self, runs) -> list[float]:
+        """Each run's value over the node's daily swing at its time of day (as measured while no swing is known)."""
+        profile = self.profile()
+        if profile is None:
+            return [v for _, v in runs]
+        return [v / math.exp(swing_at(profile, t)) for t, v in runs]
 
     def best_day(self, driver: str) -> float | None:
         """The best day's level on `driver`, days compared hour for hour (see the module docstring)."""
         if driver in self._best:
             return self._best[driver]
         days = {k: m for k, m in self.day_medians.items() if k[1] == driver and m is not None}
-        profile = hour_profile([self.day_bins[k] for k in days])
+        profile = self.profile()
         best = None
         for key, median in days.items():
             m = median / lean(self.day_bins[key], profile) if profile is not None else median
@@ -293,22 +323,30 @@ class Series:
             out["newest"] = newest if median is None else fig.worse(newest, median)
         if not fig.history:
             return Stats(**out)
-        confirmed = median
-        if confirmed is not None and newest is not None and not self.latched:
-            confirmed = fig.better(confirmed, newest)
+        level = self._level()
         baseline = self.best_day(self.driver)
         if baseline is not None:
             out["baseline"] = baseline
-            if confirmed is not None:
-                out["change"] = confirmed / baseline
-            day = day_median([t for t, _ in self.recent], [v for _, v in self.recent])
-            if day is not None:
-                out["drift"] = day / baseline
+            if level is not None:
+                out["change"] = level / baseline
+            if (drift := self._drift()) is not None:
+                out["drift"] = drift / baseline
         if self.previous:
             pb = self.best_day(self.previous)
             if pb is not None:
                 out["previous_driver"] = self.previous
                 out["previous_baseline"] = pb
-                if confirmed is not None:
-                    out["previous_change"] = confirmed / pb
+                if level is not None:
+                    out["previous_change"] = level / pb
         return Stats(**out)
+
+    def _drift(self) -> float | None:
+        """The last 24 h's median, hour for hour, when its runs are enough to stand for the day: DAY_MIN_RUNS over
+        DAY_MIN_SPAN, and a standard error (1.2533 x the run noise / sqrt(runs)) of at most DRIFT_MAX_ERROR."""
+        runs = list(self.recent)
+        if day_median([t for t, _ in runs], [v for _, v in runs]) is None:
+            return None
+        noise = self.noise()
+        if noise is not None and 1.2533 * noise / math.sqrt(len(runs)) > DRIFT_MAX_ERROR:
+            return None
+        return statistics.median(self.hour_for_hour(runs))
