@@ -206,8 +206,8 @@ def fast_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
             f"of {runs} when that is worse) is 15% or more {WORSE[lower]} the median figure of its peers and by more "
             "than 5 MADs: all three runs are that bad, which two junk runs in a row cannot make; once the median is "
             "as bad, the figure is the median, so one lucky run of a GPU that is still slow does not resolve the "
-            "page. The exporter adds a confirmation run minutes after a run whose figure jumped, so the three runs "
-            "usually span about one probe interval.", checks, causes)
+            "page. The exporter adds confirmation runs minutes apart after a run whose figure jumped, while they "
+            "confirm it, so the three runs usually span well under one probe interval.", checks, causes)
 
 
 def fast_history_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:

@@ -10,8 +10,8 @@ import yaml
 from fleetcanary.core import config as configmod
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon.confirm import HISTORY, NOISE_HISTORY, Confirmer, threshold
-from fleetcanary.judge.stats import NOISE_MIN_RUNS
 from fleetcanary.daemon.service import Daemon
+from fleetcanary.judge.stats import NOISE_MIN_RUNS
 from tests.support.clock import FakeClock
 from tests.support.fault_probes import FAULT_PROBES
 from tests.support.helpers import free_port, http_get
