@@ -58,10 +58,11 @@ panels = [
           "reimaged node or a new pod): no baseline there for a day or more.", "bytes",
           [(f"fleetcanary_judge_store_bytes{{{J}}}", "{{node}}")], w=12),
     panel("timeseries", "Confirmation runs (share of runs, per hour)",
-          "Extra runs the exporter started 5 minutes after a run whose figure jumped 10% or more from its last 3 "
-          "runs, so the alerts' fast path can confirm a large drop within about one interval "
-          "(docs/alerting.md). Good: a few percent (junk runs and real drops); a probe near 100% has a figure "
-          "too noisy for its confirm_change.", "percentunit",
+          "Extra runs the exporter started 5 minutes apart after a run whose figure jumped 5% (or 3 times its "
+          "own run noise) or more from its last 3 runs, up to 3 while they still see the jump, so the judge's "
+          "median turns within about one interval (docs/alerting.md). Good: a few percent (junk runs and real "
+          "drops), up to about 15% on heavy-tailed 8-GPU figures; a probe near 100% has a figure too noisy for "
+          "its confirm_change.", "percentunit",
           # a probe's confirmation counter appears with its first confirmation: 0 until then
           [(f"(sum by (probe) (increase(fleetcanary_probe_confirmation_runs_total{{{N}}}[1h])) "
             f"or 0 * sum by (probe) (increase(fleetcanary_probe_runs_total{{{N}}}[1h]))) / sum by (probe) "

@@ -69,10 +69,10 @@ def metrics_markdown() -> str:
             "that made it, a run counts as its amortized share (the daily 22 s burn weighs 0.92 s in every hour "
             "of the day after it), so a daily burn longer than an hour's budget neither is refused nor makes the "
             "hourly probes skip. A probe's own past runs count at its scheduled rate (one run per interval), so "
-            "the jitter cannot count its previous run twice; a confirmation run (one extra run 5 minutes after a "
-            "run whose figure jumped, `confirm_change`; a few percent of runs) is charged to the GPUs it used like "
-            "any run, and is held to the same rule, so it never makes the next scheduled run skip. A probe skips "
-            "with reason `budget` when what is left on a GPU is less than its "
+            "the jitter cannot count its previous run twice; a confirmation run (up to `confirm_runs` extra runs "
+            "5 minutes apart after a run whose figure jumped, `confirm_change`; a few percent of runs) is charged "
+            "to the GPUs it used like any run, and is held to the same rule, so it never makes the next scheduled "
+            "run skip. A probe skips with reason `budget` when what is left on a GPU is less than its "
             "`expected_gpu_seconds`. `python benchmarks/overhead.py --gpu-budget-only` sums every GPU probe's "
             "default per-hour share and fails over the budget.", ""]
     out += kept_section(ROOT / "docs/metrics.md", "## Series per node", SERIES_END)

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fleetcanary.core.config import ProbeEntryBase
+
 DAY = 86400
 HOUR = 3600
 BW = "fleetcanary_gpu_memory_bandwidth_bytes_per_second"
@@ -78,10 +80,12 @@ class Profile:
     offset: float = 0.02          # persistent per-GPU (and per-node collective) offset: uniform +-this
     diurnal_max: float = 0.015    # each node's diurnal amplitude: uniform 0..this, its own phase
     junk: float = 0.005           # share of figures that are junk (30-70% of the value)
-    # the exporter's confirmation runs (daemon/confirm.py): a run whose figure moved confirm_change from the
-    # median of its last 3 gets one more run confirm_delay_s after it; 0: none
-    confirm_change: float = 0.10
-    confirm_delay_s: int = 300
+    # the exporter's confirmation runs (daemon/confirm.py): a run whose figure moved confirm_change (or 3x the
+    # series' own run noise) from the median of its last 3 gets a run confirm_delay_s after it, and each that
+    # still confirms it another, up to confirm_runs; 0: none. The defaults are the exporter's own
+    confirm_change: float = ProbeEntryBase.model_fields["confirm_change"].default
+    confirm_runs: int = ProbeEntryBase.model_fields["confirm_runs"].default
+    confirm_delay_s: int = int(ProbeEntryBase.model_fields["confirm_delay_seconds"].default)
     fail: float = 0.003           # share of runs that fail
     busy_per_day: float = 1.0     # busy periods per node and day (invasive probes skip)
     busy_hours: tuple = (2.0, 10.0)
@@ -472,43 +476,55 @@ class Fleet:
                 r["confirmation"] = np.zeros(len(r["fin"]), dtype=bool)
 
     def _confirmations(self, rng) -> None:
-        """The exporter's confirmation runs, decided by the exporter's own rule (daemon/confirm.py, Confirmer):
-        after a successful scheduled run in which a figure moved by confirm_change or more from the median of
-        that series' previous figures, one run confirm_delay_s after it, unless the next scheduled run or an
-        outage comes first; skipped while the node is busy, failing at the usual rate. Its figures are drawn
-        like any run's (junk included)."""
+        """The exporter's confirmation runs, decided by the exporter's own rule (daemon/confirm.py, Confirmer) as
+        the daemon would: every run of the node's exporter goes through one Confirmer (a new one at each exporter
+        start); a successful run that starts a suspicion gets a run confirm_delay_s after it, and each confirmation
+        that still confirms it the next, confirm_delay_s after the previous one, up to confirm_runs. A
+        confirmation is left out when the next run or an outage would start before it ends (the daemon drops a
+        confirmation a scheduled run came before, and that run ends or restarts the suspicion); it skips while
+        its node is busy and fails at the usual rate, and either ends the chain (the daemon asks for no more).
+        Its figures are drawn like any run's (junk included)."""
         from fleetcanary.core.record import RunRecord
         from fleetcanary.daemon.confirm import Confirmer
 
         p = self.p
-        if p.confirm_change <= 0:
+        if p.confirm_change <= 0 or p.confirm_runs <= 0:
             return
+        outcome = {0: "success", 1: "failure", 2: "skipped"}
 
-        def record(probe: str, row, trigger: str = "schedule") -> RunRecord:
-            return RunRecord(probe, "success", trigger=trigger, samples=[
-                {"metric": probe, "labels": {"col": str(g)}, "value": float(v)} for g, v in enumerate(row)])
+        def jumped(seen: Confirmer, probe: str, row, o: int, trigger: str) -> str:
+            return seen.jumped(RunRecord(probe, outcome[int(o)], trigger=trigger, samples=[
+                {"metric": probe, "labels": {"col": str(g)}, "value": float(v)} for g, v in enumerate(row)]),
+                (probe,), p.confirm_change, p.confirm_runs)
 
         for n in self.nodes:
+            starts = [b for _, b in n.outages]  # the exporter starts again, with an empty Confirmer
             for probe, dur in (("gpu_bandwidth", 30.0), ("collectives", 60.0)):
                 r = n.runs[probe]
                 fin, out, vals = r["fin"], r["out"], r["vals"]
-                seen = Confirmer()
-                extra = []  # (finish, outcome, figures)
+                seen, life = Confirmer(), 0
+                extra = []  # (finish, outcome, figures, GPUs held)
                 for i in range(len(fin)):
-                    if out[i] != 0 or not seen.jumped(record(probe, vals[i]), (probe,), p.confirm_change):
+                    k = int(np.searchsorted(starts, fin[i], side="right"))
+                    if k != life:
+                        seen, life = Confirmer(), k
+                    if not jumped(seen, probe, vals[i], out[i], "schedule"):
                         continue
-                    start = fin[i] + p.confirm_delay_s
-                    nxt = fin[i + 1] - dur if i + 1 < len(fin) else self.end
-                    if start + dur >= min(nxt, self.end) or any(a <= start + dur and start < b for a, b in n.outages):
-                        continue
-                    skip, h = self.held(n, probe, start)
-                    o = 2 if skip else (1 if rng.random() < p.fail else 0)
-                    row = self._figures(n, probe, np.array([start + dur]), np.array([o], dtype=np.int8), rng)
-                    if probe == "gpu_bandwidth":
-                        row[0][h] = np.nan
-                    if o == 0:  # remembered; a confirmation asks for nothing more
-                        seen.jumped(record(probe, row[0], "confirmation"), (probe,), p.confirm_change)
-                    extra.append((start + dur, o, row[0], h))
+                    nxt = min(fin[i + 1] - dur if i + 1 < len(fin) else self.end, self.end)
+                    last = fin[i]
+                    while True:
+                        start = last + p.confirm_delay_s
+                        if start + dur >= nxt or any(a <= start + dur and start < b for a, b in n.outages):
+                            break
+                        skip, h = self.held(n, probe, start)
+                        o = 2 if skip else (1 if rng.random() < p.fail else 0)
+                        row = self._figures(n, probe, np.array([start + dur]), np.array([o], dtype=np.int8), rng)
+                        if probe == "gpu_bandwidth":
+                            row[0][h] = np.nan
+                        extra.append((start + dur, o, row[0], h))
+                        last = start + dur
+                        if not jumped(seen, probe, row[0], o, "confirmation"):
+                            break
                 if not extra:
                     continue
                 t = np.concatenate([fin, [e[0] for e in extra]])

@@ -285,7 +285,7 @@ def main() -> int:
     # time of day decides when each series gets its first baseline (two hours later moved 6% of the samples).
     start = (now - int(p.days * DAY) - 4 * 3600 - START_UTC_S) // int(DAY) * int(DAY) + START_UTC_S
     sources = b"".join(f.read_bytes() for f in [Path(__file__).with_name("fleet.py"), Path(__file__).with_name(
-        "judge.py"), *sorted((ROOT / "exporter/judge").glob("*.py"))])
+        "judge.py"), ROOT / "exporter/daemon/confirm.py", *sorted((ROOT / "exporter/judge").glob("*.py"))])
     fleet_id = [dataclasses.asdict(p), args.judge_set] + ([args.judge_variant] if args.judge_variant else [])
     key = hashlib.sha256(json.dumps(fleet_id, sort_keys=True).encode()
                          + sources).hexdigest()[:16]

@@ -333,14 +333,20 @@ class ProbeEntryBase(Strict):
         -1.0, description="Random delay added to each run, seconds; -1 = 10% of the interval. "
         "Spreads a fleet so it does not hit one target in lock-step.")
     confirm_change: float = Field(
-        0.10, ge=0, le=10, description="A run in which a figure the alerts' fast path judges moved by this share or "
-        "more from the median of its previous 3 runs gets one confirmation run; 0 turns confirmation runs off. "
+        0.05, ge=0, le=10, description="A run in which a figure the alerts' fast path judges moved by this share or "
+        "more from the median of its previous 3 runs, or by 3 times the series' own run-to-run noise if that is "
+        "larger, starts a suspicion: it gets a confirmation run (see confirm_runs); 0 turns confirmation runs off. "
         "Probes without such figures ignore it.")
+    confirm_runs: int = Field(
+        3, ge=0, le=10, description="Confirmation runs a suspicion may ask for, one at a time, each while the figure "
+        "still confirms it (still that far from the median it started from): 3 turn a median of 7 within minutes "
+        "instead of four intervals; a confirmation that agrees with the old figure (a junk run) ends it. 1: one "
+        "confirmation run; 0 turns confirmation runs off.")
     confirm_delay_seconds: float = Field(
-        300.0, gt=0, description="Seconds from such a run to its confirmation run; at most half the interval (the "
-        "alerts count three runs within 1.2 intervals; the default is held to that). Longer than the scrape "
-        "interval, so Prometheus sees the "
-        "first run's figures before the confirmation replaces them.")
+        300.0, gt=0, description="Seconds from such a run to its confirmation run, and from each confirmation to "
+        "the next; at most half the interval (the default is held to that; a scheduled run that comes first ends "
+        "the chain). Longer than the scrape interval, so Prometheus sees each run's figures before the next "
+        "replaces them.")
 
     @model_validator(mode="after")
     def _check_schedule(self) -> ProbeEntryBase:

@@ -71,9 +71,9 @@ PROBE_INTERVAL = _m("fleetcanary_probe_interval_seconds", "gauge",
                     "The probe's configured interval, one series per enabled probe (a probe that is off publishes "
                     "no fleetcanary_probe_* series); staleness and coverage rules use it.", ("probe",))
 PROBE_CONFIRMATIONS = _m("fleetcanary_probe_confirmation_runs_total", "counter",
-                         "Extra runs started a few minutes after a run in which a figure the alerts' fast path judges "
-                         "jumped (confirm_change); counted in runs_total too. Probes with such figures only, once "
-                         "above 0.", ("probe",))
+                         "Extra runs started a few minutes apart after a run in which a figure the alerts' fast path "
+                         "judges jumped, while they confirm it (confirm_change, confirm_runs); counted in runs_total "
+                         "too. Probes with such figures only, once above 0.", ("probe",))
 PROBE_INVALID = _m("fleetcanary_probe_invalid_samples_total", "counter",
                    "Samples a probe returned that its metric specs do not declare; dropped. Once above 0.", ("probe",))
 GPU_LAST_MEASURED = _m("fleetcanary_gpu_last_measured_timestamp_seconds", "gauge",

@@ -494,11 +494,11 @@ class Daemon:
 
     def _maybe_confirm(self, name: str, entry, out: RunRecord) -> None:
         metrics = self.probe_map[name].confirm_metrics
-        if not metrics or entry.confirm_change <= 0:
+        if not metrics or entry.confirm_change <= 0 or entry.confirm_runs <= 0:
             return
-        why = self.confirmer.jumped(out, metrics, entry.confirm_change)
+        why = self.confirmer.jumped(out, metrics, entry.confirm_change, entry.confirm_runs)
         if why and self.scheduler.run_once(name, entry.effective_confirm_delay_seconds):
-            log.info("probe %s: %s; confirmation run in %.0f s", name, why, entry.effective_confirm_delay_seconds)
+            log.info("probe %s: %s, in %.0f s", name, why, entry.effective_confirm_delay_seconds)
 
     # --- health -------------------------------------------------------------------
     def healthy(self) -> bool:

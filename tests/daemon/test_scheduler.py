@@ -198,6 +198,23 @@ def test_a_confirmation_run_comes_after_its_delay_and_moves_no_scheduled_run(clo
                     (t0 + 1200.0, "schedule")]
 
 
+def test_a_confirmation_that_a_scheduled_run_came_before_is_dropped(clock):
+    """The run that came first ends the suspicion or starts a new one (daemon/confirm.py); the confirmation
+    would be a spent GPU run that asks for nothing."""
+    runs: list[tuple[float, str]] = []
+    s = Scheduler(lambda name, trigger="schedule": runs.append((clock.monotonic(), trigger)), clock=clock)
+    s.start()
+    t0 = clock.monotonic()
+    s.set_jobs({"x": (600.0, 0.0, None)}, first_delay=False)
+    clock.advance(500)
+    assert s.run_once("x", 200.0) is True      # due at 700, after the scheduled run at 600
+    clock.advance(300)
+    assert s.run_once("x", 30.0) is True       # due at 830: nothing came between, it runs
+    clock.advance(100)
+    s.shutdown()
+    assert runs == [(t0, "schedule"), (t0 + 600.0, "schedule"), (t0 + 830.0, "confirmation")]
+
+
 def test_the_default_schedule_never_refuses_the_daily_burn():
     """Five days of every default GPU probe charging its expected_gpu_seconds at its interval plus
     APScheduler-style jitter (uniform 0..jitter after each planned time): the daily sustained burn
