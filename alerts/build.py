@@ -60,6 +60,9 @@ CURRENT = ", baseline='current_driver'"
 SLOWDOWN = ("fleetcanary_gpu_sustained_slowdown_ratio * on(node) group_left(model) node:fleetcanary_gpu_model:info "
             "* on(node) group_left(pool) node:fleetcanary_pool:info")
 RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
+# The MAD's relative standard error for normal data: the normalised MAD's asymptotic variance is 1.36 sigma^2 / n,
+# so its standard error is sqrt(1.36) = 1.166 / sqrt(n) of it
+MAD_SE = 1.17
 GROUP = ("pool", "model", "driver_version", "figure", "series")   # what peers share (plus Settings.peer_labels)
 CHANGE_GROUP = ("baseline", "baseline_driver")                     # ... and, for changes, the baseline they divide by
 
@@ -223,8 +226,12 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
             {"record": nodes, "expr": f"count by ({g}) (count by ({g}, node) ({src}))"},
             {"record": f"pool:fleetcanary_judge_{stat}:peer_mad",
              "expr": f"# the median absolute deviation of the peers' ratios (each member over the peers' median),\n"
-                     f"# only where at least {s.min_peers} nodes report: an alert that compares with it needs them\n"
+                     f"# raised by its own standard error ({MAD_SE:g} / sqrt(members)): a MAD of 5 members' ratios\n"
+                     f"# is a spread known to +-52%, and a gate of K such MADs sat under a noisy series' own spread\n"
+                     f"# often enough to fire on it; 1.05x with 500 members\n"
                      f"quantile by ({g}) (0.5,\n  abs({src} / on({g}) group_left {med} - 1)\n)\n"
+                     f"* on({g}) (1 + {MAD_SE:g} / sqrt(count by ({g}) ({src})))\n"
+                     f"# only where at least {s.min_peers} nodes report: an alert that compares with it needs them\n"
                      f"and on({g}) ({nodes} >= {s.min_peers})"},
         ]
     return out

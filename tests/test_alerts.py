@@ -21,9 +21,9 @@ build_tests = load_script(ALERTS / "build_tests.py", "fleetcanary_alerts_build_t
 # "train-b.1": a pool name with regex metacharacters (escaped in the other-pools matcher, valid PromQL)
 OVERRIDE = {"selector": 'job="fc"', "peer_labels": ["cluster"], "pools": ["a", "train-b.1"]}
 # Characters of an alert expression without its comment lines: what a person reads in one go. The judged alerts
-# are two conditions, what fires them and what holds them (the fast path's, its figure against its peers' twice:
-# about 700 characters).
-MAX_EXPR = 740
+# are two conditions, what fires them and what holds them (the change path: its change against its peers twice,
+# about 780 characters).
+MAX_EXPR = 780
 # The override lengthens the longest expression by its own words: a job matcher and a pool regex on its
 # selectors, `cluster` in its label lists (about 130 characters).
 MAX_EXPR_OVERRIDE = 900
@@ -350,3 +350,27 @@ def test_a_fault_at_the_fast_paths_threshold_pages_once_through_noise_and_a_gap(
     r = fast_hold_test(tmp_path / "off" / "fleetcanary.alerts.yml", tmp_path)
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "time: 12m" in out and "time: 5m," not in out, out[-3000:]  # no hold: resolved at 14%
+
+
+def test_the_peers_mad_is_raised_by_its_own_standard_error(tmp_path):
+    """Issue 38: a MAD of a few members' ratios is itself noisy (+-52% of it at 5 members), and a gate of K such MADs
+    sat under a 4%-noise series' own spread often enough to fire on a normal node. The recorded MAD is the median of
+    the absolute ratios times 1 + 1.17 / sqrt(members): here 6 members, 0.015075 x 1.47765."""
+    series = []
+    for i, change in enumerate([1.0, 1.01, 0.99, 1.02, 0.98, 0.8], start=1):
+        labels = (f'node="n{i}", figure="gpu_memory_bandwidth", series="d2d", gpu="0", pool="a", model="H100", '
+                  'driver_version="550.90.07", baseline="current_driver", baseline_driver="550.90.07"')
+        series.append({"series": f"fleetcanary_judge_change{{{labels}}}", "values": f"{change}x3"})
+    group = ('baseline="current_driver", baseline_driver="550.90.07", driver_version="550.90.07", '
+             'figure="gpu_memory_bandwidth", model="H100", pool="a", series="d2d"')
+    mad = (0.01 / 0.995 + 0.02 / 0.995) / 2 * (1 + 1.17 / 6 ** 0.5)
+    doc = {"rule_files": [str(ALERTS / "fleetcanary.alerts.yml")], "evaluation_interval": "5m",
+           "tests": [{"interval": "5m", "input_series": series, "promql_expr_test": [
+               {"expr": "round(pool:fleetcanary_judge_change:peer_mad * 1e7)", "eval_time": "10m",
+                "exp_samples": [{"labels": f"{{{group}}}", "value": round(mad * 1e7)}]}]}]}
+    test = tmp_path / "mad.test.yml"
+    test.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = subprocess.run([require_binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert abs(mad - 0.022276) < 1e-5
