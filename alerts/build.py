@@ -278,6 +278,19 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
             f"  > {floor:g}\n"
             f"#   (the MAD is recorded only where at least {s.min_peers} peer nodes report)\n"
             f"  > on({g}) group_left() ({k:g} * pool:fleetcanary_judge_{stat}:peer_mad{rsel(fm)})")
+    if path == "change" and f.fast:
+        # Confirmed by its newest runs: its change with its median replaced by the best of its newest 3 runs is
+        # worse than the peers' by the floor too. The comparison above is like with like (every node's change is
+        # over its median); this asks the node alone, as the fast path does, that all of its newest 3 runs agree,
+        # so four heavy-tailed low runs among seven are not a verdict (9 false episodes in a week on the
+        # detection fleet's Student-t GPUs without it).
+        node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
+        confirm = (f"fleetcanary_judge_change{sel(s, fm, pool)}\n"
+                   f"      * on({node}) group_left() (fleetcanary_judge_newest{sel(s, fm, pool)} / "
+                   f"fleetcanary_judge_median{sel(s, fm, pool)})\n"
+                   f"      / on({g}) group_left pool:fleetcanary_judge_{stat}:peer_median{rsel(fm)}")
+        expr += (f"\n# confirmed: its change over the best of its newest 3 runs is worse by the floor too\n"
+                 f"and on({node}, baseline) {worse(f, confirm)} > {floor:g}")
     word = "slower than" if not f.higher_is_better else "below"
     name = f"FleetCanary{f.alert}{'SlowerThanPeers' if not f.higher_is_better else 'BelowPeers'}"
     # The hold compares what fired, without the MAD gate: against the peers, not its own baseline, whose
@@ -309,22 +322,22 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
     fm = f'figure="{f.key}"'
     ratio = (f"fleetcanary_judge_newest{sel(s, fm, pool)}\n"
              f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm)}")
-    expr = (f"# {f.title}: the best of the newest 3 runs (or the median of 7, when worse) over the peers' "
-            "median figure\n"
+    expr = (f"# {f.title}: the best of the newest 3 runs over the peers' median figure\n"
             f"{worse(f, ratio)}\n"
             f"  > {s.fast_floor:g}\n"
             f"  > on({g}) group_left() ({s.level_k_mad:g} * pool:fleetcanary_judge_median:peer_mad{rsel(fm)})")
     word = "far slower than" if not f.higher_is_better else "far below"
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if not f.higher_is_better else 'FarBelowPeers'}"
-    held = (f"{gap(s, 'fleetcanary_judge_newest' + sel(s, fm, pool))}\n"
+    # held on its median, so one lucky run of a GPU that is still slow does not resolve the page
+    held = (f"{gap(s, 'fleetcanary_judge_median' + sel(s, fm, pool))}\n"
             f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{rsel(fm)}")
-    expr += hold(s, name, worse(f, held), s.fast_floor / 2, "its newest runs against its peers' median")
-    desc = (f"The newest 3 runs of the {what(f)} (all of them, or its median of {median_words(f)}) are "
+    expr += hold(s, name, worse(f, held), s.fast_floor / 2, "its median against its peers'")
+    desc = (f"The newest 3 runs of the {what(f)} (all of them) are "
             f"{{{{ $value | humanizePercentage }}}} or more {word} the median figure of {peers_words()}: path fast. "
-            f"Best of the newest 3 (the median when worse): "
+            f"Best of the newest 3: "
             f"{query('fleetcanary_judge_newest', f.key)}; median of {median_words(f)}: "
             f"{query('fleetcanary_judge_median', f.key)}."
-            + (f" (Held: once firing, while its newest runs are still worse than its peers' by {s.fast_floor / 2:g}.)"
+            + (f" (Held: once firing, while its median is still worse than its peers' by {s.fast_floor / 2:g}.)"
                if s.hold else ""))
     return {"alert": name, "expr": expr, "for": "0m", "labels": {"severity": "critical", "figure": f.key,
                                                                   "path": "fast"},

@@ -204,14 +204,14 @@ def quiet_text(key: str) -> str:
 def fast_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     runs = judge_stats.median_words(judged.BY_KEY[key])
-    return (f"The best of the newest 3 runs of this GPU or node's {title} (`fleetcanary_judge_newest`; its median "
-            f"of {runs} when that is worse) is 15% or more {WORSE[lower]} the median figure of its peers and by more "
-            "than 5 MADs: all three runs are that bad, which two junk runs in a row cannot make; once the median is "
-            "as bad, the figure is the median, so one lucky run of a GPU that is still slow does not resolve the "
-            "page, and once firing the page holds while the newest runs are still 7.5% under the peers' median "
-            "(half the threshold), so a fault at the threshold pages once. After a run whose figure jumped the "
-            "exporter runs the probe again minutes later, up to three times while each run confirms the jump, so "
-            "the three runs usually come within minutes of the first.", checks, causes)
+    return (f"The best of the newest 3 runs of this GPU or node's {title} (`fleetcanary_judge_newest`) is 15% or "
+            f"more {WORSE[lower]} the median figure of its peers and by more than 5 MADs: all three runs are that "
+            "bad, which two junk runs in a row cannot make. Once firing the page holds while its median of "
+            f"{runs} is still 7.5% {WORSE[lower]} the peers' (half the threshold), through a gap of up to 6 h in its "
+            "figure, so one lucky run of a GPU that is still slow does not resolve it and a fault at the threshold "
+            "pages once. After a run whose figure jumped the exporter runs the probe again minutes later, up to "
+            "three times while each run confirms the jump, so the three runs usually come within minutes of the "
+            "first.", checks, causes)
 
 
 def fast_history_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:

@@ -72,6 +72,10 @@ def column(d: dict) -> dict[str, str]:
                 short = dict(FAMS)[r["family"]]
                 out[f"fast path TTD 20% {short}, intervals (target 2)"] = \
                     f"{statistics.median(e) / IV[r['family']]:.1f} ({sum(x > 2 * IV[r['family']] for x in e)} over 2)"
+    # the cost of the confirmation runs: a share of the runs (runs counts them too)
+    f = d["fleet"]
+    out["confirmation runs, share of runs: GPU / collective"] = " / ".join(
+        f"{f['confirmation_runs'][p] / f['runs'][p]:.1%}" for p in ("gpu_bandwidth", "collectives"))
     # one episode per fault per alert
     spf = d.get("issue38", {}).get("spells_per_fault")
     if spf is None:  # a run before issue 38's columns

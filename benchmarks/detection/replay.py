@@ -529,13 +529,14 @@ def promtool_gap(prom_data: Path, work: Path, r: Record, start: int, end: int, s
 # --------------------------------------------------------------------------- why an alert did not fire
 CONDITION = re.compile(r"^(?P<value>.*?) > (?P<floor>[0-9.]+)"
                        r"(?: > on\((?P<g>[^)]*)\) group_left\(\) \((?P<gate>.*?)\))?"
+                       r"(?: and on\((?P<g3>[^)]*)\) (?P<confirm>.*) > (?P<cfloor>[0-9.]+))?"
                        r"(?: (?P<op>and|unless) on\((?P<g2>[^)]*)\) \((?P<nodes>.*) >= (?P<min>\d+)\))?$")
 RAW_JUDGE = re.compile(r"(?<![:\w])(fleetcanary_judge_[a-z]+)(?![:\w])(\{[^}]*\})?")
 
 
 def condition_parts(a: Alert) -> dict | None:
     """A peer or own-history alert's condition in its parts, as the shipped rules write it:
-    VALUE > FLOOR [> on(G) group_left() (K * MAD)] [and|unless on(G) (NODES >= MIN)]."""
+    VALUE > FLOOR [> on(G) group_left() (K * MAD)] [and on(N) CONFIRMED > FLOOR] [and|unless on(G) (NODES >= MIN)]."""
     m = CONDITION.match(a.expr)
     if not m or a.kind == "hard":
         return None

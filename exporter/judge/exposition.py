@@ -26,9 +26,8 @@ HELP = {
               "on the driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent "
               "with fewer runs.",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
-              f"figure), or its median of {statsmod.MEDIAN_RUNS} when that is worse, in the figure's unit: low "
-              "only when all three newest runs are, and held low while the median is. The fleet's fast path "
-              "reads it.",
+              "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
+              "on it, and the change path asks it to confirm a drop.",
     "change": f"The series' level ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
               "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
               f"{statsmod.BASELINE_DAYS} days after a driver change.",

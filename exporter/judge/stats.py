@@ -16,13 +16,12 @@ previous driver's baseline, which judges the first two weeks on the new one.
   fault is seen an interval or more sooner; where they scatter (heavy tails, a busy node) the
   median of 7 is what keeps a daily trough with two junk runs in it from reading as a drop. The
   noise is known from the first complete day on a driver; until then a series is not quiet.
-- newest: the best of the newest NEWEST_RUNS runs (highest, or lowest for a lower-is-better figure),
-  or the median when that is worse. Junk runs (a tenant's job started during the probe) are low;
-  the best of three is low only when all three are, which a real fault does and two junk runs in a
-  row cannot. The fleet's fast path reads it: it fires on three bad runs, and holds while the
-  median stays bad, so one lucky run of a GPU that is still slow (a heavy-tailed high run lifts the
-  best of three for three runs) does not resolve the page and fire it again; it resolves once the
-  newest three and most of the median's runs are good again.
+- newest: the best of the newest NEWEST_RUNS runs (highest, or lowest for a lower-is-better figure).
+  Junk runs (a tenant's job started during the probe) are low; the best of three is low only when
+  all three are, which a real fault does and two junk runs in a row cannot. The fleet's fast path
+  fires on it (three bad runs) and holds on the median (so one lucky run of a GPU that is still
+  slow does not resolve the page); the change path asks it to confirm a drop (four heavy-tailed
+  low runs among seven move the median, not the newest three's best).
 - level: the median of the same runs as the median, each taken hour for hour: divided by the node's
   own daily swing at its time (the baseline's profile below, interpolated between the bins' centres),
   so that the runs of a node's daily trough are not read as a drop against a best day that is a
@@ -319,8 +318,8 @@ class Series:
         median, newest = self._median(), self._newest()
         if median is not None:
             out["median"] = median
-        if newest is not None:  # the fast path's figure: held by the median while that is worse
-            out["newest"] = newest if median is None else fig.worse(newest, median)
+        if newest is not None:
+            out["newest"] = newest
         if not fig.history:
             return Stats(**out)
         level = self._level()
