@@ -95,8 +95,12 @@ class Controller:
 
     # --- webhooks ----------------------------------------------------------------------------------------
     def handle(self, payload: Payload) -> str:
-        """Apply one notification; 'accepted' or 'standby'."""
+        """Apply one notification: 'accepted'; 'standby' (another replica leads and got the same notification);
+        'no_leader' (nobody is known to lead yet: the server answers 503 so Alertmanager retries it)."""
         if not self.leading():
+            if self.elector is not None and not self.elector.holder:
+                log.warning("no leader yet: asking Alertmanager to retry %d alert(s)", len(payload.alerts))
+                return "no_leader"
             log.info("standby: not acting on %d alert(s); the leader %s does", len(payload.alerts),
                      self.elector.holder if self.elector else "")
             return "standby"

@@ -4,7 +4,8 @@ A body is read only up to ``max_body_bytes`` (413 beyond, without reading it), m
 payload (400 with one line otherwise), and each bad request is one log line and a counted metric. A replica
 that does not lead answers 200 and does nothing: Alertmanager sends the same notification to every replica
 (the Service or both URLs), and the leader acts on its copy; a 5xx would only make Alertmanager retry at a
-replica that will never act."""
+replica that will never act. Only while no replica is known to lead (a cold start) is the answer 503, so that
+Alertmanager retries the notification instead of losing it until its repeat interval."""
 from __future__ import annotations
 
 import logging
@@ -85,4 +86,4 @@ class Handler(BaseHTTPRequestHandler):
             return
         outcome = self.server.controller.handle(payload)
         self.server.controller.metrics.webhooks.labels(outcome).inc()
-        self._reply(200, (outcome + "\n").encode())
+        self._reply(503 if outcome == "no_leader" else 200, (outcome + "\n").encode())
