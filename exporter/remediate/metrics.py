@@ -24,7 +24,8 @@ class Metrics:
         self.quarantined = Gauge(p + "quarantined_nodes", "Nodes the controller holds quarantined (from their "
                                  "records), as of the last look.", registry=r)
         self.webhooks = Counter(p + "webhooks", "Webhook requests, by outcome (accepted, standby: answered but "
-                                "not acted on by a replica that does not lead, no_leader: 503 while nobody leads yet, bad_request, too_large).",
+                                "not acted on by a replica that does not lead, no_leader: 503 while nobody leads yet, "
+                                "bad_request, too_large).",
                                 ["outcome"], registry=r)
         self.alerts = Counter(p + "alerts", "Alerts received, by what became of them (matched, no_rule, no_node).",
                               ["outcome"], registry=r)

@@ -98,7 +98,7 @@ def resolved(a: dict) -> dict:
 def node_writes(api) -> list[tuple[str, dict]]:
     """Node patches that change more than the record (labels, taints, cordon)."""
     return [(n, p) for n, p in api.node_patches
-            if p.get("spec") or set((p.get("metadata") or {})) - {"resourceVersion", "annotations"}]
+            if p.get("spec") or set(p.get("metadata") or {}) - {"resourceVersion", "annotations"}]
 
 
 def quarantined(api, name: str) -> bool:

@@ -28,8 +28,8 @@ class Remediate:
         self.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self.log = workdir / "remediate.log"
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "fleetcanary", "remediate", "--config", str(self.config)],
-                                         stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **environ(api)})
+            cmd = [sys.executable, "-m", "fleetcanary", "remediate", "--config", str(self.config)]
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **environ(api)})
         self.url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: self._alive() and http_get(self.url + "/healthz", timeout=2)[0] == 200, timeout=60,
                  what=f"fleetcanary remediate {identity} serving")

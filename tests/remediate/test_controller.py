@@ -7,7 +7,7 @@ import json
 from fleetcanary.remediate.ownership import ANNOTATION
 from tests.support.helpers import metric_value
 
-from .conftest import POOL, FakeClock, alert, controller, node_writes, payload, quarantined, resolved
+from .conftest import FakeClock, alert, controller, node_writes, payload, quarantined, resolved
 
 
 def metrics(c) -> str:
