@@ -35,6 +35,7 @@ examples:
   fleetcanary demo                         a simulated fleet with one failing GPU, its alerts as they fire
   fleetcanary simulate-llm --itl-ms 10     a reference LLM server on 127.0.0.1:8000
   fleetcanary loadtest http://127.0.0.1:8000/v1 --mode concurrency --slo-itl-p99 0.05
+  fleetcanary remediate --config remediate.yaml   the quarantine controller (dry-run unless the config says not)
 """
 
 
@@ -141,6 +142,8 @@ TOOLS: dict[str, tuple[str, str]] = {
                  "find the highest request rate an LLM endpoint sustains within an SLO"),
     "claim": ("fleetcanary.runner.claim",
               "a claim pod's process: run the exporter's jobs, leave the records in its inbox"),
+    "remediate": ("fleetcanary.remediate.main",
+                  "the quarantine controller: Alertmanager webhooks -> node labels, taints, cordons (dry-run default)"),
     "rules": ("fleetcanary.rules.build",
               "write the alert and recording rules with your settings (selectors, thresholds, pools)"),
 }

@@ -4,7 +4,11 @@ GET /api/v1/nodes/NAME, GET
 /api/v1/pods?fieldSelector=... (spec.nodeName= and status.phase!= terms honoured, as the API server does), GET
 /api/v1/namespaces/NS/pods?labelSelector=k=v,... (equality terms), PATCH /api/v1/nodes/NAME/status, and POST
 /api/v1/namespaces/NS/pods, GET and DELETE /api/v1/namespaces/NS/pods/NAME (a created pod is Pending until the
-test sets its phase; 409 if it exists). Every request must carry the bearer token. A test can make an
+test sets its phase; 409 if it exists). For the remediation controller: GET /api/v1/nodes (list), PATCH
+/api/v1/nodes/NAME (a JSON merge patch; a stale metadata.resourceVersion answers 409), POST
+/api/v1/namespaces/NS/events, and GET/POST/PUT coordination.k8s.io/v1 Leases (a PUT with a stale resourceVersion
+answers 409); every node it patches, Event and Lease is validated against the Kubernetes schema (422 if not valid,
+kept in ``invalid``). Every request must carry the bearer token. A test can make an
 operation answer 403/500 or hang (until released) to drive the client's error paths.
 """
 from __future__ import annotations
@@ -56,6 +60,13 @@ class KubeAPI(ServerThread):
         self.created: list[dict] = []           # pods created through the API, as stored
         self.deleted: list[str] = []            # names of pods deleted through the API
         self.clock = None                       # a callable for creationTimestamp (default: now)
+        self.node_patches: list[tuple[str, dict]] = []  # (node name, merge patch) applied to nodes
+        self.events: list[dict] = []            # Events created, as stored
+        self.leases: dict[tuple[str, str], dict] = {}   # (namespace, name) -> Lease
+        self.lease_writes: list[dict] = []      # Leases created or replaced, as stored
+        self.invalid: list[str] = []            # what the schema refused, one line each
+        self._version = 100
+        self._write_lock = threading.Lock()     # a read-check-write of a resourceVersion is atomic, as in etcd
         self._release = threading.Event()
         api = self
 
@@ -92,9 +103,18 @@ class KubeAPI(ServerThread):
 
             def do_GET(self):
                 url = urllib.parse.urlsplit(self.path)
-                if url.path.startswith("/api/v1/nodes/"):
+                if url.path == "/api/v1/nodes":
+                    self._handle("list_nodes", lambda: self._reply(200, {
+                        "apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": str(api._version)},
+                        "items": [api.versioned(n) for n in api.nodes.values()]}))
+                elif url.path.startswith(LEASES):
+                    ns, name = lease_path(url.path)
+                    self._handle("read_lease", lambda: self._reply(200, api.leases[(ns, name)])
+                                 if (ns, name) in api.leases else self._status(404, "NotFound"))
+                elif url.path.startswith("/api/v1/nodes/"):
                     name = url.path.rsplit("/", 1)[1]
-                    self._handle("read_node", lambda: self._reply(200, api.nodes[name]) if name in api.nodes
+                    self._handle("read_node", lambda: self._reply(200, api.versioned(api.nodes[name]))
+                                 if name in api.nodes
                                  else self._status(404, "NotFound"))
                 elif url.path == "/api/v1/pods":
                     sel = urllib.parse.parse_qs(url.query).get("fieldSelector", [""])[0]
@@ -123,6 +143,12 @@ class KubeAPI(ServerThread):
                 url = urllib.parse.urlsplit(self.path)
                 body = self._body()
                 ns = url.path.split("/")[4]
+                if url.path.startswith(LEASES):
+                    self._handle("create_lease", lambda: self._write_lease(lease_path(url.path)[0], body, True))
+                    return
+                if url.path == f"/api/v1/namespaces/{ns}/events":
+                    self._handle("create_event", lambda: self._create_event(ns, body))
+                    return
 
                 def create():
                     name = body["metadata"]["name"]
@@ -151,9 +177,76 @@ class KubeAPI(ServerThread):
                     self._reply(200, p)
                 self._handle("delete_pod", delete)
 
+            def do_PUT(self):
+                url = urllib.parse.urlsplit(self.path)
+                body = self._body()
+                self._handle("update_lease", lambda: self._write_lease(lease_path(url.path)[0], body, False))
+
+            def _write_lease(self, ns: str, body: dict, create: bool) -> None:
+                with api._write_lock:
+                    key = (ns, (body.get("metadata") or {}).get("name", ""))
+                    old = api.leases.get(key)
+                    if create and old is not None:
+                        self._status(409, "AlreadyExists")
+                        return
+                    if not create and old is None:
+                        self._status(404, "NotFound")
+                        return
+                    if not create and body["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                        self._status(409, "Conflict")
+                        return
+                    if not api.valid(body, "Lease"):
+                        self._status(422, "Invalid")
+                        return
+                    stored = {**body, "metadata": {**body["metadata"], "namespace": ns,
+                                                   "resourceVersion": api.next_version()}}
+                    api.leases[key] = stored
+                    api.lease_writes.append(stored)
+                self._reply(201 if create else 200, stored)
+
+            def _create_event(self, ns: str, body: dict) -> None:
+                with api._write_lock:
+                    name = (body.get("metadata") or {}).get("name")
+                    if any(e["metadata"]["name"] == name for e in api.events):
+                        self._status(409, "AlreadyExists")
+                        return
+                    if not api.valid(body, "Event"):
+                        self._status(422, "Invalid")
+                        return
+                    stored = {**body, "metadata": {**body["metadata"], "namespace": ns,
+                                                   "resourceVersion": api.next_version()}}
+                    api.events.append(stored)
+                self._reply(201, stored)
+
+            def _patch_node(self, name: str, body: dict) -> None:
+                with api._write_lock:
+                    if name not in api.nodes:
+                        self._status(404, "NotFound")
+                        return
+                    if self.headers.get("Content-Type") != "application/merge-patch+json":
+                        self._status(415, "UnsupportedMediaType")
+                        return
+                    current = api.versioned(api.nodes[name])
+                    want = (body.get("metadata") or {}).get("resourceVersion")
+                    if want and want != current["metadata"]["resourceVersion"]:
+                        self._status(409, "Conflict")
+                        return
+                    patched = merge(current, body)
+                    patched["metadata"]["resourceVersion"] = api.next_version()
+                    if not api.valid(patched, "Node"):
+                        self._status(422, "Invalid")
+                        return
+                    api.nodes[name] = patched
+                    api.node_patches.append((name, body))
+                self._reply(200, patched)
+
             def do_PATCH(self):
                 url = urllib.parse.urlsplit(self.path)
                 body = self._body()
+                if url.path.startswith("/api/v1/nodes/") and not url.path.endswith("/status"):
+                    name = url.path.split("/")[4]
+                    self._handle("patch_node", lambda: self._patch_node(name, body))
+                    return
                 name = url.path.split("/")[4] if url.path.endswith("/status") else ""
 
                 def ok():
@@ -162,6 +255,28 @@ class KubeAPI(ServerThread):
                 self._handle("patch_node_status", ok)
 
         super().__init__(Handler, tls=tls_context(cert), on_close=[self.release])  # hung requests end first
+
+    def next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def versioned(self, n: dict) -> dict:
+        """The node as the API server holds it: with a resourceVersion (a test's node gets one when first read)."""
+        if not n["metadata"].get("resourceVersion"):
+            n["metadata"]["resourceVersion"] = self.next_version()
+        return n
+
+    def valid(self, obj: dict, kind: str) -> bool:
+        import kubernetes_validate
+
+        from tests.test_deploy import K8S_VERSION
+
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            self.invalid.append(f"{kind}: {str(exc).splitlines()[0][:300]}")
+            return False
+        return True
 
     def pod(self, ns: str, name: str) -> dict | None:
         return next((p for p in self.pods if p["metadata"].get("namespace") == ns
@@ -179,6 +294,30 @@ class KubeAPI(ServerThread):
 
     def release(self) -> None:
         self._release.set()
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/"
+
+
+def lease_path(path: str) -> tuple[str, str]:
+    """(namespace, name or "") of a Lease URL."""
+    parts = path.removeprefix(LEASES).split("/")
+    return parts[0], parts[2] if len(parts) > 2 else ""
+
+
+def merge(target, patch):
+    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else (lists too) replaces."""
+    import copy
+
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out
 
 
 def selects(selector: str, p: dict) -> bool:
