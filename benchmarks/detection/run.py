@@ -102,6 +102,9 @@ def parse() -> argparse.Namespace:
                     help="also backfill one peers-group recording rule with promtool's rule backfill and list the "
                          "evaluations it did not write")
     ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/detection[-h200].json)")
+    ap.add_argument("--episodes", default=None, metavar="FILE",
+                    help="also write every replayed episode, the fleet's faults and its pools to FILE (JSON): what "
+                         "benchmarks/remediation_replay.py plays a quarantine policy over")
     return ap.parse_args()
 
 
@@ -258,6 +261,22 @@ def defects(fleet: Fleet, alerts, eps_by: dict, rows: list[dict], judge_checks: 
         e["with_output"] == e["evaluations"] for e in evaluations)
     return {"restart_is_not_a_driver_change": restart, "episodes_per_steady_fault": per_fault,
             "week_long_faults": week, "lost_evaluations": lost}
+
+
+def write_episodes(path: Path, fleet: Fleet, eps_by: dict) -> None:
+    """Every replayed episode (alert, its labels, start and end, severity and path), the fleet's faults and each
+    node's pool: the input of a policy replay (which nodes a quarantine policy would act on, and when)."""
+    episodes = [{"alert": a.name, "display": display, "severity": a.labels.get("severity", ""),
+                 "path": a.labels.get("path", ""), "figure": a.family,
+                 "labels": {k: v for k, v in ep["labels"].items()
+                            if k in ("node", "gpu", "series", "baseline", "driver_version")},
+                 "start": ep["start"], "end": ep["end"]}
+                for display, (a, eps) in eps_by.items() for ep in eps]
+    faults = [{"kind": e.kind, "family": e.family, "node": e.node, "gpu": e.gpu, "start": e.start, "end": e.end,
+               "size": e.size, "label": e.label} for e in fleet.events]
+    path.write_text(json.dumps({"start": fleet.start, "eval_start": fleet.eval_start, "end": fleet.end,
+                                "pools": {n.name: n.pool for n in fleet.nodes}, "faults": faults,
+                                "episodes": episodes}))
 
 
 def main() -> int:
@@ -438,6 +457,8 @@ def main() -> int:
     if skipped:
         print("\nnot replayed: " + "; ".join(f"{s['alert']} ({s['why']})" for s in skipped))
     print("timings: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
+    if args.episodes:
+        write_episodes(Path(args.episodes), fleet, eps_by)
     write_result(out, {"profile": dataclasses.asdict(p), "fleet": summ, "rules": rules_id,
                        "alerts_file": str(rp.ALERTS), "judge_overrides": overrides,
                        "start": start, "eval_start": fleet.eval_start, "end": end, "scrape_s": p.scrape_s,
