@@ -237,7 +237,7 @@ def peer_recording(s: Settings, pool: str) -> list[dict]:
     return out
 
 
-def hold(s: Settings, name: str, value: str, floor: float, what: str) -> str:
+def hold(s: Settings, name: str, value: str, floor: float, what: str, unless: str = "") -> str:
     """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value` (how far the
     node is worse: its change against its own baseline, or its figure against its peers') is past `floor`, half
     the alert's own. `value` reads the node's statistic through ``gap(s, ...)``, its newest sample of the last
@@ -248,7 +248,8 @@ def hold(s: Settings, name: str, value: str, floor: float, what: str) -> str:
     on = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
     return (f"\n# hold: firing, and {what} still worse by {floor:g} (its newest figure of the last {s.hold_gap})\n"
             f"or {value} > {floor:g}\n"
-            f'  and on({on}) ALERTS{{alertname="{name}", alertstate="firing"}}')
+            + (f"  unless {unless}\n" if unless else "")
+            + f'  and on({on}) ALERTS{{alertname="{name}", alertstate="firing"}}')
 
 
 def gap(s: Settings, selector: str) -> str:
@@ -357,14 +358,17 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
     out = []
     if f.fast:
         name = f"FleetCanary{f.alert}{names['fast']}"
+        peers_judge = f"on({on(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm)} >= {s.min_peers})"
         out.append({"alert": name, "for": "0m",
                     "expr": f"# {f.title}: its level against its own best day, where peers are too few\n"
                             f"{worse(f, cur)} > {s.fast_floor:g}\n"
                             f"# silent where the peer fast path judges (as many nodes with a median)\n"
-                            f"unless on({on(s)}) (pool:fleetcanary_judge_median:peer_nodes{rsel(fm)} >= "
-                            f"{s.min_peers})"
+                            f"unless {peers_judge}"
+                            # silent there once held too: where the peer records came late (a rule group that
+                            # evaluated before the peers' group at start), the hold would keep a page the peer
+                            # fast path owns
                             + hold(s, name, worse(f, gap(s, cur)), s.fast_floor / 2,
-                                   "its change against its own baseline"),
+                                   "its change against its own baseline", unless=peers_judge),
                     "labels": {"severity": "critical", "figure": f.key, "path": "own_fast"},
                     "annotations": annotations(
                         s, f"{f.title} far off its own history",
@@ -661,6 +665,9 @@ def load_settings(path: str | None) -> Settings:
         elif not isinstance(value, type(default)) and not (
                 isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
             raise SystemExit(f"rules settings {path}: {key} must be a {type(default).__name__}, not {value!r}")
+    for key in ("interval", "hard_interval", "hold_gap"):
+        if key in data and not re.fullmatch(r"(\d+[smhd])+", data[key]):
+            raise SystemExit(f"rules settings {path}: {key} must be a duration such as 5m or 6h, not {data[key]!r}")
     figures = {f.key: f for f in FIGURES}
     unknown = set(data.get("figures", {})) - set(figures)
     if unknown:

@@ -230,6 +230,7 @@ def test_every_alert_expression_reads_in_one_go(settings, override):
     ("figures: {gpu_memory_bandwidth: {flor: 0.1}}\n", "flor"),
     ("peer_labels: cluster\n", "peer_labels must be a list"),
     ("min_peers: five\n", "min_peers must be a int"),
+    ("hold_gap: 6 hours\n", "hold_gap must be a duration"),
 ])
 def test_a_bad_settings_file_exits_non_zero_with_one_line(tmp_path, text, words):
     r = render_with(tmp_path, text)

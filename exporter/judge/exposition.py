@@ -33,7 +33,7 @@ HELP = {
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
     "drift": f"Median of the series' runs in the 24 h before its newest run, hour for hour, over its baseline "
              f"({BEST_DAY}, current driver); needs the day's runs to span {statsmod.DAY_MIN_SPAN / 3600:.0f} h and "
-             f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.0%}.",
+             f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.2%}.",
     "series": f"Judged series by state: warming (fewer than {statsmod.MEDIAN_RUNS} runs on this driver; the daily "
               f"burn {BURN_RUNS}), smoothed (a median, no baseline yet), baselined (a change against its own "
               "baseline), held (no fresh run: the GPU is busy or the probe skips; the statistics of its newest runs "
