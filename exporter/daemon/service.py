@@ -19,8 +19,8 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
-from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import hard_faults, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window

@@ -30,7 +30,6 @@ import argparse
 import errno
 import json
 import os
-import re
 import select
 import stat
 import sys

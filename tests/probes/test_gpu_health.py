@@ -164,7 +164,8 @@ def test_health_metrics_render_in_the_exposition_from_a_worker(tmp_path):
     assert 'fleetcanary_gpu_remapped_rows_total{cause="uncorrectable",gpu="6"} 1.0' in text
     assert 'fleetcanary_gpu_remapped_rows_total{cause="correctable",gpu="6"}' not in text
     assert 'fleetcanary_gpu_nvlink_links_up{gpu="5"} 17.0' in text
-    assert 'fleetcanary_gpu_xid_errors_total{class="memory",gpu="6",severity="warning",xid="63"} 2.0' in text  # events add up across runs
+    # events add up across runs
+    assert 'fleetcanary_gpu_xid_errors_total{class="memory",gpu="6",severity="warning",xid="63"} 2.0' in text
     assert out.environment["gpu_model"] == "NVIDIA H100 80GB HBM3" and out.environment["gpu_count"] == 8
     assert out.environment["driver_version"] == "550.90.07" and out.environment["cuda_driver_version"] == "12.4"
 
