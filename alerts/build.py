@@ -417,6 +417,9 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
     return out
 
 
+XID_PAGING = "hardware|memory|bus|nvlink"   # the XID classes whose critical codes page on first sight
+
+
 def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
     """Hard failures fire on their first observation. Those that hold after the fault clears (an XID, an
     uncorrectable ECC error, a wrong result) do so through a longer window, not keep_firing_for."""
@@ -456,9 +459,28 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           """{{ with query (printf "fleetcanary_gpu_nvlink_links_up{node='%s', gpu='%s'}" """
           """$labels.node $labels.gpu) }}"""
           "{{ . | first | value }}{{ else }}?{{ end }} active; `nvidia-smi nvlink -s` names the inactive ones."),
-        a("FleetCanaryGPUCriticalXid", counted("fleetcanary_gpu_xid_errors_total", "75m"), "0m", "critical",
-          "A GPU reported a critical XID", "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID "
-          "{{ $labels.xid }} in the last 75 minutes."),
+        # XIDs by the catalogue's class (probes/lib/xid_catalogue.yaml, docs/xid-catalogue.md): a critical code of a
+        # hardware-side class pages on first sight; driver, thermal and the lesser codes are a warning; an
+        # application-class code (13, 31, 43 ...) only through its escalation (one GPU, several processes).
+        a("FleetCanaryGPUCriticalXid",
+          counted(f'fleetcanary_gpu_xid_errors_total{{class=~"{XID_PAGING}", severity="critical"}}', "75m"),
+          "0m", "critical", "A GPU reported a hardware-class XID",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID {{ $labels.xid }} (class {{ $labels.class }}) "
+          "in the last 75 minutes; its meaning and first action: docs/xid-catalogue.md#xid-{{ $labels.xid }}."),
+        a("FleetCanaryGPUXidWarning",
+          counted('fleetcanary_gpu_xid_errors_total{class!="application", severity="warning"}', "75m")
+          + " or "
+          + counted(f'fleetcanary_gpu_xid_errors_total{{class!~"{XID_PAGING}|application", severity="critical"}}',
+                    "75m"),
+          "0m", "warning", "A GPU reported a driver, thermal or lesser XID",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} reported XID {{ $labels.xid }} (class {{ $labels.class }}, "
+          "severity {{ $labels.severity }}) in the last 75 minutes; its meaning and first action: "
+          "docs/xid-catalogue.md#xid-{{ $labels.xid }}."),
+        a("FleetCanaryGPUApplicationXidRepeated", counted("fleetcanary_gpu_xid_escalations_total", "75m"), "0m",
+          "critical", "An application-class XID repeats on one GPU across processes",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} logged XID {{ $labels.xid }} from several different "
+          "processes within the escalation window (xid.escalate_processes, default 3 in 1 h): the GPU, not a job, "
+          "is the common factor; first action: docs/xid-catalogue.md#xid-{{ $labels.xid }}."),
         a("FleetCanaryGPUUncorrectableECC",
           counted('fleetcanary_gpu_ecc_errors_total{type="uncorrected", counter="volatile"}', "2h"), "0m",
           "critical", "Uncorrectable ECC errors on a GPU",

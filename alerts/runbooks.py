@@ -83,14 +83,38 @@ HARD = {
                               "`per_link: true`) and `-e` for its error counters; fabric manager status "
                               "(`systemctl status nvidia-fabricmanager`).",
                               "A failed link or NVSwitch port, fabric manager not running, a GPU needing a reset."),
-    "FleetCanaryGPUCriticalXid": ("The GPU reported a critical XID: seen by the exporter's continuous XID watch "
-                                  "(the kernel log or NVML's events, all the time) or by gpu_health's event wait. "
-                                  "A `gpu` label `pci:<bus id>` is a GPU whose facts the exporter had not read yet.",
-                                  "`dmesg | grep -i xid`; NVIDIA's XID catalogue for the code; drain if it repeats. "
+    "FleetCanaryGPUCriticalXid": ("The GPU reported an XID that the XID catalogue (docs/xid-catalogue.md, from "
+                                  "NVIDIA's XID documentation) classes as critical and hardware, memory, bus or "
+                                  "nvlink; the alert's `class` label says which. Seen by the exporter's continuous "
+                                  "XID watch (the kernel log or NVML's events, all the time) or by gpu_health's event "
+                                  "wait. A `gpu` label `pci:<bus id>` is a GPU whose facts the exporter had not "
+                                  "read yet.",
+                                  "The code's first action in docs/xid-catalogue.md (the description links it); "
+                                  "`dmesg | grep -i -e xid -e sxid` for the line (the exporter's log quotes it, with "
+                                  "the process, the NVLink link, 154's recovery action); with per-fault node "
+                                  "conditions the node carries FleetCanaryGPUHardwareXid with the evidence. "
                                   "`rate(fleetcanary_gpu_xid_watch_seconds_total[5m])` near 1 means the node was "
                                   "watched all the time (about 0.03: gpu_health's waits only).",
-                                  "Memory errors (48, 63, 64, 94, 95), a fallen-off GPU (79), NVLink errors (74), "
-                                  "GSP firmware errors (119, 120)."),
+                                  "Memory errors (48, 94, 95, 140: class memory), a fallen-off GPU (79: bus), NVLink "
+                                  "errors (74, 144-150: nvlink), GSP or micro-controller faults (61, 62, 119, 120: "
+                                  "hardware). A site that knows a code to be benign here sets `xid.overrides`."),
+    "FleetCanaryGPUXidWarning": ("The GPU reported an XID of class driver or thermal, or a warning-level code of "
+                                 "another class (not application): worth a ticket, not a page.",
+                                 "The code's first action in docs/xid-catalogue.md; `dmesg | grep -i xid`; whether it "
+                                 "repeats on this GPU or across the pool (a driver version?).",
+                                 "A driver or firmware problem (32, 38), a high corrected-error rate (92), a row "
+                                 "remap waiting for a reset (63), a code the catalogue does not list (class "
+                                 "unknown)."),
+    "FleetCanaryGPUApplicationXidRepeated": ("An application-class XID (13, 31, 43, 109 ...: usually the job's "
+                                             "own fault) came from several different processes on this one GPU "
+                                             "within the window (xid.escalate_processes, default 3 in an hour): "
+                                             "different jobs fail the same way on the same GPU, so the GPU is the "
+                                             "common factor. One job failing repeatedly does not escalate.",
+                                             "The exporter's log (each XID with its pid and process name); drain "
+                                             "the node and run `dcgmi diag -r 3` on the GPU; reset it; compare "
+                                             "the GPU's other series (ECC, row remapping, throttling).",
+                                             "A marginal GPU (SM or memory) faulting under load, a driver bug hit "
+                                             "by every job on this GPU."),
     "FleetCanaryGPUUncorrectableECC": ("The GPU counted uncorrectable ECC errors.",
                                        "`nvidia-smi -q -d ECC,ROW_REMAPPER`; drain and reset to apply remapping.",
                                        "Failing HBM; repeated errors mean an RMA."),

@@ -31,7 +31,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from fleetcanary.probes.base import MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeResult, Sample
-from fleetcanary.probes.lib import nvml
+from fleetcanary.probes.lib import nvml, xids
 from fleetcanary.probes.lib.gpu_gate import open_session
 
 P = "fleetcanary_gpu_"
@@ -116,8 +116,21 @@ class GpuHealth(Probe):
                    "empty; a GPU's sum is left out of a run that could not read the counter on every link), per "
                    "link with per_link; each while above 0.", "total", ("gpu", "link", "counter"), cumulative=True,
                    zero_published=()),
-        MetricSpec(P + "xid_errors_total", "counter", "Critical XID events caught during this exporter's event waits.",
-                   "total", ("gpu", "xid")),
+        MetricSpec(P + "xid_errors_total", "counter",
+                   "XID events caught by the exporter's continuous XID watch or gpu_health's event waits, with the "
+                   "code's class (hardware, memory, bus, nvlink, driver, thermal, application, unknown) and severity "
+                   "(critical, warning, info, ignore) from the XID catalogue (docs/xid-catalogue.md) and the "
+                   "site's xid.overrides; a series appears once its XID happened.",
+                   "total", ("gpu", "xid", "class", "severity")),
+        MetricSpec(P + "xid_escalations_total", "counter",
+                   "Application-class XIDs escalated: the same code on one GPU from escalate_processes different "
+                   "processes (pid, or process name where the line has no pid) within escalate_window_seconds; "
+                   "the GPU, not the job, is then the common factor. Kernel-log watch only (NVML's events carry "
+                   "no process); a series appears once it happened.", "total", ("gpu", "xid")),
+        MetricSpec("fleetcanary_nvswitch_sxid_errors_total", "counter",
+                   "NVSwitch SXid records in the kernel log, by switch (its PCI bus id), code and severity (critical: "
+                   "the line says Fatal; warning: Non-fatal); a series appears once it happened.", "total",
+                   ("switch", "sxid", "severity")),
         MetricSpec(P + "xid_watch_seconds_total", "counter", "Seconds spent waiting for XID events: the XID coverage.",
                    "seconds"),
     )
@@ -194,9 +207,15 @@ class GpuHealth(Probe):
             wait_ms = int(min(xid_wait, max(ctx.deadline_monotonic - time.monotonic() - 2.0, 0)) * 1000)
             events = session.wait_xid_events(healthy, wait_ms) if wait_ms > 0 and healthy else []
             watched = time.monotonic() - t0 if wait_ms > 0 and healthy else 0.0
-            critical = [e for e in events if e["xid"] in nvml.CRITICAL_XIDS]
+            overrides = (ctx.gpu or {}).get("xid_overrides") or {}
+            critical = []
             for e in events:
-                add(P + "xid_errors_total", {"gpu": str(e["gpu"]), "xid": str(e["xid"])}, 1)
+                info = xids.lookup(e["xid"], overrides)
+                e.update({"class": info.cls, "severity": info.severity})
+                if info.severity == "critical":
+                    critical.append(e)
+                add(P + "xid_errors_total", {"gpu": str(e["gpu"]), "xid": str(e["xid"]), "class": info.cls,
+                                             "severity": info.severity}, 1)
             add(P + "xid_watch_seconds_total", {}, watched)
 
         add("fleetcanary_gpus_visible", {}, len(handles))

@@ -255,6 +255,41 @@ class GpuConfig(Strict):
         "node at once and a restart keeps each node's slot; false: within seconds of the start, like the rest.")
 
 
+class XidOverride(Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    cls: str | None = Field(None, alias="class", pattern="^(hardware|memory|bus|nvlink|driver|thermal|application)$",
+                            description="The code's class here: hardware, memory, bus, nvlink, driver, thermal or "
+                            "application (application: pages only when it repeats on one GPU across processes).")
+    severity: str | None = Field(None, pattern="^(critical|warning|info|ignore)$",
+                                 description="critical, warning, info or ignore (counted, never alerted).")
+    action: str | None = Field(None, max_length=300, description="The first action this site takes.")
+
+
+class XidConfig(Strict):
+    overrides: dict[int, XidOverride] = Field(
+        default_factory=dict, description="Per XID code, what this site says instead of the catalogue "
+        "(docs/xid-catalogue.md), e.g. {109: {class: application}} or {92: {severity: ignore}}.")
+    escalate_processes: int = Field(3, ge=2, le=100, description="An application-class XID escalates (and pages) "
+                                    "when one GPU logs the same code from this many different processes ...")
+    escalate_window_seconds: float = Field(3600.0, ge=60, le=7 * 86400,
+                                           description="... within this many seconds.")
+    fault_hold_seconds: float = Field(3600.0, ge=60, le=7 * 86400, description="How long a GPU counts as failed "
+                                      "(health state, node condition) after a hardware-side critical XID or an "
+                                      "escalation, degraded after a warning one.")
+
+    @field_validator("overrides")
+    @classmethod
+    def _codes(cls, v):
+        bad = [c for c in v if not 0 < c < 1000]
+        if bad:
+            raise ValueError(f"XID codes are 1..999; not {', '.join(map(str, bad))}")
+        return v
+
+    def override_map(self) -> dict[str, dict]:
+        return {str(c): {k: x for k, x in o.model_dump(by_alias=True).items() if x is not None}
+                for c, o in self.overrides.items()}
+
+
 class NodeConditionConfig(Strict):
     enabled: bool = Field(
         False, description="Set the node condition (needs the patch nodes/status permission of the "
@@ -267,6 +302,18 @@ class NodeConditionConfig(Strict):
                                       "or crash) of one of the probes that set the condition to False.")
     heartbeat_seconds: float = Field(300.0, ge=10, le=3600,
                                      description="Re-patch the condition at least this often (lastHeartbeatTime).")
+    per_fault: bool = Field(
+        False, description="Also set one condition per hard-fault class, node-problem-detector style (True: the "
+        "fault is present): <prefix>GPULost, GPUHardwareXid, GPUUncorrectableECC, GPURowRemapFailure, "
+        "GPUPCIeDegraded, GPUNVLinkDown, GPUFabricNotReady (docs/node-conditions.md).")
+    per_fault_prefix: str = Field("FleetCanary", pattern=r"^[A-Za-z][A-Za-z0-9]{0,40}$",
+                                  description="Prefix of the per-fault condition types, so they cannot collide "
+                                  "with another detector's.")
+    clear_after_observations: int = Field(
+        3, ge=1, le=100, description="A fault condition clears after this many consecutive gpu_health runs "
+        "without the fault ...")
+    min_hold_seconds: float = Field(900.0, ge=0, le=86400,
+                                    description="... and at least this long after it was set (hysteresis).")
 
 
 class ClaimConfig(Strict):
@@ -411,6 +458,7 @@ def _settings_model(probe_items: tuple[tuple[str, type[Probe]], ...]) -> type[Ba
         history: HistoryConfig = Field(default_factory=HistoryConfig)
         gpu: GpuConfig = Field(default_factory=GpuConfig)
         kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+        xid: XidConfig = Field(default_factory=XidConfig)
         probes: probes_model = Field(default_factory=probes_model)  # type: ignore[valid-type]
         worker_kill_grace_seconds: float = Field(
             2.0, gt=0, le=30, description="Seconds between SIGTERM and SIGKILL to a worker's process group.")

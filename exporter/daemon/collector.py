@@ -119,6 +119,18 @@ KUBE_GPUS_REQUESTED = _m("fleetcanary_kubernetes_gpus_requested", "gauge",
                          "skip (gpu_allocated) unless the policy is ignore.")
 KUBE_CONDITION = _m("fleetcanary_kubernetes_node_condition_healthy", "gauge",
                     "1 if the node condition was last set True, 0 if False.", ("type",))
+GPU_HEALTH = _m("fleetcanary_gpu_health_state", "gauge",
+                "The GPU's health as this node decides it from gpu_health's reads and the XIDs it saw (daemon/"
+                "hard_faults.py): one series per GPU, value 1, labelled with its current state (failed, degraded, "
+                "unmeasured, healthy) and the worst reason that applies (lost, hardware_xid, "
+                "application_xid_repeated, uncorrectable_ecc, row_remap_failed, nvlink_down, fabric_not_ready, "
+                "pcie_degraded, row_remap_pending, xid_warning, no_recent_run; empty while healthy). A fault holds "
+                "until kubernetes.node_condition.clear_after_observations clean runs and min_hold_seconds.",
+                ("gpu", "state", "reason"))
+NODE_HEALTH = _m("fleetcanary_node_health_state", "gauge",
+                 "The node's summary of fleetcanary_gpu_health_state: value 1, labelled with its worst GPU's state "
+                 "and reason (gpus_missing: fewer GPUs than expected; no_recent_run: gpu_health has not succeeded "
+                 "for 3 intervals). One series.", ("state", "reason"))
 HTTP_REFUSED = _m("fleetcanary_http_connections_refused_total", "counter",
                   "HTTP connections refused (503 and closed from the accept loop) or cut, by reason: capacity (every "
                   "slot taken, none waiting for a request), per_client (the address held its share), cut (the "
@@ -239,6 +251,14 @@ class _StateCollector:
         node = NODE_INFO.family()
         node.add_metric([], s.node_labels())
         yield node
+        gpu_health = GPU_HEALTH.family()
+        for g, (state, reason) in sorted(s.health_gpus.items(), key=lambda kv: (len(kv[0]), kv[0])):
+            gpu_health.add_metric([g, state, reason], 1)
+        yield gpu_health
+        node_health = NODE_HEALTH.family()
+        if s.health_node is not None:
+            node_health.add_metric(list(s.health_node), 1)
+        yield node_health
         if s.judge is not None:
             yield from judge_families(s.judge, s.node_labels(), time.time(), s.judge_hold, s.judge_fresh)
         if s.kube is not None:

@@ -10,6 +10,9 @@ daemon hands workers the last snapshot.
 The condition follows node-problem-detector's shape (type, status, reason, message,
 lastHeartbeatTime, lastTransitionTime) but is a health condition: True while healthy,
 False after N consecutive failed runs of a watched probe, True again after a success.
+With node_condition.per_fault, the same PATCH carries one condition per hard-fault class in
+node-problem-detector's sense (True while the fault is present; daemon/hard_faults.py decides them):
+every type always present, False with a "No..." reason while clear.
 """
 from __future__ import annotations
 
@@ -96,6 +99,7 @@ class Snapshot:
     last_success: float | None = None
     errors: Counter = field(default_factory=Counter)            # (operation, reason) -> count
     condition_status: str | None = None                         # "True"/"False" as last patched
+    fault_conditions: dict[str, str] = field(default_factory=dict)  # per-fault type -> status as last patched
 
 
 class Kube:
@@ -110,6 +114,9 @@ class Kube:
         self._failures: Counter = Counter()
         self._desired: tuple[str, str, str] = ("True", "ProbesPassing", "fleetcanary probes are passing")
         self._transition = datetime.datetime.now(datetime.timezone.utc)
+        self._faults: dict[str, tuple[str, str, str]] = {}          # type -> (status, reason, message)
+        self._fault_transitions: dict[str, datetime.datetime] = {}
+        self._faults_sent: dict[str, tuple[str, str, str]] = {}    # as last patched
         self._patched_at = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -165,6 +172,21 @@ class Kube:
             self._desired = desired
             if changed:
                 self._transition = datetime.datetime.now(datetime.timezone.utc)
+        if changed:
+            self._wake.set()
+
+    def set_faults(self, conditions: dict[str, tuple[str, str, str]]) -> None:
+        """The per-fault conditions as daemon/hard_faults.py decides them; a changed status, reason or
+        message wakes the API thread (a status change also moves lastTransitionTime)."""
+        if not self.cfg.node_condition.per_fault:
+            return
+        now = datetime.datetime.now(datetime.timezone.utc)
+        with self._lock:
+            changed = conditions != self._faults
+            for t, (status, _, _) in conditions.items():
+                if t not in self._faults or self._faults[t][0] != status:
+                    self._fault_transitions[t] = now
+            self._faults = dict(conditions)
         if changed:
             self._wake.set()
 
@@ -251,16 +273,23 @@ class Kube:
             return False
         with self._lock:
             status, reason, message = self._desired
-            due = (force or status != self._snap.condition_status
+            faults = dict(self._faults) if nc.per_fault else {}
+            sent = self._faults_sent
+            due = (force or status != self._snap.condition_status or faults != sent
                    or time.monotonic() - self._patched_at >= nc.heartbeat_seconds)
             transition = self._transition
+            transitions = dict(self._fault_transitions)
         if not due:
             return False
         now = datetime.datetime.now(datetime.timezone.utc)
-        body = {"status": {"conditions": [{
-            "type": nc.type, "status": status, "reason": reason, "message": message,
-            "lastHeartbeatTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "lastTransitionTime": transition.strftime("%Y-%m-%dT%H:%M:%SZ")}]}}
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        conds = [{"type": nc.type, "status": status, "reason": reason, "message": message,
+                  "lastHeartbeatTime": stamp, "lastTransitionTime": transition.strftime("%Y-%m-%dT%H:%M:%SZ")}]
+        for t, (fstatus, freason, fmessage) in sorted(faults.items()):  # one PATCH; merged by type
+            conds.append({"type": t, "status": fstatus, "reason": freason, "message": fmessage,
+                          "lastHeartbeatTime": stamp,
+                          "lastTransitionTime": transitions.get(t, now).strftime("%Y-%m-%dT%H:%M:%SZ")})
+        body = {"status": {"conditions": conds}}
         try:
             self.api.patch_node_status(self.node_name, body, _request_timeout=self.request_timeout(),
                                        _content_type="application/strategic-merge-patch+json")
@@ -271,6 +300,8 @@ class Kube:
             return False
         with self._lock:
             self._snap.condition_status = status
+            self._snap.fault_conditions = {t: c[0] for t, c in faults.items()}
+            self._faults_sent = faults
             self._patched_at = time.monotonic()
         log.info("node condition %s=%s (%s)", nc.type, status, reason)
         self.on_change()

@@ -107,6 +107,9 @@ class ResultStore:
         self.node_environment: dict[str, Any] = {}
         self.node_extra_labels: dict[str, str] = {}
         self.kube = None  # daemon.kube.Snapshot when the Kubernetes integration runs
+        # hard faults at the edge (daemon/hard_faults.py): GPU index -> (state, reason), and the node's
+        self.health_gpus: dict[str, tuple[str, str]] = {}
+        self.health_node: tuple[str, str] | None = None
         self.kube_condition_type = ""
         self.config_reload_ok = 1
         self.config_reload_ts = time.time()
@@ -274,6 +277,14 @@ class ResultStore:
             self.kube = snapshot
             self.kube_condition_type = condition_type
             self.node_extra_labels = {k: str(v)[:MAX_LABEL_VALUE] for k, v in node_extra_labels.items()}
+        self.rerender()
+
+    def set_health(self, gpus: dict[str, tuple[str, str]], node: tuple[str, str]) -> None:
+        """The health state per GPU and the node's summary; rendered only when they changed."""
+        with self._lock:
+            if gpus == self.health_gpus and node == self.health_node:
+                return
+            self.health_gpus, self.health_node = dict(gpus), node
         self.rerender()
 
     def set_environment(self, env: dict[str, Any]) -> None:

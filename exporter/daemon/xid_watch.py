@@ -4,9 +4,10 @@ during the gpu_health probe's 2-second event wait of each minute (about 3% of th
 A long-lived reader process (fleetcanary.runner.xid_reader: the kernel log's NVRM Xid records, or NVML's
 critical-XID events where the kernel log is not mounted) writes one JSON line per record; this side maps
 each Xid's PCI bus ID to the GPU index the node's GPU facts give (the environment record the probe
-workers report: the daemon never loads NVML), counts the critical ones into
-fleetcanary_gpu_xid_errors_total{gpu, xid} (the counter gpu_health feeds, so the alert
-FleetCanaryGPUCriticalXid reads both), and adds the seconds it watched to
+workers report: the daemon never loads NVML), classes it from the XID catalogue
+(probes/lib/xid_catalogue.yaml) and counts it into fleetcanary_gpu_xid_errors_total{gpu, xid, class,
+severity} (the counter gpu_health feeds, so the alerts read both); NVSwitch SXids go to
+fleetcanary_nvswitch_sxid_errors_total, and adds the seconds it watched to
 fleetcanary_gpu_xid_watch_seconds_total, whose rate is the watched share of time. A reader that dies is
 restarted with a backoff, and goes on after the last record it read.
 """
@@ -38,9 +39,11 @@ def pci_key(bus_id: str) -> str:
 class XidWatch:
     def __init__(self, source: str, on_xid: Callable[[str, int, str], None],
                  on_watched: Callable[[float], None], clock: Callable[[], float] = time.monotonic,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None,
+                 on_sxid: Callable[[str, int, str], None] | None = None) -> None:
         self.source = source
         self.on_xid = on_xid
+        self.on_sxid = on_sxid or (lambda pci, code, message: None)
         self.on_watched = on_watched
         self.clock = clock
         self.command = command or [sys.executable, "-m", "fleetcanary.runner.xid_reader"]
@@ -84,6 +87,8 @@ class XidWatch:
         if "xid" in m:
             self.xids += 1
             self.on_xid(str(m.get("pci", "")), int(m["xid"]), str(m.get("message", "")))
+        elif "sxid" in m:
+            self.on_sxid(str(m.get("pci", "")), int(m["sxid"]), str(m.get("message", "")))
 
     def _stopped_watching(self) -> None:
         with self._lock:

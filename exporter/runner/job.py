@@ -48,6 +48,7 @@ def probe_context(settings, budget_left: dict[str, float] | None = None,
             "skip_when_compute_processes": settings.gpu.skip_when_compute_processes,
             "expected_count": settings.gpu.expected_count,
             "xid_watch_running": xid_watch_running,
+            "xid_overrides": settings.xid.override_map(),
         },
         "kube": kube_ctx or {},
     }

@@ -10,8 +10,12 @@ device, one per line in a file (a recorded log, tests). The NVIDIA driver logs a
 
     NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 
-(older drivers without "PCI:"). Output, on stdout: {"seq", "usec", "pci", "xid", "message"} per Xid
-record, and {"ready": seq} once the reader is positioned. Without --after-seq it starts after the
+(older drivers without "PCI:"), and an NVSwitch error (HGX and NVL systems, the switch's PCI bus ID) as
+
+    nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)
+
+Output, on stdout: {"seq", "usec", "pci", "xid", "message"} per Xid record, {"seq", "usec", "pci", "sxid",
+"message"} per SXid record, and {"ready": seq} once the reader is positioned. Without --after-seq it starts after the
 newest record present (XIDs before the exporter started are not its to count); with it (a restart of
 the watcher) it goes on after that record, so nothing logged while the watcher was down is lost while
 the kernel's ring buffer still holds it. A record that the ring buffer overwrote before it was read
@@ -26,14 +30,15 @@ import argparse
 import errno
 import json
 import os
-import re
 import select
 import stat
 import sys
 import time
 
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-9A-Fa-f])?\): "
-                 r"(\d+)(?:,|\s|$)(.*)")
+from fleetcanary.probes.lib import xids
+
+XID = xids.XID_LINE     # NVRM: Xid (PCI:0000:18:00): 79, pid=..., name=..., text
+SXID = xids.SXID_LINE   # nvidia-nvswitchN: SXid (PCI:0000:05:00.0): 12028, Non-fatal, text
 POLL_SECONDS = 0.2   # a regular file has no readiness: how often its end is looked at again
 
 
@@ -54,6 +59,13 @@ def xid(message: str) -> tuple[str, int, str] | None:
     if not m:
         return None
     return m.group(1).lower(), int(m.group(2)), m.group(3).strip()[:300]
+
+
+def sxid(message: str) -> tuple[str, int, str] | None:
+    m = SXID.search(message)
+    if not m:
+        return None
+    return m.group(2).lower(), int(m.group(3)), m.group(4).strip()[:300]
 
 
 def emit(obj: dict) -> None:
@@ -182,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             if found:
                 pci, code, detail = found
                 emit({"seq": seq, "usec": usec, "pci": pci, "xid": code, "message": detail})
+            elif (found := sxid(message)):
+                pci, code, detail = found
+                emit({"seq": seq, "usec": usec, "pci": pci, "sxid": code, "message": detail})
             else:
                 emit({"seq": seq})
     except (BrokenPipeError, KeyboardInterrupt):

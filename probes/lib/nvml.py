@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from fleetcanary.probes.lib.xids import CRITICAL_XIDS  # noqa: F401 - re-exported: nvml.CRITICAL_XIDS
-
 UNKNOWN = "unknown"
 FAKE_ENV = "FLEETCANARY_FAKE_NVML"
 

@@ -109,14 +109,20 @@ def test_the_daemon_counts_critical_xids_per_gpu_and_its_watched_time(tmp_path):
         if line.startswith("fleetcanary_gpu_xid_errors_total{"):
             labels, value = line.rsplit(" ", 1)
             counts[labels] = float(value)
-    assert counts == {'fleetcanary_gpu_xid_errors_total{gpu="0",xid="79"}': 1.0,
-                      'fleetcanary_gpu_xid_errors_total{gpu="1",xid="48"}': 1.0,
-                      'fleetcanary_gpu_xid_errors_total{gpu="2",xid="13"}': 2.0,
-                      'fleetcanary_gpu_xid_errors_total{gpu="3",xid="94"}': 1.0,
-                      'fleetcanary_gpu_xid_errors_total{gpu="4",xid="31"}': 1.0,
-                      'fleetcanary_gpu_xid_errors_total{gpu="5",xid="119"}': 1.0,
-                      'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"}': 1.0,
-                      'fleetcanary_gpu_xid_errors_total{gpu="pci:0000:db:00",xid="74"}': 1.0}, counts  # 109: not
+    # every XID is counted now, with the catalogue's class and severity (109 too: an application-class code,
+    # which pages only through its escalation); the alerts split by those labels
+    x = "fleetcanary_gpu_xid_errors_total"
+    assert counts == {f'{x}{{class="bus",gpu="0",severity="critical",xid="79"}}': 1.0,
+                      f'{x}{{class="memory",gpu="1",severity="critical",xid="48"}}': 1.0,
+                      f'{x}{{class="application",gpu="2",severity="warning",xid="13"}}': 2.0,
+                      f'{x}{{class="memory",gpu="3",severity="critical",xid="94"}}': 1.0,
+                      f'{x}{{class="application",gpu="4",severity="warning",xid="31"}}': 1.0,
+                      f'{x}{{class="hardware",gpu="5",severity="critical",xid="119"}}': 1.0,
+                      f'{x}{{class="memory",gpu="6",severity="warning",xid="63"}}': 1.0,
+                      f'{x}{{class="application",gpu="0",severity="warning",xid="109"}}': 1.0,
+                      f'{x}{{class="nvlink",gpu="pci:0000:db:00",severity="critical",xid="74"}}': 1.0}, counts
+    # 13 twice on GPU 2 is one process (pid 41822): no escalation
+    assert "fleetcanary_gpu_xid_escalations_total{" not in text
     watch_line = next(ln for ln in text.splitlines() if ln.startswith("fleetcanary_gpu_xid_watch_seconds_total"))
     assert float(watch_line.rsplit(" ", 1)[1]) > 0
 
@@ -150,8 +156,8 @@ def test_without_the_kernel_log_the_watch_reads_nvml_events(tmp_path, monkeypatc
     finally:
         w.stop()
         d.server.stop()
-    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 1.0' in text
-    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="94"} 1.0' in text
+    assert 'fleetcanary_gpu_xid_errors_total{class="memory",gpu="6",severity="warning",xid="63"} 1.0' in text
+    assert 'fleetcanary_gpu_xid_errors_total{class="memory",gpu="6",severity="critical",xid="94"} 1.0' in text
 
 
 def test_an_xid_read_before_the_gpu_facts_waits_for_them_and_is_counted_once(tmp_path, monkeypatch):
@@ -172,8 +178,8 @@ def test_an_xid_read_before_the_gpu_facts_waits_for_them_and_is_counted_once(tmp
         d.server.stop()
     assert out is not None and out.outcome == "success", out and out.detail
     assert out.result["parameters"]["xid_wait_seconds"] == 0.0
-    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 1.0' in text
-    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="94"} 1.0' in text
+    assert 'fleetcanary_gpu_xid_errors_total{class="memory",gpu="6",severity="warning",xid="63"} 1.0' in text
+    assert 'fleetcanary_gpu_xid_errors_total{class="memory",gpu="6",severity="critical",xid="94"} 1.0' in text
     assert 'gpu="pci:' not in text
 
 

@@ -92,7 +92,8 @@ def test_the_wheel_installs_one_package_with_its_data_and_no_generators(wheel):
     assert any(n.endswith("licenses/LICENSE") for n in names)
     for data in ("fleetcanary/rules/fleetcanary.rules.yml", "fleetcanary/rules/fleetcanary.alerts.yml",
                  "fleetcanary/dashboards/json/fleet-overview.json", "fleetcanary/probes/collectives/rank.py",
-                 "fleetcanary/probes/testing/nvml_facts/h100_8gpu_degraded.json"):  # the demo's nodes
+                 "fleetcanary/probes/testing/nvml_facts/h100_8gpu_degraded.json",  # the demo's nodes
+                 "fleetcanary/probes/lib/xid_catalogue.yaml"):  # the XID catalogue the exporter reads
         assert data in names
     for dev_only in ("build_tests.py", "backfill.py", "runbooks.py", "docgen.py", ".dashboard.py",
                      "dashboards/build.py"):
@@ -190,7 +191,7 @@ def test_the_sdist_carries_what_the_tests_need_and_they_pass_from_it(dist, venv,
     (src,) = tmp_path.glob("fleetcanary-*")
     for needed in ("Makefile", ".ci/run", "LICENSE", "alerts/tests/peers.test.yml", "probes/testing/nvml_facts",
                    "scripts/generate", "scripts/lint-imports", "dashboards/build.py", "deploy/base/daemonset.yaml",
-                   "exporter/_build.json"):
+                   "exporter/_build.json", "probes/lib/xid_catalogue.yaml"):
         assert (src / needed).exists(), needed
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     r = subprocess.run([str(venv / "bin/python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",

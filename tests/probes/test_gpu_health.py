@@ -57,10 +57,11 @@ def test_degraded_h100_node_shows_every_fault(tmp_path, monkeypatch):
     assert value(r, P + "remapped_rows_pending", gpu="0") is None
     assert value(r, P + "lost", gpu="0") is None  # a GPU that answers
     # critical XIDs caught by the event wait
-    assert value(r, P + "xid_errors_total", gpu="6", xid="63") == 1
-    assert value(r, P + "xid_errors_total", gpu="6", xid="94") == 1
+    assert value(r, P + "xid_errors_total", gpu="6", xid="63", **{"class": "memory"}, severity="warning") == 1
+    assert value(r, P + "xid_errors_total", gpu="6", xid="94", **{"class": "memory"}, severity="critical") == 1
     assert 0 <= value(r, P + "xid_watch_seconds_total") <= 1.0
-    assert [e["xid"] for e in r.extra["critical_xid_events"]] == [63, 94]
+    # 63 (a row marked for remapping, applied at the next reset) is a warning in the catalogue; 94 is critical
+    assert [e["xid"] for e in r.extra["critical_xid_events"]] == [94]
     # modes and power: labels of the GPU's info series
     info = next(dict(k[1]) for k in samples(r) if k[0] == P + "info" and dict(k[1])["gpu"] == "4")
     assert (info["persistence_mode"], info["mig_mode"], info["power_limit_watts"]) == ("enabled", "disabled", "700")
@@ -163,7 +164,8 @@ def test_health_metrics_render_in_the_exposition_from_a_worker(tmp_path):
     assert 'fleetcanary_gpu_remapped_rows_total{cause="uncorrectable",gpu="6"} 1.0' in text
     assert 'fleetcanary_gpu_remapped_rows_total{cause="correctable",gpu="6"}' not in text
     assert 'fleetcanary_gpu_nvlink_links_up{gpu="5"} 17.0' in text
-    assert 'fleetcanary_gpu_xid_errors_total{gpu="6",xid="63"} 2.0' in text  # events add up across runs
+    # events add up across runs
+    assert 'fleetcanary_gpu_xid_errors_total{class="memory",gpu="6",severity="warning",xid="63"} 2.0' in text
     assert out.environment["gpu_model"] == "NVIDIA H100 80GB HBM3" and out.environment["gpu_count"] == 8
     assert out.environment["driver_version"] == "550.90.07" and out.environment["cuda_driver_version"] == "12.4"
 

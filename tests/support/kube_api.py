@@ -56,6 +56,7 @@ class KubeAPI(ServerThread):
         self.fail: dict[str, int] = {}          # operation -> HTTP status to answer
         self.hang: set[str] = set()             # operations that do not answer until release()
         self.patches: list[tuple[str, dict]] = []   # (content type, body)
+        self.invalid: list[str] = []            # status patches refused (422), why
         self.requests: list[tuple[str, str, str]] = []  # (method, path+query, authorization)
         self.created: list[dict] = []           # pods created through the API, as stored
         self.deleted: list[str] = []            # names of pods deleted through the API
@@ -251,7 +252,18 @@ class KubeAPI(ServerThread):
 
                 def ok():
                     api.patches.append((self.headers.get("Content-Type", ""), body))
-                    self._reply(200, api.nodes.get(name, node(name, {}, None)))
+                    stored = api.nodes.setdefault(name, node(name, {}, None))
+                    problem = status_patch_problem(name, body, self.headers.get("Content-Type", ""))
+                    if problem:
+                        api.invalid.append(problem)
+                        self._reply(422, {"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                          "reason": "Invalid", "message": problem, "code": 422})
+                        return
+                    conds = stored["status"].setdefault("conditions", [])
+                    for c in body["status"].get("conditions", []):   # strategic merge: by type
+                        old = next((x for x in conds if x["type"] == c["type"]), None)
+                        old.update(c) if old is not None else conds.append(dict(c))
+                    self._reply(200, stored)
                 self._handle("patch_node_status", ok)
 
         super().__init__(Handler, tls=tls_context(cert), on_close=[self.release])  # hung requests end first
@@ -318,6 +330,28 @@ def merge(target, patch):
         else:
             out[k] = merge(out.get(k), v)
     return out
+
+
+def status_patch_problem(name: str, body: dict, content_type: str) -> str:
+    """Why the API server would refuse this node status patch ("" if it would not): a strategic merge patch
+    whose status validates as a Node's against the Kubernetes schema (tests/test_deploy.py's version)."""
+    import kubernetes_validate
+
+    from tests.test_deploy import K8S_VERSION
+
+    if content_type != "application/strategic-merge-patch+json":
+        return f"unexpected content type {content_type}"
+    if set(body) != {"status"}:
+        return f"a status patch touches {sorted(body)}"
+    try:
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                                      "status": body["status"]}, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return f"invalid: {e.message}"
+    types = [c.get("type") for c in body["status"].get("conditions", [])]
+    if len(types) != len(set(types)):
+        return f"duplicate condition types {types}"
+    return ""
 
 
 def selects(selector: str, p: dict) -> bool:

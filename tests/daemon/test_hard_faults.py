@@ -1,0 +1,164 @@
+"""Hard faults decided at the edge (fleetcanary.daemon.hard_faults, xid_ledger, kube's per-fault conditions):
+gpu_health's real reads of the recorded fake-NVML nodes classed into faults, held with hysteresis on a stepped
+clock, said as health series by the real daemon and as node conditions through the API stand-in, whose status
+patches are validated against the Kubernetes schema."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fleetcanary.daemon import hard_faults
+from fleetcanary.daemon.kube import Kube
+from fleetcanary.daemon.xid_ledger import XidLedger
+from fleetcanary.probes.base import ProbeContext
+from fleetcanary.probes.gpu_health import Config, GpuHealth
+from tests.daemon.test_kube import api, kube_cfg  # noqa: F401 - the stand-in fixture
+from tests.daemon.test_xid_watch import daemon_with
+from tests.support.gpu import fake
+
+
+def read(tmp_path, monkeypatch, facts: str) -> dict:
+    fake(monkeypatch, facts)
+    ctx = ProbeContext("t", str(tmp_path), time.monotonic() + 60, {"expected_count": 8})
+    return GpuHealth().run(Config(xid_wait_seconds=0), ctx).extra
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_degraded_node_gets_one_condition_per_fault_class_naming_gpu_and_evidence(tmp_path, monkeypatch):
+    faults = hard_faults.from_gpu_health(read(tmp_path, monkeypatch, "h100_8gpu_degraded"), 8)
+    conds = hard_faults.conditions("FleetCanary", hard_faults.FaultTracker(3, 0, Clock()).observe(faults))
+    assert set(conds) == {"FleetCanary" + t for t, _ in hard_faults.KINDS.values()}
+    pcie = conds["FleetCanaryGPUPCIeDegraded"]
+    assert pcie[:2] == ("True", "PCIeWidthDegraded") and "GPU 2 (GPU-5a7c1e02" in pcie[2] and "x8 of x16" in pcie[2]
+    assert conds["FleetCanaryGPUNVLinkDown"][:2] == ("True", "NVLinkDown") and "1 of 18" in conds[
+        "FleetCanaryGPUNVLinkDown"][2]
+    assert conds["FleetCanaryGPUUncorrectableECC"][:2] == ("True", "UncorrectableECCErrors")
+    assert conds["FleetCanaryGPURowRemapFailure"][:2] == ("True", "RowRemapPending")
+    assert conds["FleetCanaryGPULost"] == ("False", "NoGPULost", "fleetcanary sees no such fault")
+    states = hard_faults.gpu_states([str(i) for i in range(8)], faults, [], measured=True)
+    assert states["6"] == ("failed", "uncorrectable_ecc") and states["2"] == ("degraded", "pcie_degraded")
+    assert states["5"] == ("degraded", "nvlink_down") and states["0"] == ("healthy", "")
+    assert hard_faults.node_state(states, faults, True) == ("failed", "uncorrectable_ecc")
+
+
+def test_a_lost_gpu_and_a_healthy_node(tmp_path, monkeypatch):
+    lost = hard_faults.from_gpu_health(read(tmp_path, monkeypatch, "h100_8gpu_gpu_lost"), 8)
+    assert [(f.kind, f.reason) for f in lost] == [("lost", "GPUFellOffTheBus")]
+    assert lost[0].evidence.startswith(f"GPU {lost[0].gpu} ")
+    healthy = read(tmp_path, monkeypatch, "h100_8gpu_healthy")
+    assert hard_faults.from_gpu_health(healthy, 8) == []
+    missing = hard_faults.from_gpu_health(healthy, 9)
+    assert [(f.kind, f.gpu, f.health) for f in missing] == [("lost", "", "gpus_missing")]
+    assert "8 of 9 expected GPUs" in missing[0].evidence
+
+
+def test_a_fault_clears_only_after_n_clean_observations_and_the_minimum_hold():
+    clock = Clock()
+    t = hard_faults.FaultTracker(clear_after=3, min_hold=600, clock=clock)
+    f = hard_faults.Fault("nvlink", "5", "NVLinkDown", "nvlink_down", "GPU 5 has 1 of 18 NVLinks down")
+    assert t.observe([f]) == [f]
+    clock.t += 60
+    assert t.observe([]) == [f] and t.observe([]) == [f]
+    assert t.observe([f]) == [f]                        # a flap: the clean count starts again
+    for _ in range(2):
+        assert t.observe([]) == [f]
+    assert t.observe([], clean_observation=False) == [f]    # an XID between runs never counts toward clearing
+    assert t.observe([]) == [f]                         # three clean, but 60 s of the 600 s hold
+    clock.t += 600
+    assert t.observe([]) == []
+
+
+def test_an_xid_sets_the_hardware_condition_with_its_class_and_first_action_and_expires():
+    from fleetcanary.core import config as configmod
+
+    xcfg = configmod.settings_model()(xid={"fault_hold_seconds": 600}).xid
+    clock = Clock()
+    ledger = XidLedger(xcfg, clock)
+    ledger.record("3", 79, "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    ledger.record("4", 13, "pid=7, name=python3, Graphics SM Warp Exception")      # application: nothing
+    ledger.record("1", 154, "GPU recovery action changed from 0x0 (None) to 0x2 (Reboot Required)")
+    faults = hard_faults.from_xids(ledger.recent(), ledger.info)
+    assert [(f.gpu, f.reason) for f in faults] == [("3", "HardwareXid"), ("1", "HardwareXid")]
+    assert "XID 79 (bus, critical: GPU has fallen off the bus)" in faults[0].evidence
+    assert "first action: Drain the node and reboot it" in faults[0].evidence
+    assert "recovery_action Reboot Required" in faults[1].evidence
+    clock.t += 601
+    assert hard_faults.from_xids(ledger.recent(), ledger.info) == []
+
+
+def test_escalation_needs_distinct_processes_within_the_window_and_honours_overrides():
+    from fleetcanary.core import config as configmod
+
+    xcfg = configmod.settings_model()(xid={"escalate_processes": 3, "escalate_window_seconds": 3600,
+                                           "overrides": {79: {"class": "application"}}}).xid
+    clock = Clock()
+    ledger = XidLedger(xcfg, clock)
+    assert [ledger.record("0", 31, f"pid={p}, name=x, MMU Fault")[1] for p in (1, 1, 2)] == [False] * 3
+    clock.t += 3601                                     # pids 1 and 2 fall out of the window
+    assert ledger.record("0", 31, "pid=3, name=x, MMU Fault")[1] is False
+    assert ledger.record("0", 31, "pid=4, name=x, MMU Fault")[1] is False
+    assert ledger.record("0", 31, "pid=5, name=x, MMU Fault")[1] is True
+    assert ledger.record("0", 31, "pid=6, name=x, MMU Fault")[1] is False   # once per window
+    ev, _ = ledger.record("2", 79, "pid=9, name=y, GPU has fallen off the bus.")
+    assert ev.cls == "application"                      # the site's override
+    assert hard_faults.from_xids([(ev, False)], ledger.info) == []
+
+
+def test_per_fault_conditions_go_in_one_schema_valid_status_patch_beside_the_health_condition(api):  # noqa: F811
+    k = Kube.in_cluster(kube_cfg(node_condition={"enabled": True, "per_fault": True}), "gpu-a",
+                        token_file=str(api.token_file), ca_file=str(api.ca_file), environ=api.environ)
+    f = hard_faults.Fault("pcie", "2", "PCIeWidthDegraded", "pcie_degraded", "GPU 2 (GPU-x, 0000:3a:00.0) x8 of x16")
+    k.set_faults(hard_faults.conditions("FleetCanary", [f]))
+    assert k.patch_condition() is True
+    assert api.invalid == []
+    conds = {c["type"]: c for c in api.nodes["gpu-a"]["status"]["conditions"]}
+    assert len(api.patches) == 1 and len(conds) == 8
+    assert conds["FleetCanaryHealthy"]["status"] == "True"
+    assert conds["FleetCanaryGPUPCIeDegraded"]["status"] == "True"
+    assert conds["FleetCanaryGPUPCIeDegraded"]["message"] == "GPU 2 (GPU-x, 0000:3a:00.0) x8 of x16"
+    assert conds["FleetCanaryGPULost"]["status"] == "False"
+    assert k.patch_condition() is False                 # nothing changed, no heartbeat due
+    k.set_faults(hard_faults.conditions("FleetCanary", []))
+    assert k.patch_condition() is True and api.invalid == []
+    assert api.nodes["gpu-a"]["status"]["conditions"][1:] and all(
+        c["status"] == "False" for c in api.nodes["gpu-a"]["status"]["conditions"] if c["type"] != "FleetCanaryHealthy")
+    assert k.snapshot().fault_conditions["FleetCanaryGPUPCIeDegraded"] == "False"
+
+
+def test_per_fault_off_patches_the_health_condition_alone(api):  # noqa: F811
+    k = Kube.in_cluster(kube_cfg(node_condition={"enabled": True}), "gpu-a", token_file=str(api.token_file),
+                        ca_file=str(api.ca_file), environ=api.environ)
+    k.set_faults(hard_faults.conditions("FleetCanary", []))
+    assert k.patch_condition() is True
+    assert [c["type"] for c in api.patches[-1][1]["status"]["conditions"]] == ["FleetCanaryHealthy"]
+
+
+# the degraded node's GPU 6 also raises XIDs 63 and 94 in gpu_health's event wait: 94 (memory, critical) is the
+# worst reason it has, above its uncorrectable ECC count
+@pytest.mark.parametrize("facts, gpu6", [("h100_8gpu_degraded", ("failed", "hardware_xid")),
+                                         ("h100_8gpu_healthy", ("healthy", ""))])
+def test_the_daemon_publishes_one_health_series_per_gpu_and_a_node_summary(tmp_path, monkeypatch, facts, gpu6):
+    fake(monkeypatch, facts)
+    d = daemon_with(tmp_path, {"xid_watch": "off", "expected_count": 8})
+    try:
+        before = d.store.exposition.decode()
+        assert "fleetcanary_gpu_health_state{" not in before
+        out = d.run_probe("gpu_health")
+        assert out.outcome == "success", out.detail
+        text = d.store.exposition.decode()
+    finally:
+        d.server.stop()
+    lines = [ln for ln in text.splitlines() if ln.startswith("fleetcanary_gpu_health_state{")]
+    assert len(lines) == 8, lines
+    state, reason = gpu6
+    assert f'fleetcanary_gpu_health_state{{gpu="6",reason="{reason}",state="{state}"}} 1.0' in text
+    node = [ln for ln in text.splitlines() if ln.startswith("fleetcanary_node_health_state{")]
+    assert node == [f'fleetcanary_node_health_state{{reason="{reason}",state="{state}"}} 1.0']
