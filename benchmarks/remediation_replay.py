@@ -14,9 +14,11 @@ controller makes of the API server: read, list and merge-patch a node (refusing 
 create an Event. Without a lease (one replica) and with dry-run off, so quarantines start, last and end.
 
 False quarantine: the alert that started it had no fault it judges (benchmarks/detection/score.py `relevant`
-and `matches`: the same node, the same GPU where both name one) active at the quarantine's start.
-Time to quarantine: from that fault's start to the quarantine. Flap: a quarantine released before the fault that
-justified it ended (a fault to the fleet's end counts as lasting).
+and `matches`: the same node, the same GPU where both name one) active at the quarantine's start. Time to
+quarantine, per fault: from its start to the first time a quarantine held its node for it (by an alert that
+judges it, starting the quarantine or joining one under way); a fault's start, not its first degraded run: a
+ramp counts from where it began. Flap: a quarantine released before the fault that justified
+it ended (a fault to the fleet's end counts as lasting).
 
     python benchmarks/remediation_replay.py EPISODES.json [EPISODES-2.json ...] [--out FILE]
 """
@@ -153,10 +155,16 @@ def replay(data: dict, settings: dict) -> dict:
     def on_change(node: str, before: str | None, after: str | None, t: float) -> None:
         if before is None and after is not None:
             fp = next(iter(json.loads(after)["alerts"]))
-            open_q[node] = {"node": node, "start": t, "end": None, "episode": trigger[fp]}
+            open_q[node] = {"node": node, "start": t, "end": None, "episode": trigger[fp], "fps": {fp},
+                            "joined": []}
             quarantines.append(open_q[node])
         elif before is not None and after is None:
             open_q.pop(node)["end"] = t
+        elif after is not None:   # an alert added to a held node: it holds the node too
+            q = open_q[node]
+            for fp in set(json.loads(after)["alerts"]) - q["fps"]:
+                q["fps"].add(fp)
+                q["joined"].append((t, trigger[fp]))
 
     nodes = Nodes(data["pools"], clock, on_change)
     ctl = Controller(Settings.model_validate(settings), nodes, "replay", clock=clock)
@@ -185,19 +193,28 @@ def replay(data: dict, settings: dict) -> dict:
                     due_at.add(due)
                     seq += 1
                     heapq.heappush(queue, (due, 2, seq, None))
-    faults = [SimpleNamespace(**f) for f in data["faults"]]
+    faults = [SimpleNamespace(**f, index=i) for i, f in enumerate(data["faults"])]
     for q in quarantines:
         verdict(q, faults, data["end"])
+        q["held_for"] = {}   # fault index -> from its start to when this quarantine first held the node for it
+        for t, ep in [(q["start"], q["episode"]), *q.pop("joined")]:
+            for f in judged_faults(ep, faults, t, data["end"]):
+                q["held_for"].setdefault(f.index, t - f.start)
+        del q["fps"]
     return {"quarantines": quarantines, "events": nodes.events,
             "breaker_trips": sample(ctl, "fleetcanary_remediate_breaker_trips_total"),
             "breaker_refusals": sample(ctl, "fleetcanary_remediate_refusals_total", reason="breaker")}
 
 
-def verdict(q: dict, faults: list, end: float) -> None:
-    ep = q["episode"]
+def judged_faults(ep: dict, faults: list, t: float, end: float) -> list:
+    """The faults the episode's alert judges, on its node (and GPU), active at t."""
     alert = judged(ep)
-    hits = [f for f in faults if relevant(alert, f) and matches(ep["labels"], f)
-            and f.start <= q["start"] <= (f.end if f.end is not None else end)]
+    return [f for f in faults if relevant(alert, f) and matches(ep["labels"], f)
+            and f.start <= t <= (f.end if f.end is not None else end)]
+
+
+def verdict(q: dict, faults: list, end: float) -> None:
+    hits = judged_faults(q["episode"], faults, q["start"], end)
     q["false"] = not hits
     if hits:
         first = min(hits, key=lambda f: f.start)
@@ -217,7 +234,11 @@ def summary(result: dict, data: dict) -> dict:
     qs = result["quarantines"]
     end = data["end"]
     hours = sum(((q["end"] if q["end"] is not None else end) - q["start"]) / HOUR for q in qs)
-    ttq = sorted(q["to_quarantine_s"] / 60 for q in qs if not q["false"])
+    first: dict[int, float] = {}   # per fault, when a quarantine first held its node for it (by its own alert)
+    for q in qs:
+        for i, dt in q["held_for"].items():
+            first[i] = min(first.get(i, dt), dt)
+    ttq = sorted(v / 60 for v in first.values())
     false = [q for q in qs if q["false"]]
     return {"quarantines": len(qs), "nodes_quarantined": len({q["node"] for q in qs}),
             "node_hours": round(hours, 1), "false_quarantines": len(false),
@@ -228,11 +249,20 @@ def summary(result: dict, data: dict) -> dict:
             "flaps": sum(1 for q in qs if q.get("flap")),
             "still_held_at_end": sum(1 for q in qs if q["end"] is None), "events": result["events"],
             "by_alert": count(q["episode"]["display"] for q in qs),
-            "faults_quarantined": count(q["fault"] for q in qs if not q["false"]),
+            "faults_quarantined": caught(set(first), data["faults"]),
             "false_examples": [{"node": q["node"], "alert": q["episode"]["display"],
                                 "gpu": q["episode"]["labels"].get("gpu"),
                                 "day": round((q["start"] - data["start"]) / 86400, 2),
                                 "hours": round(((q["end"] or end) - q["start"]) / HOUR, 1)} for q in false[:20]]}
+
+
+def caught(hit: set[int], faults: list[dict]) -> dict[str, str]:
+    """Per kind of fault (family and label): how many of them a quarantine held for (by an alert that judges
+    it, the one that started the quarantine or one that joined it), of how many."""
+    per: dict[str, list[int]] = {}
+    for i, f in enumerate(faults):
+        per.setdefault(f"{f['family']} {f['label']}", []).append(i)
+    return {k: f"{sum(1 for i in ix if i in hit)} of {len(ix)}" for k, ix in sorted(per.items())}
 
 
 def count(items) -> dict[str, int]:

@@ -34,9 +34,11 @@ def test_a_stale_patch_is_refused_and_a_fresh_one_merges(tmp_path):
         code, node = call(url, "GET", None)
         assert code == 200 and node["metadata"]["name"] == BAD
         rv = node["metadata"]["resourceVersion"]
-        code, out = call(url, "PATCH", json.dumps({"metadata": {"resourceVersion": rv, "labels": {"a": "1"}}}).encode())
+        fresh = {"metadata": {"resourceVersion": rv, "labels": {"a": "1"}}}
+        code, out = call(url, "PATCH", json.dumps(fresh).encode())
         assert code == 200 and out["metadata"]["labels"]["a"] == "1"
-        code, out = call(url, "PATCH", json.dumps({"metadata": {"resourceVersion": rv, "labels": {"a": None}}}).encode())
+        stale = {"metadata": {"resourceVersion": rv, "labels": {"a": None}}}
+        code, out = call(url, "PATCH", json.dumps(stale).encode())
         assert code == 409 and out["reason"] == "Conflict"
         assert c.node(BAD)["metadata"]["labels"]["a"] == "1"
         code, out = call(url, "PATCH", json.dumps({"metadata": {"labels": {"a": None}}}).encode())
