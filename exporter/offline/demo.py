@@ -12,6 +12,7 @@ the work directory goes too unless --keep or --workdir.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -206,7 +207,8 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
     expected = fleet.expected_alerts(bad)
     notes = Notifications(started, expected, bad)
     hook = _webhook(notes)
-    cluster = demo_kube.Cluster(names).start()
+    # remediate talks to Kubernetes through the kubernetes client (the `kube` extra, which `make demo` installs)
+    cluster = demo_kube.Cluster(names).start() if importlib.util.find_spec("kubernetes") else None
     try:
         llm_url = f"http://127.0.0.1:{llm.server_address[1]}/v1"
         targets = {}
@@ -223,15 +225,17 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
                        env={FAKE_ENV: str(facts), "NODE_NAME": node})
             targets[node] = listen
         rem = svc.free_address("127.0.0.1:0")
-        rcfg = workdir / "remediate.yaml"
-        rcfg.write_text(yaml.safe_dump(fleet.remediate_config(rem, cluster.url, str(workdir / "remediate-audit.jsonl")),
-                                       sort_keys=False))
-        demo.start("remediate", [*module_command("fleetcanary"), "remediate", "--config", str(rcfg)])
+        if cluster is not None:
+            rcfg = workdir / "remediate.yaml"
+            rcfg.write_text(yaml.safe_dump(fleet.remediate_config(rem, cluster.url,
+                                                                  str(workdir / "remediate-audit.jsonl")),
+                                           sort_keys=False))
+            demo.start("remediate", [*module_command("fleetcanary"), "remediate", "--config", str(rcfg)])
         am = svc.free_address(args.alertmanager_listen)
         amcfg = workdir / "alertmanager.yml"
         amcfg.write_text(yaml.safe_dump(fleet.alertmanager_config(resources.alertmanager_example(),
                                                                   f"http://127.0.0.1:{hook.server_address[1]}/",
-                                                                  f"http://{rem}/webhook"),
+                                                                  f"http://{rem}/webhook" if cluster else ""),
                                         sort_keys=False))
         demo.start("alertmanager", [binaries["alertmanager"], f"--config.file={amcfg}",
                                     f"--storage.path={workdir / 'alertmanager'}", f"--web.listen-address={am}",
@@ -244,7 +248,8 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
                                   "--log.level=warn"])
         for node, listen in targets.items():
             demo.wait_ready(node, f"http://{listen}/healthz")
-        demo.wait_ready("remediate", f"http://{rem}/healthz")
+        if cluster is not None:
+            demo.wait_ready("remediate", f"http://{rem}/healthz")
         demo.wait_ready("alertmanager", f"http://{am}/-/ready")
         demo.wait_ready("prometheus", f"http://{prom}/-/ready")
         groups = svc.rule_groups(prom)
@@ -252,12 +257,14 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             raise DemoError(f"Prometheus loaded no rule group; see {workdir / 'prometheus.log'}")
         _intro(names, bad, expected, targets, llm_url, prom, am, len(groups), dashboards, workdir, started)
         print(f"Remediate:    http://{rem}/metrics  (dry-run off: the bad node's hard-fault alerts taint it on the "
-              f"demo's Kubernetes API {cluster.url})", flush=True)
+              f"demo's Kubernetes API {cluster.url})" if cluster else
+              "Remediate:    not started: it needs the kubernetes client (pip install 'fleetcanary[kube]')", flush=True)
         return _watch(demo, notes, wanted, prom, dashboards, stop, started, cluster)
     finally:
         hook.shutdown()
         hook.server_close()
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
 
 
 def _wanted(until: str | None, expected: list[fleet.Expected]) -> set[int] | None:
@@ -297,7 +304,7 @@ def _intro(names, bad, expected, targets, llm_url, prom, am, groups, dashboards,
 
 
 def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str, dashboards: Path, stop,
-           started, cluster: demo_kube.Cluster) -> int:
+           started, cluster: demo_kube.Cluster | None) -> int:
     args = demo.args
     deadline = started + args.duration if args.duration > 0 else None
     code = 0
@@ -309,7 +316,8 @@ def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str,
         with notes.lock:
             done = wanted is not None and wanted <= set(notes.fired)
         if done:
-            _await_quarantine(cluster, notes.bad_node, stop)
+            if cluster is not None:
+                _await_quarantine(cluster, notes.bad_node, stop)
             break
         if deadline is not None and time.monotonic() >= deadline:
             if wanted is not None:
@@ -318,7 +326,7 @@ def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str,
         notes.changed.wait(0.5)
         notes.changed.clear()
     _summary(notes, prom, notes.bad_node, dashboards)
-    for line in demo_kube.report(cluster, notes.bad_node):
+    for line in demo_kube.report(cluster, notes.bad_node) if cluster else []:
         print(line)
     with notes.lock:
         if wanted is not None and notes.unexpected:
