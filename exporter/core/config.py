@@ -341,6 +341,9 @@ class ClaimConfig(Strict):
                        "state_dir/inbox.")
     inbox_host_path: str = Field("/var/lib/fleetcanary-inbox", description="The host directory the claim pod "
                                  "mounts as its inbox (the overlay mounts the same into this exporter at `inbox`).")
+    testing_label: bool = Field(False, description="While the claim pod runs (placed, holding the GPUs), label "
+                                "the node fleetcanary.io/testing=true, and remove it after (only a label this exporter "
+                                "set: recorded in the annotation fleetcanary.io/testing-set-by). Needs patch on nodes.")
 
 
 class KubernetesConfig(Strict):

@@ -36,6 +36,7 @@ from typing import Any
 
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim_inbox, phase
+from fleetcanary.daemon.claim_label import TestingLabel
 from fleetcanary.daemon.scheduler import budget_window
 from fleetcanary.runner import job as jobmod
 
@@ -106,6 +107,7 @@ class Claimer:
         # (learnt again from the pod's annotations after a restart)
         self.asked: dict[str, float] = {}
         self._refused = 0  # entries refused in the pass under way
+        self.testing = TestingLabel(api, daemon.settings.node_name, self._call)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -288,6 +290,9 @@ class Claimer:
         got = self.ingest()
         if read_error:
             return "error"
+        if self.cfg.testing_label or self.testing.applied:   # turned off by a reload: what it set goes
+            self.testing.sync(self.cfg.testing_label and pod is not None and pod.status is not None
+                              and pod.status.phase == "Running")
         if pod is not None:
             phase = (pod.status.phase if pod.status else None) or "Pending"
             created = pod.metadata.creation_timestamp if pod.metadata else None

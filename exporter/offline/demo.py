@@ -3,13 +3,16 @@
 Several exporters, each a simulated HGX H100 node on recorded NVML facts (demo_fleet.py), one of them with
 a failing GPU; the reference LLM server their inference canaries probe; Prometheus with the shipped rules;
 Alertmanager with the shipped routes and inhibit rules, whose notifications come back to this process and
-are printed as they arrive, with the time each took. Everything listens on loopback. Ends on SIGINT/SIGTERM,
+are printed as they arrive, with the time each took; `fleetcanary remediate` with dry-run off gets the same
+notifications and quarantines the bad node on the demo's small Kubernetes API (demo_kube.py), whose nodes and
+Events the summary shows. Everything listens on loopback. Ends on SIGINT/SIGTERM,
 after --duration, or (--until-fired) once the bad GPU's alerts have all arrived; stops everything it started;
 the work directory goes too unless --keep or --workdir.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -29,13 +32,14 @@ import yaml
 
 from fleetcanary.core import resources
 from fleetcanary.offline import demo_fleet as fleet
-from fleetcanary.offline import demo_host
+from fleetcanary.offline import demo_host, demo_kube
 from fleetcanary.offline import local_services as svc
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from fleetcanary.probes.lib.nvml import FAKE_ENV
 from fleetcanary.probes.lib.spawn import module_command
 
 START_SECONDS = 90  # each component's time to answer, on a busy 2-core machine
+ACT_SECONDS = 30    # after the bad node's alerts arrived: the time remediate has to quarantine it
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -203,6 +207,8 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
     expected = fleet.expected_alerts(bad)
     notes = Notifications(started, expected, bad)
     hook = _webhook(notes)
+    # remediate talks to Kubernetes through the kubernetes client (the `kube` extra, which `make demo` installs)
+    cluster = demo_kube.Cluster(names).start() if importlib.util.find_spec("kubernetes") else None
     try:
         llm_url = f"http://127.0.0.1:{llm.server_address[1]}/v1"
         targets = {}
@@ -218,10 +224,18 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             demo.start(node, [*module_command("fleetcanary"), "run", "--config", str(cfg)],
                        env={FAKE_ENV: str(facts), "NODE_NAME": node})
             targets[node] = listen
+        rem = svc.free_address("127.0.0.1:0")
+        if cluster is not None:
+            rcfg = workdir / "remediate.yaml"
+            rcfg.write_text(yaml.safe_dump(fleet.remediate_config(rem, cluster.url,
+                                                                  str(workdir / "remediate-audit.jsonl")),
+                                           sort_keys=False))
+            demo.start("remediate", [*module_command("fleetcanary"), "remediate", "--config", str(rcfg)])
         am = svc.free_address(args.alertmanager_listen)
         amcfg = workdir / "alertmanager.yml"
         amcfg.write_text(yaml.safe_dump(fleet.alertmanager_config(resources.alertmanager_example(),
-                                                                  f"http://127.0.0.1:{hook.server_address[1]}/"),
+                                                                  f"http://127.0.0.1:{hook.server_address[1]}/",
+                                                                  f"http://{rem}/webhook" if cluster else ""),
                                         sort_keys=False))
         demo.start("alertmanager", [binaries["alertmanager"], f"--config.file={amcfg}",
                                     f"--storage.path={workdir / 'alertmanager'}", f"--web.listen-address={am}",
@@ -234,16 +248,23 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
                                   "--log.level=warn"])
         for node, listen in targets.items():
             demo.wait_ready(node, f"http://{listen}/healthz")
+        if cluster is not None:
+            demo.wait_ready("remediate", f"http://{rem}/healthz")
         demo.wait_ready("alertmanager", f"http://{am}/-/ready")
         demo.wait_ready("prometheus", f"http://{prom}/-/ready")
         groups = svc.rule_groups(prom)
         if not groups:
             raise DemoError(f"Prometheus loaded no rule group; see {workdir / 'prometheus.log'}")
         _intro(names, bad, expected, targets, llm_url, prom, am, len(groups), dashboards, workdir, started)
-        return _watch(demo, notes, wanted, prom, dashboards, stop, started)
+        print(f"Remediate:    http://{rem}/metrics  (dry-run off: the bad node's hard-fault alerts taint it on the "
+              f"demo's Kubernetes API {cluster.url})" if cluster else
+              "Remediate:    not started: it needs the kubernetes client (pip install 'fleetcanary[kube]')", flush=True)
+        return _watch(demo, notes, wanted, prom, dashboards, stop, started, cluster)
     finally:
         hook.shutdown()
         hook.server_close()
+        if cluster is not None:
+            cluster.stop()
 
 
 def _wanted(until: str | None, expected: list[fleet.Expected]) -> set[int] | None:
@@ -283,7 +304,7 @@ def _intro(names, bad, expected, targets, llm_url, prom, am, groups, dashboards,
 
 
 def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str, dashboards: Path, stop,
-           started) -> int:
+           started, cluster: demo_kube.Cluster | None) -> int:
     args = demo.args
     deadline = started + args.duration if args.duration > 0 else None
     code = 0
@@ -295,6 +316,8 @@ def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str,
         with notes.lock:
             done = wanted is not None and wanted <= set(notes.fired)
         if done:
+            if cluster is not None:
+                _await_quarantine(cluster, notes.bad_node, stop)
             break
         if deadline is not None and time.monotonic() >= deadline:
             if wanted is not None:
@@ -303,10 +326,26 @@ def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str,
         notes.changed.wait(0.5)
         notes.changed.clear()
     _summary(notes, prom, notes.bad_node, dashboards)
+    for line in demo_kube.report(cluster, notes.bad_node) if cluster else []:
+        print(line)
     with notes.lock:
         if wanted is not None and notes.unexpected:
             code = 1
     return code
+
+
+def _await_quarantine(cluster: demo_kube.Cluster, bad: str, stop) -> None:
+    """remediate got the notifications that ended the wait at the same moment as the demo: give it a moment to
+    taint the node and post its Event (it does within a second; ACT_SECONDS on a busy machine)."""
+    deadline = time.monotonic() + ACT_SECONDS
+    while time.monotonic() < deadline and not stop.is_set():
+        with cluster.lock:
+            node = cluster.nodes[bad]
+            done = bool((node.get("spec") or {}).get("taints")) and any(
+                (e.get("involvedObject") or {}).get("name") == bad for e in cluster.events)
+        if done:
+            return
+        stop.wait(0.2)
 
 
 def _summary(notes: Notifications, prom: str, bad: str, dashboards: Path) -> None:

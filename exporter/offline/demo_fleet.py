@@ -105,17 +105,41 @@ def prometheus_config(targets: dict[str, str], alertmanager: str, rule_files: li
     }
 
 
-def alertmanager_config(example: str, webhook_url: str) -> dict[str, Any]:
+def alertmanager_config(example: str, webhook_url: str, remediate_url: str = "") -> dict[str, Any]:
     """The shipped example's routes and inhibit rules, with every receiver sending to the demo's own webhook
-    and the waits shortened (a real pager groups for a minute; a newcomer should not wait for it)."""
+    (and to the demo's `fleetcanary remediate`, when given) and the waits shortened (a real pager groups for a
+    minute; a newcomer should not wait for it)."""
     cfg = yaml.safe_load(example)
     cfg["route"].update({"group_wait": "2s", "group_interval": "5s"})
     for route in cfg["route"].get("routes", []):
         route.pop("group_wait", None)
         route.pop("group_interval", None)
-    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
-                        for r in cfg["receivers"]]
+    hooks = [{"url": webhook_url, "send_resolved": True}]
+    if remediate_url:
+        hooks.append({"url": remediate_url, "send_resolved": True, "max_alerts": 0})
+    cfg["receivers"] = [{"name": r["name"], "webhook_configs": copy.deepcopy(hooks)} for r in cfg["receivers"]]
     return cfg
+
+
+# The shipped policy's hard-fault rule (deploy/components/remediate/remediate.yaml; a test holds them equal)
+HARD_FAULT_RULE = {
+    "name": "hard-fault",
+    "match": {"severities": ["critical"],
+              "alertnames": ["FleetCanaryGPULost", "FleetCanaryGPUsMissing", "FleetCanaryGPURowRemapFailed",
+                             "FleetCanaryNVLinkDown", "FleetCanaryGPUUncorrectableECC"]},
+    "actions": {"labels": {"fleetcanary.io/health": "failed"}, "taint": {"effect": "NoSchedule"}},
+    "min_hold_seconds": 3600,
+}
+
+
+def remediate_config(listen: str, api_url: str, audit_log: str) -> dict[str, Any]:
+    """`fleetcanary remediate` acting (dry-run off) on the demo's nodes: one replica (no lease), the shipped
+    hard-fault rule, the shipped breaker."""
+    return {"dry_run": False, "listen_address": listen, "node_label": "node", "audit_log": audit_log,
+            "tick_seconds": 2, "lease": {"enabled": False},
+            "kubernetes": {"api_url": api_url, "event_namespace": "default"},
+            "breaker": {"max_nodes": 3, "max_pool_ratio": 0.1, "window_seconds": 3600},
+            "release": {"quiet_seconds": 1800}, "rules": [HARD_FAULT_RULE]}
 
 
 def matches(expected: Expected, alert: str, labels: dict[str, str]) -> bool:

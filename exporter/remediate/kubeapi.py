@@ -33,6 +33,15 @@ class KubeAPI:
         """The API server from the pod's service account, configured exactly as the exporter's client."""
         return cls(kube.Kube.in_cluster(None, "", environ=environ).api.api_client, timeout_seconds)
 
+    @classmethod
+    def at(cls, url: str, timeout_seconds: float) -> KubeAPI:
+        """A loopback API server over plain HTTP that authenticates for us (`kubectl proxy`, the demo's)."""
+        from kubernetes import client
+
+        conf = client.Configuration(host=url)
+        conf.retries = False
+        return cls(client.ApiClient(conf), timeout_seconds)
+
     def call(self, operation: str, method: str, path: str, body: Any = None, query: list | None = None,
              content_type: str = "application/json") -> dict:
         headers = {"Accept": "application/json"}

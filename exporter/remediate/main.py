@@ -42,7 +42,8 @@ def main(args) -> int:
     from .server import Server
 
     try:
-        api = KubeAPI.in_cluster(settings.kubernetes.api_timeout_seconds)
+        k = settings.kubernetes
+        api = KubeAPI.at(k.api_url, k.api_timeout_seconds) if k.api_url else KubeAPI.in_cluster(k.api_timeout_seconds)
     except Exception as exc:  # noqa: BLE001 - no service account, a bad CA: one line, not a traceback
         print(f"fleetcanary remediate: no Kubernetes API: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
         return 1

@@ -259,3 +259,61 @@ def test_a_fleet_held_since_a_rollout_spreads_its_claims(tmp_path, api):
         per_tick[int(t // 30)] = per_tick.get(int(t // 30), 0) + 1
     assert min(asks) >= cfg.after_seconds and max(asks) <= cfg.after_seconds * (1 + cfg.spread_ratio)
     assert max(per_tick.values()) <= 10, max(per_tick.values())  # all 500 in one tick without the spread
+
+
+def _testing(api) -> tuple[str | None, str | None]:
+    meta = api.nodes[NODE]["metadata"]
+    return (meta.get("labels") or {}).get("fleetcanary.io/testing"), \
+        (meta.get("annotations") or {}).get("fleetcanary.io/testing-set-by")
+
+
+def test_the_testing_label_is_on_the_node_while_the_claim_pod_runs_and_only_then(tmp_path, api):
+    t0 = time.time()
+    now = [t0]
+    d = daemon(tmp_path, api, now, testing_label=True)
+    d.claimer.inbox.mkdir(parents=True, exist_ok=True)
+    try:
+        now[0] = t0 + 3700
+        held(d, t0)
+        assert d.claimer.tick() == "created"
+        assert _testing(api) == (None, None)             # Pending: the GPUs are not held yet
+        api.pod("fleetcanary", "fleetcanary-claim-gpu-a")["status"]["phase"] = "Running"
+        assert d.claimer.tick() == "waiting"
+        assert _testing(api) == ("true", "claim")
+        patches = len(api.node_patches)
+        assert d.claimer.tick() == "waiting" and len(api.node_patches) == patches   # no patch per look
+        api.pod("fleetcanary", "fleetcanary-claim-gpu-a")["status"]["phase"] = "Succeeded"
+        assert d.claimer.tick() == "deleted"
+        assert _testing(api) == (None, None)
+        assert api.invalid == []
+    finally:
+        d.server.stop()
+
+
+def test_a_testing_label_someone_else_set_stays(tmp_path, api):
+    api.nodes[NODE]["metadata"].setdefault("labels", {})["fleetcanary.io/testing"] = "true"
+    _run_claim(tmp_path, api, testing_label=True)
+    assert _testing(api) == ("true", None) and api.node_patches == []   # not ours: never touched
+
+
+def test_the_testing_label_is_off_by_default(tmp_path, api):
+    _run_claim(tmp_path, api)
+    assert _testing(api) == (None, None) and api.node_patches == []
+
+
+def _run_claim(tmp_path, api, **claim) -> None:
+    """A claim pod created, running for a look, and ended."""
+    t0 = time.time()
+    now = [t0]
+    d = daemon(tmp_path, api, now, **claim)
+    d.claimer.inbox.mkdir(parents=True, exist_ok=True)
+    try:
+        now[0] = t0 + 3700
+        held(d, t0)
+        assert d.claimer.tick() == "created"
+        api.pod("fleetcanary", "fleetcanary-claim-gpu-a")["status"]["phase"] = "Running"
+        assert d.claimer.tick() == "waiting"
+        api.pod("fleetcanary", "fleetcanary-claim-gpu-a")["status"]["phase"] = "Succeeded"
+        assert d.claimer.tick() == "deleted"
+    finally:
+        d.server.stop()

@@ -2,7 +2,8 @@
 
 The pieces (each node's facts, the Prometheus and Alertmanager configs) are checked by the real promtool and
 amtool; the whole demo runs as a subprocess with a real Prometheus and Alertmanager, and must deliver the bad
-GPU's alerts to its receiver, none for the healthy nodes, and leave nothing running.
+GPU's alerts to its receiver, none for the healthy nodes, have `fleetcanary remediate` taint the bad node alone
+on the demo's Kubernetes API, and leave nothing running.
 """
 import json
 import os
@@ -118,6 +119,13 @@ def test_the_bad_gpus_alerts_reach_the_receiver_and_the_healthy_nodes_stay_silen
         ("FleetCanaryGPUCriticalXid", bad, "6", "63"), ("FleetCanaryGPUCriticalXid", bad, "6", "94"),
         ("FleetCanaryGPUUncorrectableECC", bad, "6", "")}, out
     assert "alerts on healthy nodes: 0" in out, out
+    # remediate, dry-run off, got the same notifications: the bad node tainted and labelled by the hard-fault
+    # rule (its uncorrectable ECC error), an Event with the evidence, the healthy nodes untouched
+    assert (f"remediate (dry-run off) on {bad}: taint fleetcanary.io/quarantine:NoSchedule, "
+            "label fleetcanary.io/health=failed") in out, out
+    event = next(line for line in out.splitlines() if "Event Warning Quarantined:" in line)
+    assert "rule hard-fault" in event and "FleetCanaryGPUUncorrectableECC (critical, gpu=6)" in event, event
+    assert "remediate on healthy nodes: 5 of 5 untouched" in out, out
     # the node's GPU errors panel, from its own queries: each XID counted once (the watch and gpu_health share
     # the node's events), the ECC error and the pending remap
     panel = next(line for line in out.splitlines() if "panel node-detail / GPU errors" in line)
