@@ -251,7 +251,7 @@ def drift_text(title: str, key: str, lower: bool) -> tuple[str, str, str]:
     checks, causes = FAMILY_CHECKS[key]
     return (f"The median of the last day of runs of the {title} is 4% or more {'above' if lower else 'below'} its "
             "best day on the current driver in the last 14 days (`fleetcanary_judge_drift`; the runs taken hour for "
-            "hour, and only from a day of enough runs that its median's error is 0.67% or less): a slow decline (a fan "
+            "hour, and only from a day of enough runs that its median's error is 0.5% or less): a slow decline (a fan "
             "slowly failing, dust, a creeping thermal problem). Once firing it holds while the drift is 2% or more.",
             "Plot `fleetcanary_judge_drift` and the raw figure over two weeks; compare with its peers. " + checks,
             causes)

@@ -225,17 +225,17 @@ def test_the_change_takes_the_runs_hour_for_hour_so_a_daily_trough_is_not_a_drop
 
 
 def test_a_day_of_too_few_runs_for_its_noise_gives_no_drift():
-    """The drift's day needs enough runs that its median's standard error is at most DRIFT_MAX_ERROR (0.67%): a
-    4%-noise series with 12 runs in its day (standard error 1.4%) has none, with 96 runs (0.5%) it has one."""
+    """The drift's day needs enough runs that its median's standard error is at most DRIFT_MAX_ERROR (0.5%): a
+    4%-noise series with 12 runs in its day (standard error 1.4%) has none, with 144 runs (0.4%) it has one."""
     s = Series(GPU_BW)
-    t = steady_days(s, 3, interval=900.0, noise=0.04)
+    t = steady_days(s, 3, interval=600.0, noise=0.04)
     assert s.noise() == pytest.approx(0.04, rel=0.3)
     assert s.stats().drift is not None
     rng = random.Random(5)
     t = feed(s, t + DAY, 7200.0, [1 + rng.gauss(0, 0.04) for _ in range(12)])  # a day apart, then a run every 2 h
     st = s.stats()
     assert st.change is not None and st.drift is None
-    assert DRIFT_MAX_ERROR == pytest.approx(0.0067, abs=1e-4)
+    assert DRIFT_MAX_ERROR == pytest.approx(0.005)
 
 
 def test_a_fault_that_persists_for_a_week_is_never_absorbed_into_the_baseline():
