@@ -209,6 +209,13 @@ class ServerConfig(Strict):
     web_config_file: str | None = Field(
         None, description="TLS and basic auth, in the Prometheus exporter-toolkit web-config format "
         "(docs/security.md). Also --web.config.file.")
+    confirm_requests: bool = Field(
+        False, description="Serve POST /confirm: `fleetcanary remediate` (or a person) asks for a fresh run of a "
+        "probe before it acts on a performance verdict (docs/remediation.md). A write endpoint: off unless set, "
+        "and behind the web config's basic auth like /metrics (docs/security.md).")
+    confirm_requests_per_hour: int = Field(
+        6, ge=1, le=3600, description="Requested runs accepted per sliding hour, all probes together; past it, "
+        "429. Each probe also takes at most one request per its confirm_delay_seconds.")
 
     @field_validator("listen_address")
     @classmethod

@@ -58,7 +58,8 @@ class RunRecord:
     samples: list[dict[str, Any]] = field(default_factory=list)  # metric samples (worker to daemon only)
     exit_status: int | None = None      # the worker's exit status
     output_tail: str = ""               # the end of the worker's stdout and stderr
-    trigger: str = "schedule"           # "schedule", or "confirmation": the daemon re-ran it (daemon/confirm.py)
+    trigger: str = "schedule"           # "schedule", "confirmation" (the daemon re-ran it: daemon/confirm.py),
+                                        # "requested" (POST /confirm: daemon/requests.py), "claim", "opportunistic"
     source: str = field(default="", compare=False)  # the file it was loaded from (never serialized)
 
     # --- reading ------------------------------------------------------------

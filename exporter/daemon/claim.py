@@ -129,6 +129,8 @@ class Claimer:
         def held(name, entry, st) -> bool:
             if st is None or not st.skipped_for_tenant:
                 return False
+            if self.daemon.requests.pending_since(name) is not None:  # a POST /confirm waits on it: now
+                return True
             measured = [ts for (_, p), ts in store.last_measured.items() if p == name]
             wait = self.cfg.after_seconds * (1 + self.cfg.spread_ratio * self.phase)
             return now - max([self.started, st.last_success_ts or 0.0, *measured]) >= wait
@@ -308,7 +310,9 @@ class Claimer:
                 return "deleted" if phase in ENDED else "withdrawn"
             return "ingested" if got else "waiting"
         due = self.due(now)
-        if not due or now - self.last_ask < self.cfg.after_seconds:
+        # a POST /confirm newer than the last claim asks at once (once per request: daemon/requests.py)
+        requested = any((self.daemon.requests.pending_since(n) or -1.0) > self.last_ask for n in due)
+        if not due or (now - self.last_ask < self.cfg.after_seconds and not requested):
             return "ingested" if got else "none"
         body = claim_pod(self.cfg, node, self.namespace, self.spec(due), self.gpus(), self.owner)
         try:

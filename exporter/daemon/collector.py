@@ -136,6 +136,9 @@ HTTP_REFUSED = _m("fleetcanary_http_connections_refused_total", "counter",
                   "slot taken, none waiting for a request), per_client (the address held its share), cut (the "
                   "connection that had waited longest for its request's headers, for a new one). Once above 0.",
                   ("reason",))
+CONFIRM_REQUESTS = _m("fleetcanary_confirm_requests_total", "counter",
+                      "POST /confirm requests (server.confirm_requests), by outcome: accepted (a run scheduled), "
+                      "unauthorized, rate_limited, bad_request, too_large. Once above 0.", ("outcome",))
 
 # Reason series that alert or recording rules read with increase(): published at 0 from the start, since
 # increase() over a series born at 1 misses that first event. Every other reason appears once its count

@@ -1,4 +1,4 @@
-"""The HTTP server: /metrics, /healthz, /readyz, /results.
+"""The HTTP server: /metrics, /healthz, /readyz, /results, and POST /confirm where server.confirm_requests is on.
 
 /metrics serves the bytes rendered at the last result update plus a small dynamic
 part (process CPU, memory and file descriptors), so a scrape costs no probe work.
@@ -11,6 +11,11 @@ address (past either cap the accept loop answers 503 and closes at once, spawnin
 address cannot take every slot and a scraper from another still gets in), and the whole request line
 and headers must arrive within a deadline however slowly the bytes trickle (the socket timeout alone
 is per recv). Each connection then holds at most one thread and one descriptor for a bounded time.
+
+POST /confirm (daemon/requests.py) is the one write: off unless configured (405 as any other POST then),
+behind the same basic auth as /metrics (401), its body at most requests.MAX_BODY bytes (413 unread, 411 without
+a Content-Length) that must arrive within the header deadline too, rate-limited (429 with Retry-After), and
+each refusal one log line and a count in fleetcanary_confirm_requests_total{outcome}.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import gzip
 import io
 import json
 import logging
+import math
 import re
 import socket
 import ssl
@@ -29,7 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from fleetcanary.daemon.collector import HTTP_REFUSED
+from fleetcanary.daemon import requests as requestsmod
+from fleetcanary.daemon.collector import CONFIRM_REQUESTS, HTTP_REFUSED
 from fleetcanary.daemon.webconfig import WebConfig
 
 log = logging.getLogger("fleetcanary.http")
@@ -275,9 +282,28 @@ class _Refusals:
         return [fam] if fam.samples else []
 
 
+class _ConfirmCounts:
+    """fleetcanary_confirm_requests_total, read at each scrape; an outcome appears once it has happened."""
+
+    def __init__(self, counts: Counter[str]) -> None:
+        self.counts = counts
+
+    def collect(self):
+        fam = CONFIRM_REQUESTS.family()
+        for outcome, n in sorted(self.counts.items()):
+            fam.add_metric([outcome], n)
+        return [fam] if fam.samples else []
+
+
 class MetricsServer:
-    def __init__(self, store, host: str, port: int, health, ready, request_timeout: float = 10.0, web=None) -> None:
+    def __init__(self, store, host: str, port: int, health, ready, request_timeout: float = 10.0, web=None,
+                 confirm=None) -> None:
+        """confirm: what takes POST /confirm (the Daemon: confirm_enabled(), confirm_request(body),
+        confirm_status(id)); None: no such endpoint."""
         self.store = store
+        self.confirm = confirm
+        self.confirm_counts: Counter[str] = Counter()
+        self._confirm_lock = threading.Lock()
         self.health = health
         self.ready = ready
         self._proc_registry = CollectorRegistry(auto_describe=False)
@@ -358,6 +384,12 @@ class MetricsServer:
                         self._send(200, body, "application/json")
                     elif path == "/":
                         self._send(200, LANDING, "text/html")
+                    elif path.startswith("/confirm/") and server.confirm_on():
+                        found = server.confirm.confirm_status(path[len("/confirm/"):][:64])
+                        if found is None:
+                            self._send(404, b"no such request (or forgotten since)\n", "text/plain")
+                        else:
+                            self._send(200, json.dumps(found).encode(), "application/json")
                     else:
                         self._send(404, b"not found\n", "text/plain")
                 except (BrokenPipeError, ConnectionResetError):
@@ -366,13 +398,74 @@ class MetricsServer:
             def _refuse(self):
                 self._send(405, b"method not allowed\n", "text/plain", {"Allow": "GET, HEAD"})
 
-            do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+            do_PUT = do_DELETE = do_PATCH = _refuse
+
+            def _no(self, code: int, outcome: str, why: str, extra: dict[str, str] | None = None) -> None:
+                server.count_confirm(outcome)
+                log.warning("POST /confirm from %s: %d %s", self.client_address[0], code, why)
+                self.close_connection = True
+                self._send(code, (why + "\n").encode(), "text/plain", extra)
+
+            def do_POST(self):
+                path = self.path.split("?", 1)[0]
+                try:
+                    if path != "/confirm" or not server.confirm_on():
+                        self.close_connection = True
+                        self._refuse()
+                        return
+                    if not self.server.web.check_authorization(self.headers.get("Authorization")):
+                        server.count_confirm("unauthorized")
+                        self.close_connection = True
+                        self._send(401, b"unauthorized\n", "text/plain",
+                                   {"WWW-Authenticate": 'Basic realm="fleetcanary", charset="UTF-8"'})
+                        return
+                    length = self.headers.get("Content-Length", "")
+                    if not length.isdigit():
+                        self._no(411, "bad_request", "a Content-Length is required")
+                        return
+                    if int(length) > requestsmod.MAX_BODY:
+                        self._no(413, "too_large", f"body of {length[:12]} bytes is over the "
+                                 f"{requestsmod.MAX_BODY}-byte cap")
+                        return
+                    # the body within the header deadline too: a trickled body holds no slot for long
+                    self.header_deadline = time.monotonic() + self.server.header_timeout
+                    try:
+                        body = self.rfile.read(int(length))
+                    except OSError as exc:
+                        self.header_deadline = None
+                        self._no(400, "bad_request", f"body not read: {type(exc).__name__}")
+                        return
+                    self.header_deadline = None
+                    if len(body) < int(length):
+                        self._no(400, "bad_request", "body shorter than its Content-Length")
+                        return
+                    try:
+                        code, answer, extra = server.confirm.confirm_request(body)
+                    except requestsmod.BadRequest as exc:
+                        self._no(400, "bad_request", str(exc))
+                        return
+                    except requestsmod.Limited as exc:
+                        self._no(429, "rate_limited", str(exc),
+                                 {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+                        return
+                    server.count_confirm("accepted")
+                    self._send(code, json.dumps(answer).encode(), "application/json", extra)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
         self.httpd = _Server((host, port), Handler)
         self.httpd.web = web or WebConfig()
         self._proc_registry.register(_Refusals(self.httpd))
+        self._proc_registry.register(_ConfirmCounts(self.confirm_counts))
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
+
+    def confirm_on(self) -> bool:
+        return self.confirm is not None and self.confirm.confirm_enabled()
+
+    def count_confirm(self, outcome: str) -> None:
+        with self._confirm_lock:
+            self.confirm_counts[outcome] += 1
 
     def metrics_body(self, gz: bool) -> bytes:
         self.store.expire()

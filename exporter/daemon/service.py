@@ -21,6 +21,7 @@ from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
 from fleetcanary.daemon import hard_faults, phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon import kube as kubemod
+from fleetcanary.daemon import requests as requestsmod
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
@@ -94,11 +95,13 @@ class Daemon:
             self.store.set_node_extra_labels(self._extra_node_labels(settings))
         self.history = self._history(settings)
         self.confirmer = Confirmer()
+        self.requests = requestsmod.Requests(self.clock.monotonic)
         self.scheduler = Scheduler(self.run_probe, workers=max(4, len(self.probe_map) + 2), clock=self.clock)
         self.scheduler.on_clock_jump = lambda step: self.store.count_clock_jump()
         host, port = configmod.parse_listen_address(settings.server.listen_address)
         self.server = MetricsServer(self.store, host, port, health=self.healthy, ready=self.ready,
-                                    request_timeout=settings.server.request_timeout_seconds, web=web)
+                                    request_timeout=settings.server.request_timeout_seconds, web=web,
+                                    confirm=self)
         self._stopping = threading.Event()
 
     # --- settings -------------------------------------------------------------
@@ -468,6 +471,7 @@ class Daemon:
             return None
         out.trigger = trigger
         self._publish(name, out, history)
+        self._answer_requests(out)
         if entry is not None and out.reason not in ("spawn_failed", "internal"):
             try:
                 self._maybe_confirm(name, entry, out)
@@ -546,6 +550,8 @@ class Daemon:
                 self._publish(out.probe, out, history)
             except Exception as exc:  # noqa: BLE001 - the caller sets that record aside; the rest go on
                 failed.append((out, exc))
+                continue
+            self._answer_requests(out)
         return failed
 
     def _charge(self, out: RunRecord, window: float, save: bool = True) -> bool:
@@ -568,6 +574,42 @@ class Daemon:
         why = self.confirmer.jumped(out, metrics, entry.confirm_change, entry.confirm_runs)
         if why and self.scheduler.run_once(name, entry.effective_confirm_delay_seconds):
             log.info("probe %s: %s, in %.0f s", name, why, entry.effective_confirm_delay_seconds)
+
+    # --- requested runs (POST /confirm, daemon/requests.py) ------------------------------------------------------
+    def confirm_request(self, body: bytes) -> tuple[int, dict, dict[str, str]]:
+        """A POST /confirm body (authorized, within MAX_BODY): (HTTP status, JSON answer, extra headers).
+        Raises requests.BadRequest (400) or requests.Limited (429)."""
+        with self._settings_lock:
+            settings = self.settings
+        ask = requestsmod.parse(body)
+        name = ask["probe"]
+        entry = settings.probe_entries().get(name)
+        if entry is None or name not in self._enabled(settings):
+            raise requestsmod.BadRequest(f"probe {name[:60]} is not enabled on this node")
+        self.requests.admit(name, entry.effective_confirm_delay_seconds, settings.server.confirm_requests_per_hour)
+        now = time.time()
+        req = self.requests.add(name, ask["figure"], ask["gpu"], now, now + entry.timeout_seconds)
+        if not self.scheduler.run_once(name, 0.0, trigger="requested"):
+            raise requestsmod.BadRequest(f"probe {name} is not scheduled here")
+        log.info("probe %s: a fresh run requested over HTTP (request %s%s)", name, req.id,
+                 f", figure {req.figure}" if req.figure else "")
+        return 202, req.to_json(), {"Location": f"/confirm/{req.id}"}
+
+    def confirm_enabled(self) -> bool:
+        with self._settings_lock:
+            return self.settings.server.confirm_requests
+
+    def confirm_status(self, rid: str) -> dict | None:
+        req = self.requests.get(rid)
+        return None if req is None else req.to_json()
+
+    def _answer_requests(self, out: RunRecord) -> None:
+        try:
+            for req in self.requests.observe(out, out.samples, wait_for_claim=self.claimer is not None):
+                log.info("probe %s: request %s answered by a %s run (%s)", out.probe, req.id, out.trigger,
+                         out.outcome)
+        except Exception:  # the run is recorded; the asker's deadline ends its wait
+            log.exception("probe %s: answering requested runs failed", out.probe)
 
     # --- health -------------------------------------------------------------------
     def healthy(self) -> bool:

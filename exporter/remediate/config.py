@@ -71,6 +71,11 @@ class Rule(Strict):
     match: Match = Field(default_factory=Match)
     actions: Actions
     min_hold_seconds: float = Field(3600.0, ge=0, description="the least time a node stays quarantined")
+    confirm: bool = Field(False, description="a performance verdict: act only once a fresh run on the node "
+                          "confirms it (docs/remediation.md, Confirming runs; the settings under confirm:)")
+    confirm_floor: float = Field(0.15, gt=0, lt=1, description="confirmed when the fresh run's figure is worse "
+                                 "than the peers' value the alert carries by more than this share (the alert's "
+                                 "own floor: 0.15 for the FarBelowPeers alerts)")
 
 
 class Breaker(Strict):
@@ -102,6 +107,32 @@ class Lease(Strict):
         return self
 
 
+class Confirm(Strict):
+    """How the controller asks a node's exporter for a confirming run (rules with confirm: true)."""
+    url_pattern: str = Field("http://{instance}", description="the exporter's URL from the alert's labels: "
+                             "{instance} (the scrape target host:port) and {node}, e.g. https://{node}:9835")
+    username: str = Field("", description="basic auth user of the exporter's web config; '' = none")
+    password_file: str = Field("", description="a file holding that user's password (read at each request, "
+                               "never logged)")
+    ca_file: str = Field("", description="CA bundle for an https exporter; '' = the system's")
+    peers_annotation: str = Field("peers_value", description="the alert annotation holding the peers' value "
+                                  "(a plain number in the figure's unit) the fresh run is judged against")
+    timeout_seconds: float = Field(5.0, gt=0, le=60, description="each HTTP request to the exporter")
+    poll_seconds: float = Field(15.0, gt=0, description="how often a pending confirmation is looked at")
+    deadline_seconds: float = Field(1800.0, gt=0, description="no fresh run by then: not confirmed (timeout)")
+
+    @field_validator("url_pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        try:
+            url = v.format(instance="h:1", node="n")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{instance}} and {{node}} may be used: {exc}") from None
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v
+
+
 class Kubernetes(Strict):
     api_timeout_seconds: float = Field(5.0, gt=0, le=60)
     api_url: str = Field("", pattern=r"^(http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5})?$",
@@ -127,6 +158,7 @@ class Settings(Strict):
     release: Release = Field(default_factory=Release)
     lease: Lease = Field(default_factory=Lease)
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
+    confirm: Confirm = Field(default_factory=Confirm)
 
     @field_validator("opt_out_label", "taint_key", "node_label")
     @classmethod

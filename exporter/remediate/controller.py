@@ -13,14 +13,23 @@ Refused, in this order (each counted by reason, logged on one line, written to t
                         still gain an alert or be released)
   dry_run            -> everything above passed: an Event and a log line say what would be done
   hold               -> a release waits for the minimum hold or the quiet period
+
+A rule with ``confirm: true`` (a performance verdict) puts one more gate after opt-out and ownership: the alert is
+held pending (no action; an Event ConfirmRequested), the node's exporter is asked for a fresh run (POST /confirm)
+and polled at each tick until it has one or the deadline passes; only a run that is still past the rule's floor
+against the peers' value the alert carried lets the alert go on through the breaker and dry-run to an action,
+whose Event says "confirmed by a fresh run at T: X against peers' Y". Otherwise an Event NotConfirmed and nothing
+else; a resolved notification while pending cancels it (remediate/confirm.py). Pending confirmations live in this
+process only: a new leader learns them again from Alertmanager's next notification (repeat_interval).
 """
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass
 
-from . import breaker, ownership, policy
+from . import breaker, confirm, ownership, policy
 from .audit import Audit
 from .config import Settings
 from .kubeapi import ApiError, KubeAPI
@@ -56,6 +65,8 @@ class Controller:
         self._lock = threading.Lock()
         self._dry: dict[str, _DryQuarantine] = {}
         self._open_pools: set[str] = set()
+        self._pending: dict[str, confirm.Pending] = {}   # alert fingerprint -> its confirmation
+        self.confirm_client = confirm.Client(settings.confirm)
         self.metrics.dry_run.set(1 if settings.dry_run else 0)
         self.metrics.leader.set(0)
 
@@ -92,6 +103,7 @@ class Controller:
                     except _Stop:
                         continue
             self.metrics.quarantined.set(held)
+            self._poll_confirmations()
 
     # --- webhooks ----------------------------------------------------------------------------------------
     def handle(self, payload: Payload) -> str:
@@ -113,6 +125,7 @@ class Controller:
                 try:
                     if alert.status == "resolved":
                         self.metrics.alerts.labels("matched").inc()
+                        self._cancel_confirmation(alert)
                         self._resolve(node, alert)
                         continue
                     rule = policy.rule_for(self.s, alert)
@@ -126,7 +139,8 @@ class Controller:
         return "accepted"
 
     # --- firing ------------------------------------------------------------------------------------------
-    def _fire(self, name: str, alert: Alert, rule) -> None:
+    def _fire(self, name: str, alert: Alert, rule, confirmed: str = "") -> None:
+        """``confirmed``: the words of the fresh run that confirmed it (a confirm: true rule acts only with them)."""
         for _ in range(RETRIES):
             now = self.clock.time()
             node = self._read(name, alert)
@@ -153,14 +167,19 @@ class Controller:
                     self._audit("refire", name, alert, rule=rule.name)
                     return
                 continue
+            if rule.confirm and not confirmed:
+                self._ask_confirmation(name, node, alert, rule)
+                return
             wanted = policy.Wanted()
             wanted.add(rule)
             if record is None and not self._breaker_allows(name, node, alert, now):
                 return
             if self.s.dry_run:
                 self._dry.setdefault(name, _DryQuarantine(self._pool(node), now))
-                self._refuse("dry_run", name, alert, f"would {wanted.describe(self.s.taint_key)} (rule {rule.name}, "
-                             f"hold {rule.min_hold_seconds:g} s)", node, event_reason="WouldQuarantine")
+                would = (f"would {wanted.describe(self.s.taint_key)} (rule {rule.name}, "
+                         f"hold {rule.min_hold_seconds:g} s)")
+                self._refuse("dry_run", name, alert, f"{confirmed + '; ' if confirmed else ''}{would}", node,
+                             event_reason="WouldQuarantine")
                 return
             if record is None:
                 record = Record(since=now, hold_until=now + rule.min_hold_seconds)
@@ -172,7 +191,8 @@ class Controller:
                 continue
             self.metrics.actions.labels("quarantine").inc()
             what = ", ".join(changes) or "nothing new (already as the rule wants); recorded the alert"
-            msg = f"quarantined by rule {rule.name}: {what}; held at least until {iso(record.hold_until)}"
+            msg = (f"{confirmed + '; ' if confirmed else ''}quarantined by rule {rule.name}: {what}; held at least "
+                   f"until {iso(record.hold_until)}")
             log.warning("%s: %s (%s)", name, msg, alert.name)
             self._event(node, "Quarantined", msg, alert, "Warning")
             self._audit("quarantine", name, alert, rule=rule.name, changes=changes)
@@ -215,6 +235,107 @@ class Controller:
                      f"quarantined within {self.s.breaker.window_seconds:g} s, limit {v.limit}", node,
                      event_reason="QuarantineRefused")
         return False
+
+    # --- confirming runs (remediate/confirm.py) -------------------------------------------------------------
+    def _ask_confirmation(self, name: str, node: dict, alert: Alert, rule) -> None:
+        if alert.fingerprint in self._pending:
+            log.debug("%s: %s already waits for its confirming run", name, alert.name)
+            return
+        cfg = self.s.confirm
+        now = self.clock.time()
+        try:
+            fig = confirm.figure_of(alert)
+            peers = confirm.peers_value(alert, cfg.peers_annotation)
+            url = confirm.url_for(cfg, alert, name)
+        except confirm.Failed as exc:
+            self._confirm_done("error", name, node, alert, f"cannot ask for a confirming run: {exc}")
+            return
+        gpu = alert.labels.get("gpu", "")
+        self._event(node, "ConfirmRequested", f"rule {rule.name} acts only on a confirmed verdict: asking {url} for "
+                    f"a fresh run of {fig.key}{' on GPU ' + gpu if gpu else ''}; no action until it ends (deadline "
+                    f"{iso(now + cfg.deadline_seconds)})", alert, "Normal")
+        self._audit("confirm_requested", name, alert, rule=rule.name, url=url)
+        try:
+            answer = self.confirm_client.ask(url, fig, gpu)
+        except confirm.Failed as exc:
+            self._confirm_done("error", name, node, alert, f"the confirming run could not be asked for: {exc}")
+            return
+        self._pending[alert.fingerprint] = confirm.Pending(
+            name, alert, rule.name, url, answer["id"], now, now + cfg.deadline_seconds, now, fig, peers)
+        self.metrics.confirm_pending.set(len(self._pending))
+        log.info("%s: %s pending: fresh run %s asked of %s", name, alert.name, answer["id"], url)
+
+    def _poll_confirmations(self) -> None:
+        """At each tick while leading: look at each pending confirmation that is due. Called with the lock held."""
+        now = self.clock.time()
+        for fp, p in list(self._pending.items()):
+            if now < p.next_poll:
+                continue
+            p.next_poll = now + self.s.confirm.poll_seconds
+            try:
+                status = self.confirm_client.status(p.url, p.request_id)
+            except confirm.Failed as exc:
+                if now >= p.deadline:
+                    self._settle(fp, "timeout", f"no fresh run by {iso(p.deadline)} (last look: {exc})")
+                continue
+            run = status.get("run") if status.get("state") == "done" else None
+            if not isinstance(run, dict):
+                if now >= p.deadline:
+                    self._settle(fp, "timeout", f"no fresh run by {iso(p.deadline)}")
+                continue
+            self._judge(fp, p, run)
+
+    def _judge(self, fp: str, p: confirm.Pending, run: dict) -> None:
+        at = run.get("started_at")
+        when = iso(at) if isinstance(at, (int, float)) and math.isfinite(at) else "?"
+        rule = next((r for r in self.s.rules if r.name == p.rule), None)
+        series, gpu = p.alert.labels.get("series", ""), p.alert.labels.get("gpu", "")
+        value = confirm.fresh_value(run, p.figure, series, gpu)
+        if value is None or rule is None:
+            self._settle(fp, "not_confirmed", f"the fresh run at {when} measured no {p.figure.key}"
+                         f"{' ' + series if series else ''}{' on GPU ' + gpu if gpu else ''} "
+                         f"({run.get('outcome', '?')} {str(run.get('reason', ''))[:60]})".rstrip())
+            return
+        off = confirm.worse(p.figure, value, p.peers)
+        words = (f"a fresh run at {when}: {value:.4g} against peers' {p.peers:.4g} ({off:+.1%} worse, floor "
+                 f"{rule.confirm_floor:.1%})")
+        if off <= rule.confirm_floor:
+            self._settle(fp, "not_confirmed", f"not confirmed by {words}")
+            return
+        self._settle(fp, "confirmed", "")
+        log.warning("%s: %s confirmed by %s", p.node, p.alert.name, words)
+        self._audit("confirmed", p.node, p.alert, rule=rule.name, value=value, peers=p.peers)
+        try:
+            self._fire(p.node, p.alert, rule, confirmed=f"confirmed by {words}")
+        except _Stop:
+            pass
+
+    def _settle(self, fp: str, outcome: str, why: str) -> None:
+        p = self._pending.pop(fp)
+        self.metrics.confirm_pending.set(len(self._pending))
+        if outcome == "confirmed":
+            self.metrics.confirmations.labels(outcome).inc()
+            return
+        try:
+            node = self.api.read_node(p.node)
+        except ApiError as exc:
+            self._api_error(exc)
+            node = None
+        self._confirm_done(outcome, p.node, node, p.alert, why)
+
+    def _confirm_done(self, outcome: str, name: str, node: dict | None, alert: Alert, why: str) -> None:
+        """A confirmation that ends without an action: counted, logged, audited, an Event NotConfirmed."""
+        self.metrics.confirmations.labels(outcome).inc()
+        (log.info if outcome == "not_confirmed" else log.warning)("%s: %s %s: %s; no action", name, alert.name,
+                                                                  outcome.replace("_", " "), why)
+        if node is not None:
+            self._event(node, "NotConfirmed", f"{outcome.replace('_', ' ')}: {why}; no action", alert,
+                        "Normal" if outcome == "not_confirmed" else "Warning")
+        self._audit("not_confirmed", name, alert, outcome=outcome, detail=why)
+
+    def _cancel_confirmation(self, alert: Alert) -> None:
+        if alert.fingerprint in self._pending:
+            self._settle(alert.fingerprint, "cancelled", "the alert resolved while its confirming run was pending")
 
     # --- resolved and released -----------------------------------------------------------------------------
     def _resolve(self, name: str, alert: Alert) -> None:

@@ -34,4 +34,13 @@ class Metrics:
         self.audit_errors = Counter(p + "audit_write_errors", "Audit log lines that could not be written.",
                                     registry=r)
         self.leader = Gauge(p + "leader", "1 while this replica holds the lease and acts.", registry=r)
+        self.confirmations = Counter(p + "confirmations", "Confirming runs asked of a node's exporter before a "
+                                     "performance verdict acts (rules with confirm: true), by outcome: confirmed "
+                                     "(it acts), not_confirmed (the fresh run is within the floor, or measured "
+                                     "nothing), timeout (no fresh run by the deadline), error (the exporter could "
+                                     "not be asked or read: refused, 401, unreachable; the alert carried no peers' "
+                                     "value), cancelled (the alert resolved while pending).", ["outcome"],
+                                     registry=r)
+        self.confirm_pending = Gauge(p + "confirmations_pending", "Alerts waiting for a confirming run.",
+                                     registry=r)
         self.dry_run = Gauge(p + "dry_run", "1 when the controller only says what it would do.", registry=r)

@@ -35,7 +35,10 @@ def test_dry_run_sends_events_and_writes_nothing_else(api, tmp_path, started):
     wait_for(lambda: r.metric("fleetcanary_remediate_leader") == 1, timeout=DEADLINE, what="leading")
     am = started(Alertmanager(tmp_path / "am", alertmanager_config(r.url)))
     send(am, alert("gpu-1"))
-    wait_for(lambda: api.events, timeout=DEADLINE, what="the would-be quarantine's Event")
+    # the Event is posted before the audit line is written: wait for both (under load the test read the
+    # audit file between the two)
+    wait_for(lambda: api.events and r.audit.exists() and r.audit.read_text().strip(), timeout=DEADLINE,
+             what="the would-be quarantine's Event and audit line")
     assert [e["reason"] for e in api.events] == ["WouldQuarantine"]
     assert api.node_patches == [] and api.invalid == []
     assert r.metric("fleetcanary_remediate_dry_run") == 1
