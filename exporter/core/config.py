@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import functools
 import os
+import re
 import stat
 import types
 import typing
@@ -353,9 +354,20 @@ class ClaimConfig(Strict):
                                 "set: recorded in the annotation fleetcanary.io/testing-set-by). Needs patch on nodes.")
 
 
+# What kubernetes.api_url may name (the remediation controller's setting of the same name means the same): a
+# loopback API server over plain HTTP that authenticates for us (`kubectl proxy`, the demo's). Anything else is
+# the in-cluster server over https with the service account's token and CA: a token never travels over plain
+# HTTP, and never to a host this setting names.
+LOOPBACK_API_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5}$")
+
+
 class KubernetesConfig(Strict):
     mode: str = Field("auto", pattern="^(auto|on|off)$",
-                      description="auto: use the API when running in a pod (KUBERNETES_SERVICE_HOST set).")
+                      description="auto: use the API when running in a pod (KUBERNETES_SERVICE_HOST set) or when "
+                      "`api_url` is set.")
+    api_url: str = Field("", description="'' = the in-cluster API server (https, the pod's service account); else "
+                         "a loopback plain-HTTP API server that authenticates for the exporter, such as `kubectl "
+                         "proxy` (http://127.0.0.1:8001) or the demo's. No credentials are sent to it.")
     api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Connect and read timeout of each API call.")
     refresh_seconds: float = Field(60.0, ge=5, le=3600, description="How often node labels and pods are read.")
     gpu_product_label: str = Field("nvidia.com/gpu.product", description="Node label with the GPU product "
@@ -381,6 +393,16 @@ class KubernetesConfig(Strict):
         "refreshes is dropped.")
     node_condition: NodeConditionConfig = Field(default_factory=NodeConditionConfig)
     claim: ClaimConfig = Field(default_factory=ClaimConfig)
+
+    @field_validator("api_url")
+    @classmethod
+    def _loopback_only(cls, v: str) -> str:
+        if v and not LOOPBACK_API_URL.match(v):
+            raise ValueError(
+                f"{v!r} is not a loopback plain-HTTP API (http://127.0.0.1:PORT, http://localhost:PORT or "
+                "http://[::1]:PORT, such as `kubectl proxy`); leave it empty for the in-cluster API server over "
+                "https with the service account (its token never goes over plain HTTP or to a named host)")
+        return v
 
 
 class ProbeEntryBase(Strict):

@@ -1,7 +1,8 @@
 """Kubernetes: node metadata, GPU allocation gating and the FleetCanaryHealthy node condition.
 
 One background thread talks to the API server with the official client (in-cluster
-config): it reads this node (labels, GPU capacity), lists the pods bound to it (field
+config, or kubernetes.api_url's loopback plain-HTTP server such as `kubectl proxy`):
+it reads this node (labels, GPU capacity), lists the pods bound to it (field
 selector spec.nodeName) and, when enabled, patches the node's status condition. Every
 call has a connect/read timeout and no retries; an error is counted by operation and
 reason, and the last known state stays in force. Probes never wait on the API: the
@@ -42,7 +43,7 @@ def in_cluster(environ=os.environ) -> bool:
 
 
 def wanted(cfg, environ=os.environ) -> bool:
-    return cfg.mode == "on" or (cfg.mode == "auto" and in_cluster(environ))
+    return cfg.mode == "on" or (cfg.mode == "auto" and (in_cluster(environ) or bool(cfg.api_url)))
 
 
 def classify(exc: BaseException) -> str:
@@ -125,7 +126,10 @@ class Kube:
     @classmethod
     def in_cluster(cls, cfg, node_name: str, on_change=None, token_file: str | None = None,
                    ca_file: str | None = None, environ=os.environ) -> Kube:
-        """The API server from the pod's service account (paths overridable for tests and odd setups)."""
+        """The API server from the pod's service account (paths overridable for tests and odd setups), or,
+        when kubernetes.api_url names one, that loopback server (Kube.at: no service account is read)."""
+        if cfg is not None and getattr(cfg, "api_url", ""):
+            return cls.at(cfg, node_name, cfg.api_url, on_change)
         from kubernetes import client
         from kubernetes.config.incluster_config import InClusterConfigLoader
 
@@ -134,6 +138,21 @@ class Kube:
         ca_file = ca_file or environ.get("FLEETCANARY_KUBE_CA_FILE") or CA_FILE
         InClusterConfigLoader(token_file, ca_file, environ=environ).load_and_set(conf)
         conf.retries = False  # a bounded call: one attempt, then the next refresh
+        return cls(cfg, node_name, client.CoreV1Api(client.ApiClient(conf)), on_change)
+
+    @classmethod
+    def at(cls, cfg, node_name: str, url: str, on_change=None) -> Kube:
+        """A loopback API server over plain HTTP that authenticates for us (`kubectl proxy`, the demo's): no
+        token and no CA are loaded, so no credential can go over plain HTTP. Only loopback URLs are taken."""
+        from kubernetes import client
+
+        from fleetcanary.core.config import LOOPBACK_API_URL
+
+        if not LOOPBACK_API_URL.match(url):
+            raise ValueError(f"kubernetes.api_url {url!r}: only a loopback plain-HTTP API server is served this way")
+        conf = client.Configuration(host=url)
+        conf.retries = False
+        log.info("kubernetes: the API server at %s (loopback, no credentials sent)", url)
         return cls(cfg, node_name, client.CoreV1Api(client.ApiClient(conf)), on_change)
 
     # --- reads for the daemon ------------------------------------------------------------

@@ -4,10 +4,10 @@ Several exporters, each a simulated HGX H100 node on recorded NVML facts (demo_f
 a failing GPU; the reference LLM server their inference canaries probe; Prometheus with the shipped rules;
 Alertmanager with the shipped routes and inhibit rules, whose notifications come back to this process and
 are printed as they arrive, with the time each took; `fleetcanary remediate` with dry-run off gets the same
-notifications and quarantines the bad node on the demo's small Kubernetes API (demo_kube.py), whose nodes and
-Events the summary shows. Everything listens on loopback. Ends on SIGINT/SIGTERM,
-after --duration, or (--until-fired) once the bad GPU's alerts have all arrived; stops everything it started;
-the work directory goes too unless --keep or --workdir.
+notifications and quarantines the bad node on the demo's small Kubernetes API (demo_kube.py), where each exporter
+also writes its node conditions (kubernetes.api_url); the summary shows the nodes' taints, conditions and Events.
+Everything listens on loopback. Ends on SIGINT/SIGTERM, after --duration, or (--until-fired) once the bad GPU's
+alerts have all arrived; stops everything it started; the work directory goes too unless --keep or --workdir.
 """
 from __future__ import annotations
 
@@ -219,8 +219,8 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             facts.write_text(json.dumps(fleet.node_facts(i, node == bad), indent=1))
             listen = svc.free_address("127.0.0.1:0")
             cfg = ndir / "fleetcanary.yaml"
-            cfg.write_text(yaml.safe_dump(fleet.exporter_config(ndir, node, listen, llm_url, args.fast),
-                                          sort_keys=False))
+            cfg.write_text(yaml.safe_dump(fleet.exporter_config(ndir, node, listen, llm_url, args.fast,
+                                                                cluster.url if cluster else ""), sort_keys=False))
             demo.start(node, [*module_command("fleetcanary"), "run", "--config", str(cfg)],
                        env={FAKE_ENV: str(facts), "NODE_NAME": node})
             targets[node] = listen
@@ -257,7 +257,7 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
             raise DemoError(f"Prometheus loaded no rule group; see {workdir / 'prometheus.log'}")
         _intro(names, bad, expected, targets, llm_url, prom, am, len(groups), dashboards, workdir, started)
         print(f"Remediate:    http://{rem}/metrics  (dry-run off: the bad node's hard-fault alerts taint it on the "
-              f"demo's Kubernetes API {cluster.url})" if cluster else
+              f"demo's Kubernetes API {cluster.url}, where each exporter writes its node conditions)" if cluster else
               "Remediate:    not started: it needs the kubernetes client (pip install 'fleetcanary[kube]')", flush=True)
         return _watch(demo, notes, wanted, prom, dashboards, stop, started, cluster)
     finally:
@@ -284,8 +284,8 @@ def _intro(names, bad, expected, targets, llm_url, prom, am, groups, dashboards,
     g = fleet.DEGRADED_GPU
     print(f"fleetcanary demo: {len(names)} simulated HGX H100 nodes (pool {fleet.POOL}, cluster {fleet.CLUSTER}), "
           f"each on NVML facts recorded from such a node; ready in {time.monotonic() - started:.0f} s")
-    print(f"  the bad one: {bad} GPU {g}, as NVML reports a failing GPU: critical XIDs 63 and 94, an "
-          "uncorrectable ECC error, a row remap waiting for a reset")
+    print(f"  the bad one: {bad} GPU {g}, as NVML reports a failing GPU: XIDs 63 (warning) and 94 "
+          "(critical), an uncorrectable ECC error, a row remap waiting for a reset")
     print(f"  the other {len(names) - 1} are healthy and must stay silent")
     print("  GPU performance probes are off: they need CUDA, which the demo does not fake")
     for node, listen in targets.items():
@@ -336,13 +336,20 @@ def _watch(demo: Demo, notes: Notifications, wanted: set[int] | None, prom: str,
 
 def _await_quarantine(cluster: demo_kube.Cluster, bad: str, stop) -> None:
     """remediate got the notifications that ended the wait at the same moment as the demo: give it a moment to
-    taint the node and post its Event (it does within a second; ACT_SECONDS on a busy machine)."""
+    taint the node and post its Event (it does within a second; ACT_SECONDS on a busy machine). The exporters
+    wrote their node conditions long before (each after its first gpu_health run, before any alert could fire);
+    the bad node's are waited for too, and every node's, so the summary never reads a half-written fleet."""
     deadline = time.monotonic() + ACT_SECONDS
+    want = {demo_kube.FAULT_PREFIX + t for t in fleet.EXPECTED_CONDITIONS}
     while time.monotonic() < deadline and not stop.is_set():
         with cluster.lock:
             node = cluster.nodes[bad]
             done = bool((node.get("spec") or {}).get("taints")) and any(
                 (e.get("involvedObject") or {}).get("name") == bad for e in cluster.events)
+            nodes = list(cluster.nodes.values())
+        conds = demo_kube.fault_conditions(node)
+        done = done and all(conds.get(t, {}).get("status") == "True" for t in want) and all(
+            demo_kube.fault_conditions(n) for n in nodes)
         if done:
             return
         stop.wait(0.2)

@@ -2,9 +2,9 @@
 
 Every node is an HGX H100 node as NVML reported it (the recorded facts the tests use,
 probes/testing/nvml_facts), with its own GPU UUIDs and serials. One node's GPU carries the recorded faults
-of a failing GPU: critical XIDs 63 (row remap event) and 94 (contained ECC error), an uncorrectable ECC error
-and a row remap waiting for a reset. Only what NVML shows can be simulated honestly: the performance probes
-need CUDA, which the demo does not fake, so they are off and the demo says so.
+of a failing GPU: XIDs 63 (row remap recorded, a warning) and 94 (contained ECC error, critical), an
+uncorrectable ECC error and a row remap waiting for a reset. Only what NVML shows can be simulated honestly: the
+performance probes need CUDA, which the demo does not fake, so they are off and the demo says so.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from fleetcanary.offline import demo_kube
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
 
@@ -49,7 +50,9 @@ def degraded_node(names: list[str]) -> str:
 def expected_alerts(node: str) -> list[Expected]:
     g = str(DEGRADED_GPU)
     return [
-        Expected("FleetCanaryGPUCriticalXid", {"node": node, "gpu": g, "xid": "63"}, "XID 63: a row remap event"),
+        # the XID catalogue classes 63 a memory-class warning (a remap recorded, applied at the next reset): a ticket
+        Expected("FleetCanaryGPUXidWarning", {"node": node, "gpu": g, "xid": "63"},
+                 "XID 63: a row remap recorded (a warning: it takes effect at the next reset)"),
         Expected("FleetCanaryGPUCriticalXid", {"node": node, "gpu": g, "xid": "94"},
                  "XID 94: a contained uncorrectable ECC error"),
         Expected("FleetCanaryGPUUncorrectableECC", {"node": node, "gpu": g}, "1 uncorrectable (volatile) ECC error"),
@@ -75,13 +78,22 @@ def node_facts(index: int, degraded: bool) -> dict[str, Any]:
     return facts
 
 
-def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fast: bool) -> dict[str, Any]:
+# The node conditions the bad GPU's faults set (demo_kube.FAULT_PREFIX + these): XID 94 is a critical memory-class
+# XID, the ECC count is above 0, a row remap waits for a reset (docs/node-conditions.md)
+EXPECTED_CONDITIONS = {"GPUHardwareXid": "HardwareXid", "GPUUncorrectableECC": "UncorrectableECCErrors",
+                       "GPURowRemapFailure": "RowRemapPending"}
+
+
+def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fast: bool,
+                    api_url: str = "") -> dict[str, Any]:
+    """One simulated node's exporter; with api_url (the demo's Kubernetes API), it writes its node conditions
+    there, one per hard-fault class, as it would in a cluster with the node-conditions overlay."""
     probes: dict[str, Any] = {name: {"enabled": False} for name in sorted(PROBES) if name not in ON}
     probes["gpu_health"] = {"interval_seconds": 5 if fast else 15, "timeout_seconds": 4 if fast else 10}
     probes["inference"] = {"interval_seconds": 15 if fast else 30, "timeout_seconds": 10, "params": {
         "targets": [{"name": "demo-llm", "base_url": llm_base_url, "model": "fleetcanary-reference",
                      "stream_max_tokens": 16, "prefix_words": 128}]}}
-    return {
+    cfg: dict[str, Any] = {
         "state_dir": str(workdir / "state"),
         "pool": POOL,
         "node_name": node,
@@ -90,6 +102,11 @@ def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fa
         "gpu": {"xid_watch": "on", "xid_log": "nvml"},
         "probes": probes,
     }
+    if api_url:
+        cfg["kubernetes"] = {"mode": "on", "api_url": api_url, "node_condition": {
+            "enabled": True, "type": demo_kube.HEALTH_CONDITION, "probes": ["gpu_health"],
+            "per_fault": True, "per_fault_prefix": demo_kube.FAULT_PREFIX}}
+    return cfg
 
 
 def prometheus_config(targets: dict[str, str], alertmanager: str, rule_files: list[Path], fast: bool) -> dict:

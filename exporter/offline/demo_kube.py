@@ -1,7 +1,9 @@
-"""The demo's Kubernetes side: the smallest API server `fleetcanary remediate` needs, on loopback over plain HTTP
-(as `kubectl proxy` serves one), holding the demo's nodes. It answers what the controller asks of a real one:
+"""The demo's Kubernetes side: the smallest API server `fleetcanary remediate` and the exporters need, on loopback
+over plain HTTP (as `kubectl proxy` serves one), holding the demo's nodes. It answers what they ask of a real one:
 read and list Nodes, merge-patch a Node (RFC 7386; a patch from a stale resourceVersion gets 409), create an
-Event. Anything else is 404; a bad body is 400 with a Status. The demo reads back what was done to each node.
+Event (the controller); read this Node, list the pods on it (the demo's nodes run none), and strategic-merge-patch
+the Node's status, whose conditions merge by type as the API server merges them (each exporter's node
+conditions). Anything else is 404; a bad body is 400 with a Status. The demo reads back what was done to each node.
 
 Why not the test suite's stand-in (tests/support/kube_api.py): it is test code, with TLS from trustme and schema
 checks from kubernetes-validate, neither of which an installed fleetcanary has; this one has no dependency.
@@ -16,6 +18,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY = 1 << 20
 NODE = re.compile(r"^/api/v1/nodes/([a-z0-9]([-a-z0-9.]*[a-z0-9])?)$")
+NODE_STATUS = re.compile(r"^/api/v1/nodes/([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/status$")
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+# The exporters' conditions (demo_fleet sets these in their configs): a health condition, True while the probes
+# pass, and one per hard-fault class with this prefix, True while the fault is present (docs/node-conditions.md)
+HEALTH_CONDITION = "FleetCanaryHealthy"
+FAULT_PREFIX = "FleetCanary"
+CAPACITY = {"cpu": "192", "memory": "2063937852Ki", "nvidia.com/gpu": "8"}  # an HGX H100's, as its kubelet says
 EVENTS = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)/events$")
 
 
@@ -37,7 +47,11 @@ class Cluster:
         self.nodes = {n: {"apiVersion": "v1", "kind": "Node",
                           "metadata": {"name": n, "uid": f"demo-{i:04d}", "resourceVersion": "1",
                                        "labels": {"kubernetes.io/hostname": n, **(labels or {})}, "annotations": {}},
-                          "spec": {}} for i, n in enumerate(names, 1)}
+                          "spec": {},
+                          "status": {"capacity": dict(CAPACITY), "allocatable": dict(CAPACITY),
+                                     "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                                     "message": "kubelet is posting ready status"}]}}
+                      for i, n in enumerate(names, 1)}
         self.events: list[dict] = []
         self.version = 1
         self.lock = threading.Lock()
@@ -69,6 +83,35 @@ class Cluster:
             if want not in (None, "", node["metadata"]["resourceVersion"]):
                 return 409, status(409, "Conflict", "the object has been modified; read it again")
             merge(node, body)
+            self.version += 1
+            node["metadata"]["resourceVersion"] = str(self.version)
+            return 200, copy.deepcopy(node)
+
+
+    def patch_status(self, name: str, body: dict) -> tuple[int, dict]:
+        """A strategic merge patch of a Node's status: conditions merge by type (a type not in the patch stays),
+        anything else as a merge patch. Only status changes, as through the real /status subresource."""
+        st = body.get("status")
+        conds = st.get("conditions", []) if isinstance(st, dict) else None
+        if set(body) != {"status"} or not isinstance(conds, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("type"), str) and c.get("status") in ("True", "False",
+                                                                                                 "Unknown")
+                for c in conds):
+            return 422, status(422, "Invalid", "a status patch holds only status, its conditions each with a type "
+                                               "and a status of True, False or Unknown")
+        with self.lock:
+            node = self.nodes.get(name)
+            if node is None:
+                return 404, status(404, "NotFound", f'nodes "{name}" not found')
+            stored = node.setdefault("status", {})
+            merge(stored, {k: v for k, v in st.items() if k != "conditions"})
+            have = stored.setdefault("conditions", [])
+            for c in conds:
+                old = next((x for x in have if x.get("type") == c["type"]), None)
+                if old is None:
+                    have.append(copy.deepcopy(c))
+                else:
+                    old.update(copy.deepcopy(c))
             self.version += 1
             node["metadata"]["resourceVersion"] = str(self.version)
             return 200, copy.deepcopy(node)
@@ -112,6 +155,10 @@ def _handler(cluster: Cluster):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             with cluster.lock:
+                if path == "/api/v1/pods":   # the exporters' pod list: the demo's nodes run no pods
+                    self._reply(200, {"apiVersion": "v1", "kind": "PodList",
+                                      "metadata": {"resourceVersion": str(cluster.version)}, "items": []})
+                    return
                 if path == "/api/v1/nodes":
                     self._reply(200, {"apiVersion": "v1", "kind": "NodeList",
                                       "metadata": {"resourceVersion": str(cluster.version)},
@@ -125,16 +172,20 @@ def _handler(cluster: Cluster):
             self._reply(404, status(404, "NotFound", f"{path} not found"))
 
         def do_PATCH(self) -> None:
-            m = NODE.match(self.path.split("?", 1)[0])
-            if m is None:
+            path = self.path.split("?", 1)[0]
+            ctype = self.headers.get("Content-Type", "").split(";")[0].strip()
+            m, ms = NODE.match(path), NODE_STATUS.match(path)
+            if m is None and ms is None:
                 self._reply(404, status(404, "NotFound", f"{self.path} not found"))
                 return
-            if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/merge-patch+json":
-                self._reply(415, status(415, "UnsupportedMediaType", "only merge patches are served"))
+            want = MERGE_PATCH if m is not None else STRATEGIC_PATCH
+            if ctype != want:
+                self._reply(415, status(415, "UnsupportedMediaType", f"only {want} is served here"))
                 return
             body = self._body()
             if body is not None:
-                self._reply(*cluster.patch(m.group(1), body))
+                self._reply(*(cluster.patch(m.group(1), body) if m is not None
+                              else cluster.patch_status(ms.group(1), body)))
 
         def do_POST(self) -> None:
             m = EVENTS.match(self.path.split("?", 1)[0])
@@ -160,8 +211,15 @@ def touched(node: dict) -> list[str]:
     return out + (["cordoned"] if spec.get("unschedulable") else [])
 
 
+def fault_conditions(node: dict) -> dict[str, dict]:
+    """The exporter's per-fault conditions on a node, by type (the health condition and the kubelet's left out)."""
+    return {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []
+            if c.get("type", "").startswith(FAULT_PREFIX) and c.get("type") != HEALTH_CONDITION}
+
+
 def report(cluster: Cluster, bad: str) -> list[str]:
-    """The summary's lines: what the bad node carries and the Events about it, and the healthy nodes untouched."""
+    """The summary's lines: what the bad node carries (the controller's taint and labels, its exporter's node
+    conditions) and the Events about it; the healthy nodes untouched, and none with a fault condition True."""
     with cluster.lock:
         nodes = copy.deepcopy(cluster.nodes)
         events = copy.deepcopy(cluster.events)
@@ -169,9 +227,23 @@ def report(cluster: Cluster, bad: str) -> list[str]:
     for e in events:
         if (e.get("involvedObject") or {}).get("name") == bad:
             out.append(f"    Event {e.get('type')} {e.get('reason')}: {e.get('message')}")
+    faults = fault_conditions(nodes[bad])
+    true = {t: c for t, c in faults.items() if c.get("status") == "True"}
+    out.append(f"  node conditions on {bad} (from its exporter): {len(true)} of {len(faults)} fault conditions True"
+               if faults else f"  node conditions on {bad}: none written by its exporter")
+    for t, c in sorted(true.items()):
+        out.append(f"    {t}=True {c.get('reason')}: {c.get('message')}")
     healthy = [n for n in nodes if n != bad]
     changed = [n for n in healthy if touched(nodes[n]) or any(
         (e.get("involvedObject") or {}).get("name") == n for e in events)]
     out.append(f"  remediate on healthy nodes: {len(healthy) - len(changed)} of {len(healthy)} untouched"
                + (f" ({', '.join(changed)} changed)" if changed else ""))
+    odd = []
+    for n in healthy:
+        conds = fault_conditions(nodes[n])
+        not_false = [f"{t}={c.get('status')}" for t, c in sorted(conds.items()) if c.get("status") != "False"]
+        if not conds or not_false:
+            odd.append(f"{n}: {', '.join(not_false) or 'none written'}")
+    out.append(f"  node conditions on healthy nodes: {len(healthy) - len(odd)} of {len(healthy)} with every fault "
+               "condition False" + (f" ({'; '.join(odd)})" if odd else ""))
     return out

@@ -5,7 +5,8 @@ import time
 import pytest
 
 from fleetcanary.core import config as configmod
-from fleetcanary.daemon.kube import Kube
+from fleetcanary.daemon import hard_faults
+from fleetcanary.daemon.kube import Kube, wanted
 from tests.conftest import ROOT
 from tests.support.helpers import wait_for
 from tests.support.kube_api import TOKEN, KubeAPI, node, pod
@@ -139,6 +140,63 @@ def test_a_forbidden_status_patch_is_counted_not_fatal(api):
     assert k.patch_condition() is False
     assert k.snapshot().errors[("patch_node_status", "forbidden")] == 1
     assert k.snapshot().condition_status is None
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8001", "https://127.0.0.1:6443", "http://127.0.0.1.example.com:80",
+                                 "http://localhost", "http://user@127.0.0.1:8001", "http://127.0.0.1:8001/api",
+                                 "https://kubernetes.default.svc", "127.0.0.1:8001"])
+def test_api_url_other_than_loopback_plain_http_is_one_config_error(tmp_path, url):
+    f = tmp_path / "c.yaml"
+    f.write_text(f"kubernetes:\n  api_url: '{url}'\n")
+    with pytest.raises(configmod.ConfigError) as e:
+        configmod.load(f)
+    (line,) = e.value.lines
+    assert "kubernetes.api_url" in line and repr(url) in line and "in-cluster API server over https" in line, line
+
+
+@pytest.mark.parametrize("url", ["", "http://127.0.0.1:8001", "http://localhost:8001", "http://[::1]:8001"])
+def test_api_url_takes_a_loopback_server(url):
+    cfg = kube_cfg(api_url=url, mode="auto")
+    assert cfg.api_url == url
+    # mode auto uses the API outside a pod once api_url names one
+    assert wanted(cfg, environ={}) is bool(url)
+
+
+def test_a_non_loopback_url_is_refused_by_the_client_too():
+    cfg = kube_cfg()
+    with pytest.raises(ValueError, match="only a loopback"):
+        Kube.at(cfg, "gpu-a", "http://10.0.0.5:8001")
+
+
+def test_the_client_reaches_a_loopback_api_without_credentials(tmp_path):
+    """kubernetes.api_url: the node read, the pod list and a per-fault status PATCH (schema-checked, merged by
+    type) against a plain-HTTP loopback server, as through `kubectl proxy`; no token is read or sent."""
+    api = KubeAPI(tmp_path, plain_http=True)
+    try:
+        api.nodes["gpu-a"] = node("gpu-a", LABELS, 8)
+        api.nodes["gpu-a"]["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        api.pods = [pod("team1", "trainer-0", "gpu-a", gpus=4)]
+        assert api.url.startswith("http://127.0.0.1:")
+        cfg = kube_cfg(api_url=api.url, node_condition={"enabled": True, "per_fault": True})
+        # the service-account paths and KUBERNETES_SERVICE_HOST point nowhere: none of them is used
+        k = Kube.in_cluster(cfg, "gpu-a", token_file=str(tmp_path / "absent"), ca_file=str(tmp_path / "absent"),
+                            environ={})
+        assert k.sync() is True
+        assert k.snapshot().gpu_capacity == 8 and k.snapshot().gpu_pods == ["team1/trainer-0"]
+        ecc = hard_faults.Fault("ecc", "6", "UncorrectableECCErrors", "uncorrectable_ecc",
+                                "GPU 6 (GPU-x) counted 1 uncorrectable ECC errors since the last reset")
+        k.set_faults(hard_faults.conditions("FleetCanary", [ecc]))
+        assert k.patch_condition() is True
+        assert api.invalid == []
+        conds = {c["type"]: c for c in api.nodes["gpu-a"]["status"]["conditions"]}
+        assert conds["Ready"]["status"] == "True"   # merged by type: the kubelet's condition stays
+        assert conds["FleetCanaryGPUUncorrectableECC"]["status"] == "True"
+        assert "GPU 6" in conds["FleetCanaryGPUUncorrectableECC"]["message"]
+        assert conds["FleetCanaryGPULost"]["status"] == "False" and conds["FleetCanaryHealthy"]["status"] == "True"
+        assert [m for m, _, _ in api.requests] == ["GET", "GET", "PATCH"]
+        assert all(auth == "" for _, _, auth in api.requests)
+    finally:
+        api.close()
 
 
 def test_unknown_condition_probe_is_a_config_error(tmp_path):

@@ -3,7 +3,8 @@
 The pieces (each node's facts, the Prometheus and Alertmanager configs) are checked by the real promtool and
 amtool; the whole demo runs as a subprocess with a real Prometheus and Alertmanager, and must deliver the bad
 GPU's alerts to its receiver, none for the healthy nodes, have `fleetcanary remediate` taint the bad node alone
-on the demo's Kubernetes API, and leave nothing running.
+on the demo's Kubernetes API and the bad node's exporter set its fault conditions there (the healthy ones' all
+False), and leave nothing running.
 """
 import json
 import os
@@ -61,7 +62,10 @@ def test_the_demo_configs_pass_promtool_amtool_and_the_exporters_own_check(tmp_p
         (tmp_path / "prom.yml").write_text(yaml.safe_dump(prom))
         r = subprocess.run([promtool, "check", "config", str(tmp_path / "prom.yml")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    cfg = fleet.exporter_config(tmp_path, "demo-h100-01", "127.0.0.1:5", "http://127.0.0.1:6/v1", False)
+    cfg = fleet.exporter_config(tmp_path, "demo-h100-01", "127.0.0.1:5", "http://127.0.0.1:6/v1", False,
+                                "http://127.0.0.1:7")
+    assert cfg["kubernetes"]["api_url"] == "http://127.0.0.1:7" and cfg["kubernetes"]["node_condition"]["per_fault"]
+    assert "kubernetes" not in fleet.exporter_config(tmp_path, "n", "127.0.0.1:5", "http://127.0.0.1:6/v1", False)
     (tmp_path / "fc.yaml").write_text(yaml.safe_dump(cfg))
     r = subprocess.run([sys.executable, "-m", "fleetcanary", "check-config", str(tmp_path / "fc.yaml")],
                        capture_output=True, text=True, cwd=ROOT)
@@ -104,7 +108,8 @@ def test_the_bad_gpus_alerts_reach_the_receiver_and_the_healthy_nodes_stay_silen
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetcanary", "demo", "--fast", "--workdir", str(workdir),
          "--prometheus-listen", "127.0.0.1:0", "--alertmanager-listen", "127.0.0.1:0",
-         "--until-fired", "FleetCanaryGPUCriticalXid,FleetCanaryGPUUncorrectableECC", "--duration", "300"],
+         "--until-fired", "FleetCanaryGPUCriticalXid,FleetCanaryGPUXidWarning,FleetCanaryGPUUncorrectableECC",
+         "--duration", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=420)
@@ -116,7 +121,8 @@ def test_the_bad_gpus_alerts_reach_the_receiver_and_the_healthy_nodes_stay_silen
     bad = fleet.degraded_node(fleet.node_names(6))
     fired = re.findall(r"^\[\+\d+:\d\d\] FIRING\s+\w+\s+(\S+)\s+(\S+) GPU (\d+)(?: xid=(\d+))?", out, re.MULTILINE)
     assert {(a, n, g, x) for a, n, g, x in fired} == {
-        ("FleetCanaryGPUCriticalXid", bad, "6", "63"), ("FleetCanaryGPUCriticalXid", bad, "6", "94"),
+        # XID 63 (a row remap recorded) is a memory-class warning in the catalogue, 94 (contained ECC) critical
+        ("FleetCanaryGPUXidWarning", bad, "6", "63"), ("FleetCanaryGPUCriticalXid", bad, "6", "94"),
         ("FleetCanaryGPUUncorrectableECC", bad, "6", "")}, out
     assert "alerts on healthy nodes: 0" in out, out
     # remediate, dry-run off, got the same notifications: the bad node tainted and labelled by the hard-fault
@@ -126,6 +132,16 @@ def test_the_bad_gpus_alerts_reach_the_receiver_and_the_healthy_nodes_stay_silen
     event = next(line for line in out.splitlines() if "Event Warning Quarantined:" in line)
     assert "rule hard-fault" in event and "FleetCanaryGPUUncorrectableECC (critical, gpu=6)" in event, event
     assert "remediate on healthy nodes: 5 of 5 untouched" in out, out
+    # the bad node's own exporter set its per-fault node conditions on the same API (kubernetes.api_url), each
+    # with the reason and the GPU in the message; the healthy nodes' exporters wrote theirs, every one False
+    assert f"node conditions on {bad} (from its exporter): 3 of 7 fault conditions True" in out, out
+    conds = dict(re.findall(r"^    (FleetCanary\w+)=True (.*)$", out, re.MULTILINE))
+    assert set(conds) == {"FleetCanary" + t for t in fleet.EXPECTED_CONDITIONS}, out
+    for t, reason in fleet.EXPECTED_CONDITIONS.items():
+        assert conds["FleetCanary" + t].startswith(f"{reason}: GPU 6"), conds
+    assert "XID 94" in conds["FleetCanaryGPUHardwareXid"] and "1 uncorrectable ECC" in conds[
+        "FleetCanaryGPUUncorrectableECC"], conds
+    assert "node conditions on healthy nodes: 5 of 5 with every fault condition False" in out, out
     # the node's GPU errors panel, from its own queries: each XID counted once (the watch and gpu_health share
     # the node's events), the ECC error and the pending remap
     panel = next(line for line in out.splitlines() if "panel node-detail / GPU errors" in line)

@@ -55,8 +55,45 @@ def test_bad_requests_get_a_status_and_change_nothing():
         assert call(f"{c.url}/api/v1/nodes/{BAD}", "PATCH", b"{}", "application/json")[0] == 415
         assert call(f"{c.url}/api/v1/nodes/nosuch", "PATCH", b"{}")[0] == 404
         assert call(f"{c.url}/api/v1/namespaces/default/events", "POST", b"not json", "application/json")[0] == 400
-        assert call(f"{c.url}/api/v1/pods", "GET", None)[0] == 404
+        assert call(f"{c.url}/api/v1/namespaces/default/pods", "GET", None)[0] == 404
+        status_url = f"{c.url}/api/v1/nodes/{BAD}/status"
+        cond = {"type": "FleetCanaryGPULost", "status": "True"}
+        assert call(status_url, "PATCH", json.dumps({"status": {"conditions": [cond]}}).encode())[0] == 415
+        strategic = "application/strategic-merge-patch+json"
+        for bad_body in ({"metadata": {"labels": {"a": "1"}}, "status": {}},
+                         {"status": {"conditions": [{"type": "X", "status": "Maybe"}]}},
+                         {"status": {"conditions": [{"status": "True"}]}}):
+            assert call(status_url, "PATCH", json.dumps(bad_body).encode(), strategic)[0] == 422, bad_body
         assert c.node(BAD) == before and c.events == []
+    finally:
+        c.stop()
+
+
+def test_a_status_patch_merges_conditions_by_type_and_the_pod_list_is_empty():
+    c = demo_kube.Cluster(NAMES).start()
+    try:
+        strategic = "application/strategic-merge-patch+json"
+        url = f"{c.url}/api/v1/nodes/{BAD}/status"
+        first = [{"type": "FleetCanaryGPULost", "status": "False", "reason": "NoGPULost", "message": "m"},
+                 {"type": "FleetCanaryGPUUncorrectableECC", "status": "False", "reason": "NoUncorrectableECC"}]
+        rv = c.node(BAD)["metadata"]["resourceVersion"]
+        code, out = call(url, "PATCH", json.dumps({"status": {"conditions": first}}).encode(), strategic)
+        assert code == 200 and out["metadata"]["resourceVersion"] != rv
+        ecc = {"type": "FleetCanaryGPUUncorrectableECC", "status": "True", "reason": "UncorrectableECCErrors",
+               "message": "GPU 6 counted 1"}
+        code, out = call(url, "PATCH", json.dumps({"status": {"conditions": [ecc]}}).encode(), strategic)
+        assert code == 200
+        conds = {x["type"]: x for x in c.node(BAD)["status"]["conditions"]}
+        assert set(conds) == {"Ready", "FleetCanaryGPULost", "FleetCanaryGPUUncorrectableECC"}  # none replaced
+        assert conds["Ready"]["status"] == "True" and conds["FleetCanaryGPULost"]["status"] == "False"
+        assert conds["FleetCanaryGPUUncorrectableECC"] == ecc   # merged into the one of that type
+        assert demo_kube.fault_conditions(c.node(BAD)).keys() == {"FleetCanaryGPULost",
+                                                                  "FleetCanaryGPUUncorrectableECC"}
+        assert c.node(BAD)["status"]["capacity"]["nvidia.com/gpu"] == "8"
+        assert all("conditions" not in (c.node(n)["status"]) or len(c.node(n)["status"]["conditions"]) == 1
+                   for n in NAMES if n != BAD)
+        code, pods = call(f"{c.url}/api/v1/pods?fieldSelector=spec.nodeName%3D{BAD}", "GET", None)
+        assert code == 200 and pods["kind"] == "PodList" and pods["items"] == []
     finally:
         c.stop()
 
@@ -103,7 +140,10 @@ def test_remediate_with_the_demos_config_taints_the_bad_node_only(tmp_path):
         assert "GPU 6 has 1 uncorrectable ECC error" in event["message"]
         lines = demo_kube.report(c, BAD)
         assert lines[0].endswith("taint fleetcanary.io/quarantine:NoSchedule, label fleetcanary.io/health=failed")
-        assert lines[-1] == "  remediate on healthy nodes: 5 of 5 untouched"
+        assert "  remediate on healthy nodes: 5 of 5 untouched" in lines
+        # no exporter ran here: the report says no condition was written rather than that all are clear
+        assert f"  node conditions on {BAD}: none written by its exporter" in lines
+        assert lines[-1].startswith("  node conditions on healthy nodes: 0 of 5 with every fault condition False")
     finally:
         proc.terminate()
         proc.wait(timeout=20)

@@ -8,7 +8,8 @@ test sets its phase; 409 if it exists). For the remediation controller: GET /api
 /api/v1/nodes/NAME (a JSON merge patch; a stale metadata.resourceVersion answers 409), POST
 /api/v1/namespaces/NS/events, and GET/POST/PUT coordination.k8s.io/v1 Leases (a PUT with a stale resourceVersion
 answers 409); every node it patches, Event and Lease is validated against the Kubernetes schema (422 if not valid,
-kept in ``invalid``). Every request must carry the bearer token. A test can make an
+kept in ``invalid``). Every request must carry the bearer token (over HTTPS; or, with plain_http, none is asked
+for, as `kubectl proxy` on loopback). A test can make an
 operation answer 403/500 or hang (until released) to drive the client's error paths.
 """
 from __future__ import annotations
@@ -44,7 +45,10 @@ def pod(ns: str, name: str, node_name: str, gpus: int = 0, phase: str = "Running
 
 
 class KubeAPI(ServerThread):
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, plain_http: bool = False) -> None:
+        """plain_http: serve plain HTTP and take requests without a token, as `kubectl proxy` does on loopback
+        (it adds its own credentials); every request's Authorization header is still recorded."""
+        self.plain_http = plain_http
         self.ca = trustme.CA()
         cert = self.ca.issue_cert("127.0.0.1")
         self.ca_file = tmp_path / "ca.crt"
@@ -92,7 +96,7 @@ class KubeAPI(ServerThread):
             def _handle(self, op: str, fn) -> None:
                 api.requests.append((self.command, self.path, self.headers.get("Authorization", "")))
                 scheme, _, token = self.headers.get("Authorization", "").partition(" ")
-                if scheme.lower() != "bearer" or token != TOKEN:  # the scheme is case-insensitive (RFC 9110)
+                if not api.plain_http and (scheme.lower() != "bearer" or token != TOKEN):  # case-insensitive
                     self._status(401, "Unauthorized")
                 elif op in api.hang:
                     api._release.wait(timeout=60)
@@ -266,7 +270,8 @@ class KubeAPI(ServerThread):
                     self._reply(200, stored)
                 self._handle("patch_node_status", ok)
 
-        super().__init__(Handler, tls=tls_context(cert), on_close=[self.release])  # hung requests end first
+        # hung requests end first
+        super().__init__(Handler, tls=None if plain_http else tls_context(cert), on_close=[self.release])
 
     def next_version(self) -> str:
         self._version += 1
