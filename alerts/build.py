@@ -182,6 +182,12 @@ def worse(f: FigureRules, ratio: str) -> str:
     return f"(1 - {ratio})" if f.higher_is_better else f"({ratio} - 1)"
 
 
+def peers_value(s: Settings, f: FigureRules) -> dict:
+    """The peers' median figure of the alerted series as a plain number, in the figure's unit: what `fleetcanary
+    remediate` compares a confirming run with before it acts on a performance verdict (docs/remediation.md)."""
+    return {"peers_value": peer_query(s, "pool:fleetcanary_judge_median:peer_median", f.key, fmt='printf "%g"')}
+
+
 def annotations(s: Settings, summary: str, description: str, name: str) -> dict:
     return {"summary": summary, "description": description, "runbook_url": s.runbook_url.format(anchor=name.lower())}
 
@@ -315,7 +321,7 @@ def peer_alert(s: Settings, f: FigureRules, path: str, pool: str, c: Ctx) -> dic
                f"its peers' by {floor / 2:g}.)" if s.hold else ""))
     return {"alert": name, "expr": expr, "for": c.t(max(f.interval_minutes, 15)),
             "labels": {"severity": "warning", "figure": f.key, "path": path},
-            "annotations": annotations(s, f"{f.title} {word} peers", desc, name)}
+            "annotations": annotations(s, f"{f.title} {word} peers", desc, name) | peers_value(s, f)}
 
 
 def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
@@ -342,7 +348,7 @@ def fast_alert(s: Settings, f: FigureRules, pool: str, c: Ctx) -> dict:
                if s.hold else ""))
     return {"alert": name, "expr": expr, "for": "0m", "labels": {"severity": "critical", "figure": f.key,
                                                                   "path": "fast"},
-            "annotations": annotations(s, f"{f.title} {word} peers", desc, name)}
+            "annotations": annotations(s, f"{f.title} {word} peers", desc, name) | peers_value(s, f)}
 
 
 def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:

@@ -36,6 +36,7 @@ import importlib.util
 import math
 import random
 import re
+from decimal import Decimal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,8 +218,22 @@ def humanize_percentage(v: float) -> str:
     return f"{v * 100:.4g}%"
 
 
+def go_g(v: float) -> str:
+    """Go's fmt %g of a float64: the shortest digits that read back as v, in %e form when the exponent is under
+    -4 or 6 and over (the `peers_value` annotation's printf "%g")."""
+    sign, digits, exponent = Decimal(repr(v)).normalize().as_tuple()
+    nd, exp10 = len(digits), len(digits) + exponent - 1
+    text = "".join(map(str, digits))
+    if exp10 < -4 or exp10 >= 6:
+        out = text[0] + ("." + text[1:] if nd > 1 else "") + f"e{'+' if exp10 >= 0 else '-'}{abs(exp10):02d}"
+    else:
+        out = format(Decimal(repr(v)).normalize(), "f").lstrip("-")
+    return ("-" if sign else "") + out
+
+
 QUERY = re.compile(r'\{\{ with query \(printf "([^"]*)" ((?:\$labels\.\w+ ?)+)\) \}\}'
-                   r'\{\{ \. \| first \| value \| (humanize|printf "%\.3f") \}\}\{\{ else \}\}none\{\{ end \}\}')
+                   r'\{\{ \. \| first \| value \| (humanize|printf "%\.3f"|printf "%g") \}\}\{\{ else \}\}none'
+                   r'\{\{ end \}\}')
 
 
 def expand(text: str, labels: dict[str, str], value: float, fleet: Fleet) -> str:
@@ -228,7 +243,7 @@ def expand(text: str, labels: dict[str, str], value: float, fleet: Fleet) -> str
         v = fleet.query(m.group(1) % tuple(args))
         if v is None:
             return "none"
-        return humanize(v) if m.group(3) == "humanize" else f"{v:.3f}"
+        return {"humanize": humanize, 'printf "%g"': go_g}.get(m.group(3), lambda x: f"{x:.3f}")(v)
 
     text = QUERY.sub(query, text)
     text = text.replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
