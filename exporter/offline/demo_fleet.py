@@ -143,7 +143,8 @@ HARD_FAULT_RULE = {
     "name": "hard-fault",
     "match": {"severities": ["critical"],
               "alertnames": ["FleetCanaryGPULost", "FleetCanaryGPUsMissing", "FleetCanaryGPURowRemapFailed",
-                             "FleetCanaryNVLinkDown", "FleetCanaryGPUUncorrectableECC"]},
+                             "FleetCanaryNVLinkDown", "FleetCanaryGPUUncorrectableECC", "FleetCanaryGPUCriticalXid",
+                             "FleetCanaryGPUApplicationXidRepeated"]},
     "actions": {"labels": {"fleetcanary.io/health": "failed"}, "taint": {"effect": "NoSchedule"}},
     "min_hold_seconds": 3600,
 }

@@ -126,11 +126,13 @@ def test_the_bad_gpus_alerts_reach_the_receiver_and_the_healthy_nodes_stay_silen
         ("FleetCanaryGPUUncorrectableECC", bad, "6", "")}, out
     assert "alerts on healthy nodes: 0" in out, out
     # remediate, dry-run off, got the same notifications: the bad node tainted and labelled by the hard-fault
-    # rule (its uncorrectable ECC error), an Event with the evidence, the healthy nodes untouched
+    # rule (its uncorrectable ECC error or the XID 94 that came with it, whichever notification came first), an
+    # Event with the evidence, the healthy nodes untouched
     assert (f"remediate (dry-run off) on {bad}: taint fleetcanary.io/quarantine:NoSchedule, "
             "label fleetcanary.io/health=failed") in out, out
     event = next(line for line in out.splitlines() if "Event Warning Quarantined:" in line)
-    assert "rule hard-fault" in event and "FleetCanaryGPUUncorrectableECC (critical, gpu=6)" in event, event
+    assert "rule hard-fault" in event and any(f"{a} (critical, gpu=6" in event for a in (
+        "FleetCanaryGPUUncorrectableECC", "FleetCanaryGPUCriticalXid")), event
     assert "remediate on healthy nodes: 5 of 5 untouched" in out, out
     # the bad node's own exporter set its per-fault node conditions on the same API (kubernetes.api_url), each
     # with the reason and the GPU in the message; the healthy nodes' exporters wrote theirs, every one False
