@@ -238,6 +238,20 @@ def test_a_day_of_too_few_runs_for_its_noise_gives_no_drift():
     assert DRIFT_MAX_ERROR == pytest.approx(0.005)
 
 
+def test_no_drift_before_the_noise_on_this_driver_is_known():
+    """The day after a driver upgrade the new driver has a best day (a part day of 3 runs over 6 h) before a
+    complete day of 8 runs has measured the series' noise on it: no drift then, as its error cannot be known."""
+    s = Series(GPU_BW)
+    t = steady_days(s, 3, interval=600.0, noise=0.004)
+    t = steady_days(s, 1.5, interval=600.0, noise=0.004, start=t, driver="580.65.06")
+    assert s.noise() is not None and s.stats().drift is not None
+    u = Series(GPU_BW)
+    t = feed(u, 0.0, 3 * 3600.0, [1.0] * 3)                # a part day of 3 runs over 6 h: a best day, no noise
+    feed(u, DAY + 3600.0, 600.0, [1.0] * 10)
+    st = u.stats()
+    assert st.baseline is not None and u.noise() is None and st.drift is None
+
+
 def test_a_fault_that_persists_for_a_week_is_never_absorbed_into_the_baseline():
     s = Series(GPU_BW)
     t = steady_days(s, 4)
