@@ -42,6 +42,7 @@ import yaml
 from benchmarks.common import write_result
 from benchmarks.detection.replay import classify
 from benchmarks.detection.score import HARD_EVENTS, matches, relevant
+from fleetcanary.offline.demo_kube import merge
 from fleetcanary.remediate import ownership
 from fleetcanary.remediate.config import Settings
 from fleetcanary.remediate.controller import Controller
@@ -105,16 +106,6 @@ class Nodes:
     def create_event(self, namespace: str, event: dict) -> dict:
         self.events += 1
         return event
-
-
-def merge(target: dict, patch: dict) -> None:
-    for k, v in patch.items():
-        if v is None:
-            target.pop(k, None)
-        elif isinstance(v, dict) and isinstance(target.get(k), dict):
-            merge(target[k], v)
-        else:
-            target[k] = copy.deepcopy(v)
 
 
 class SimClock:

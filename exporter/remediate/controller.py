@@ -345,13 +345,7 @@ class Controller:
                          self.s.release.quiet_seconds)
             return
         for _ in range(RETRIES):
-            node = self._read(name, alert)
-            if node is None:
-                return
-            try:
-                record = ownership.read(node)
-            except ForeignRecord:
-                return
+            node, record = self._owned(name, alert)
             if record is None or alert.fingerprint not in record.alerts:
                 return   # never ours: nothing to undo
             held = record.alerts[alert.fingerprint]
@@ -368,6 +362,17 @@ class Controller:
                              iso(max(record.hold_until, record.last_resolved() + self.s.release.quiet_seconds)))
                 return
 
+    def _owned(self, name: str, alert: Alert | None) -> tuple[dict | None, Record | None]:
+        """The node and the record of what this controller did to it: (None, None) when the node cannot be read
+        or its record is another's (never undone), (node, None) when there is none."""
+        node = self._read(name, alert)
+        if node is None:
+            return None, None
+        try:
+            return node, ownership.read(node)
+        except ForeignRecord:
+            return None, None
+
     def _releasable(self, record: Record) -> bool:
         now = self.clock.time()
         return (record.all_resolved() and now >= record.hold_until
@@ -375,13 +380,7 @@ class Controller:
 
     def _release(self, name: str) -> None:
         for _ in range(RETRIES):
-            node = self._read(name, None)
-            if node is None:
-                return
-            try:
-                record = ownership.read(node)
-            except ForeignRecord:
-                return
+            node, record = self._owned(name, None)
             if record is None or not self._releasable(record):
                 return
             if self._opted_out(node):
