@@ -36,9 +36,9 @@ import importlib.util
 import math
 import random
 import re
-from decimal import Decimal
 import sys
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import yaml

@@ -235,7 +235,7 @@ def test_a_day_of_too_few_runs_for_its_noise_gives_no_drift():
     t = feed(s, t + DAY, 7200.0, [1 + rng.gauss(0, 0.04) for _ in range(12)])  # a day apart, then a run every 2 h
     st = s.stats()
     assert st.change is not None and st.drift is None
-    assert DRIFT_MAX_ERROR == pytest.approx(0.005)
+    assert pytest.approx(0.005) == DRIFT_MAX_ERROR
 
 
 def test_no_drift_before_the_noise_on_this_driver_is_known():
