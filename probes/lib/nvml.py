@@ -7,7 +7,9 @@ from recorded device facts (``FLEETCANARY_FAKE_NVML=/path/facts.json``; see
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,11 @@ LINK_TYPES = ("nvlink", *TOPOLOGY_LEVELS.values(), "unknown")
 
 NVLINK_ERROR_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 NVLINK_MAX_LINKS = 18
+
+# nvmlGpuFabricState_t (NVML_GPU_FABRIC_STATE_*): a GPU's registration with its NVLink fabric (NVSwitch systems:
+# HGX with the fabric manager, NVL72 with NVLink management); the label vocabulary of the fabric record.
+FABRIC_STATES: dict[int, str] = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+_NVML_ERROR_NOT_SUPPORTED, _NVML_ERROR_FUNCTION_NOT_FOUND = 3, 13
 
 
 
@@ -231,6 +238,48 @@ class Session:
             links.append({"link": link, "up": int(bool(state)), "errors": errors,
                           "remote_pci_bus_id": self._str(remote.busId) if remote is not None else UNKNOWN})
         return links
+
+    def fabric(self, g: GpuHandle) -> dict[str, Any] | None:
+        """The GPU's NVLink fabric (nvmlDeviceGetGpuFabricInfoV, else the v1 call of drivers before 550): state
+        (FABRIC_STATES), status ("success", or NVML's error string and code; None until the state is completed,
+        NVML says it means nothing before), clique id and cluster UUID. None where the GPU has no fabric: state
+        not_supported, the call not supported, or missing from the driver or nvidia-ml-py. A read that fails
+        otherwise is state "unknown" with the error (no fault is made of it)."""
+        lib = self.lib
+        info = None
+        for call, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                             ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+            fn, cls = getattr(lib, call, None), getattr(lib, struct, None)
+            if fn is None or cls is None:
+                continue
+            candidate = cls()   # the V struct sets its version in __init__
+            try:
+                fn(g.handle, ctypes.byref(candidate))
+            except lib.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code == _NVML_ERROR_FUNCTION_NOT_FOUND:
+                    continue        # a driver without this call: try the older one
+                if code == _NVML_ERROR_NOT_SUPPORTED:
+                    return None
+                return {"state": UNKNOWN, "status": None, "clique_id": None, "cluster_uuid": None,
+                        "error": self._str(exc)}
+            info = candidate
+            break
+        if info is None or int(info.state) == 0:  # no call for it, or NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+            return None
+        state = FABRIC_STATES.get(int(info.state), f"state_{int(info.state)}")
+        status = None
+        if state == "completed":
+            code = int(info.status)
+            status = "success" if code == 0 else f"{self._error_string(code)} ({code})"
+        return {"state": state, "status": status, "clique_id": int(info.cliqueId),
+                "cluster_uuid": str(uuid.UUID(bytes=bytes(info.clusterUuid)))}
+
+    def _error_string(self, code: int) -> str:
+        try:
+            return self._str(self.lib.NVMLError(code))
+        except Exception:  # noqa: BLE001 - a code this nvidia-ml-py does not know: the number says it
+            return "NVML error"
 
     def utilization_ratio(self, g: GpuHandle) -> float | None:
         u = self._try(self.lib.nvmlDeviceGetUtilizationRates, g.handle, default=None)

@@ -19,13 +19,18 @@ Facts format (every device field optional; absent means "not supported")::
                   "remapped_rows": [0, 0, false, false],
                   "nvlinks": [{"state": 1, "remote_bus_id": "...", "remote_type": 2,
                                "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}}],
+                  "fabric": {"state": 3, "status": 0, "clique_id": 1, "cluster_uuid": "8c4d...-..."},
                   "lost": false,
                   "power_mw": 650000, "temperature_c": 60,
                   "sequence": [{"sm": 1980, "mem": 2619, "power_mw": 690000, "temperature_c": 61,
                                 "throttle_mask": 4}, ...]}],
      "topology": {"0,1": 10},       # common-ancestor level per unordered pair; default "topology_default"
      "topology_default": 40, "p2p_default": 0,
-     "xid_events": [{"gpu": 3, "xid": 79}]}
+     "xid_events": [{"gpu": 3, "xid": 79}],
+     "missing_calls": ["nvmlDeviceGetGpuFabricInfoV"]}   # calls this driver lacks (NVML_ERROR_FUNCTION_NOT_FOUND)
+
+``fabric`` is nvmlGpuFabricInfo: state as NVML_GPU_FABRIC_STATE_* (0 not supported .. 3 completed), status an
+NVML return code; a device without it answers NVML_ERROR_NOT_SUPPORTED, as GPUs before Hopper do.
 
 ``sequence`` is a load trace: the n-th read of a field (SM clock, memory clock, power,
 temperature, throttle mask) returns the field of the n-th sample, and the last sample
@@ -35,9 +40,11 @@ tick walks the trace one sample per tick whatever the order of its reads.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +60,10 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 
 class NVMLError(Exception):
@@ -64,7 +74,10 @@ class NVMLError(Exception):
     def __str__(self) -> str:
         return {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_GPU_IS_LOST: "GPU is lost",
                 NVML_ERROR_TIMEOUT: "Timeout", NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
-                NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded"}.get(self.value, f"NVML error {self.value}")
+                NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded", NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+                NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
+                NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument Version Mismatch",
+                }.get(self.value, f"NVML error {self.value}")
 
 
 @dataclass
@@ -98,6 +111,24 @@ class _Event:
     eventData: int
 
 
+# nvmlGpuFabricInfo_t and nvmlGpuFabricInfo_v2_t, laid out as nvidia-ml-py's ctypes structures: the caller passes
+# one by reference (ctypes.byref) and NVML fills it in, so the fake must take what the real library takes.
+_FABRIC_INFO_V2 = 0x02000024
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):  # noqa: N801 - nvidia-ml-py's name
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32),
+                ("state", ctypes.c_uint)]
+
+
+class c_nvmlGpuFabricInfoV_t(ctypes.Structure):  # noqa: N801 - nvidia-ml-py's name
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint32)]
+
+    def __init__(self) -> None:
+        super().__init__(version=_FABRIC_INFO_V2)
+
+
 class _Handle:
     def __init__(self, index: int, facts: dict) -> None:
         self.index = index
@@ -106,6 +137,8 @@ class _Handle:
 
 class FakeNvml:
     NVMLError = NVMLError
+    c_nvmlGpuFabricInfo_t = c_nvmlGpuFabricInfo_t
+    c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfoV_t
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
     NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
@@ -274,6 +307,23 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
         return int(self._link(h, link).get("remote_type", 0))
+
+    def _fabric(self, call: str, h, ref) -> None:
+        if call in self.facts.get("missing_calls", ()):
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        f = self._dev(h, "fabric")
+        info = ref._obj  # what ctypes.byref points at
+        if isinstance(info, c_nvmlGpuFabricInfoV_t) and info.version != _FABRIC_INFO_V2:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.state, info.status, info.cliqueId = int(f["state"]), int(f.get("status", 0)), int(f.get("clique_id", 0))
+        raw = uuid.UUID(f["cluster_uuid"]).bytes if f.get("cluster_uuid") else bytes(16)
+        info.clusterUuid[:] = list(raw)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h, ref):
+        self._fabric("nvmlDeviceGetGpuFabricInfoV", h, ref)
+
+    def nvmlDeviceGetGpuFabricInfo(self, h, ref):
+        self._fabric("nvmlDeviceGetGpuFabricInfo", h, ref)
 
     def nvmlDeviceGetUtilizationRates(self, h):
         return _Util(int(self._dev(h, "utilization")), 0)
