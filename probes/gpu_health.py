@@ -1,5 +1,5 @@
 """GPU health from non-invasive NVML reads: PCIe link, throttling, ECC, row remapping,
-NVLink, critical XIDs, GPUs visible against expected, persistence and MIG mode.
+NVLink, NVLink fabric state, critical XIDs, GPUs visible against expected, persistence and MIG mode.
 
 It creates no CUDA context and runs beside jobs, so it is not gated and runs often.
 XID events are caught by an event wait with a timeout inside the worker: the probe
@@ -23,6 +23,9 @@ node"); the run record (/results) keeps every reading:
   type and counter combinations, the remapped-row counts and the NVLink error sums while above 0.
 - Faults as 0/1 (a GPU lost, a row remap pending or failed): only the 1s; the alerts read == 1.
 - Persistence mode, MIG mode and the power limit change rarely: labels of fleetcanary_gpu_info.
+- NVLink fabric (NVSwitch systems: state, status, clique, cluster UUID): the run record only (None for a GPU
+  without one); the daemon makes a not-ready fabric the node condition FleetCanaryGPUFabricNotReady and the
+  reason fabric_not_ready of fleetcanary_gpu_health_state, so it costs no series of its own.
 """
 from __future__ import annotations
 
@@ -200,7 +203,8 @@ class GpuHealth(Probe):
                 for labels, v in _nvlink_errors(gi, links, config.per_link):
                     add(P + "nvlink_errors_total", labels, v)
                 gpus.append({**ident, "pcie": pcie, "throttle_reasons": reasons, "ecc": ecc, "remapped_rows": rows,
-                             "nvlinks": links, "persistence_mode": pm, "mig_mode": mig, "power_limit_watts": power})
+                             "nvlinks": links, "fabric": session.fabric(g), "persistence_mode": pm, "mig_mode": mig,
+                             "power_limit_watts": power})
 
             healthy = [g for g in handles if not g.lost]
             t0 = time.monotonic()

@@ -183,3 +183,32 @@ def test_recorded_h200_facts_replay(tmp_path, monkeypatch):
     info = next(dict(k[1]) for k in samples(r) if k[0] == P + "info")
     assert info["model"] == "NVIDIA H200" and info["pci_bus_id"] == "00000000:00:06.0"
     assert info["power_limit_watts"] == "700"
+
+
+def test_the_nvlink_fabric_is_recorded_per_gpu_and_costs_no_series(tmp_path, monkeypatch):
+    fake(monkeypatch, "gb200_4gpu_fabric_ready")
+    ready = run(tmp_path)
+    fake(monkeypatch, "gb200_4gpu_fabric_not_ready")
+    not_ready = run(tmp_path)
+    cluster = "8c4d2f1a-6b3e-4d5f-9a7b-1c2d3e4f5a6b"
+    assert [g["fabric"] for g in ready.extra["gpus"]] == [
+        {"state": "completed", "status": "success", "clique_id": 32766, "cluster_uuid": cluster}] * 4
+    fabric = [g["fabric"] for g in not_ready.extra["gpus"]]
+    assert fabric[1] == {"state": "completed", "status": "Insufficient Resources (23)", "clique_id": 32766,
+                         "cluster_uuid": cluster}
+    assert fabric[3]["state"] == "in_progress" and fabric[3]["status"] is None   # NVML: status only once completed
+    assert set(samples(ready)) == set(samples(not_ready))   # the record and the daemon's health state carry it
+    fake(monkeypatch, "h100_8gpu_healthy")                   # facts without a fabric: NVML_ERROR_NOT_SUPPORTED
+    assert [g["fabric"] for g in run(tmp_path).extra["gpus"]] == [None] * 8
+
+
+@pytest.mark.parametrize("missing, state", [(["nvmlDeviceGetGpuFabricInfoV"], "completed"),
+                                            (["nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"], None)])
+def test_an_older_driver_reads_the_v1_fabric_call_and_one_without_either_reports_no_fabric(
+        tmp_path, monkeypatch, missing, state):
+    facts = json.loads((FIXTURES / "gb200_4gpu_fabric_ready.json").read_text())
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps({**facts, "missing_calls": missing}))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(path))
+    fabric = [g["fabric"] for g in run(tmp_path).extra["gpus"]]
+    assert [f and f["state"] for f in fabric] == [state] * 4
