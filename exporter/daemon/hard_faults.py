@@ -12,10 +12,12 @@ A fault class is one node condition (node-problem-detector style: True while the
     remap        GPURowRemapFailure    a row remap failed, or one waits for a reset
     pcie         GPUPCIeDegraded       width below its maximum, or generation below its maximum while not idle
     nvlink       GPUNVLinkDown         NVLink links present but not active
-    fabric       GPUFabricNotReady     a GPU with an NVLink fabric (NVL72 class) whose fabric state is not
-                                       completed, or completed with an error
+    fabric       GPUFabricNotReady     a GPU with an NVLink fabric (NVSwitch: HGX, NVL72) whose fabric state
+                                       is completed with an error, or not completed for FABRIC_PENDING_RUNS
+                                       consecutive runs
 
-A fault is set at its first observation and clears after ``clear_after`` consecutive observations
+A fault is set at its first observation (a fabric still registering: at the FABRIC_PENDING_RUNS-th consecutive
+one) and clears after ``clear_after`` consecutive observations
 without it and at least ``min_hold`` seconds after it was set (FaultTracker, on the clock it is given).
 A GPU's state: failed (lost, XID, ECC, a failed remap), degraded (a pending remap, PCIe, NVLink, fabric,
 a warning-level XID of a non-application class), unmeasured (gpu_health has no recent successful run),
@@ -41,6 +43,10 @@ REASONS = (("lost", "failed"), ("hardware_xid", "failed"), ("application_xid_rep
            ("row_remap_pending", "degraded"), ("xid_warning", "degraded"),
            ("no_recent_run", "unmeasured"), ("", "healthy"))
 STATES = ("failed", "degraded", "unmeasured", "healthy")
+# A fabric still registering (not_started, in_progress) is normal for a short while after a boot, a driver load or a
+# fabric manager restart, and the exporter often starts in that window; it becomes a fault once this many
+# consecutive gpu_health runs (60 s apart by default) show it. Completed with an error is set at once.
+FABRIC_PENDING_RUNS = 3
 _RANK = {r: i for i, (r, _) in enumerate(REASONS)}
 _STATE = dict(REASONS)
 
@@ -52,6 +58,7 @@ class Fault:
     reason: str        # the condition's CamelCase reason
     health: str        # the GPU health reason (REASONS)
     evidence: str      # what was read, in words
+    confirm: int = 1   # consecutive gpu_health runs that must show it before it is set
 
 
 def _n(v) -> float | None:
@@ -102,11 +109,16 @@ def from_gpu_health(extra: dict, expected: int | None) -> list[Fault]:
             out.append(Fault("nvlink", gi, "NVLinkDown", "nvlink_down",
                              f"{who(g)} has {len(down)} of {len(links)} NVLinks down (links {', '.join(down[:18])})"))
         fab = g.get("fabric") or {}
-        if fab.get("state") not in (None, "not_supported", "unknown") and (
-                fab.get("state") != "completed" or fab.get("status") not in (None, "success")):
+        state, status = fab.get("state"), fab.get("status")
+        if state == "completed" and status not in (None, "success"):
             out.append(Fault("fabric", gi, "FabricNotReady", "fabric_not_ready",
-                             f"{who(g)} fabric state {fab.get('state')}, status {fab.get('status')} "
-                             f"(clique {fab.get('clique_id', '?')})"))
+                             f"{who(g)} fabric state completed with an error, status {status} "
+                             f"(clique {fab.get('clique_id', '?')}, cluster {fab.get('cluster_uuid', '?')})"))
+        elif state not in (None, "not_supported", "unknown", "completed"):
+            # not_started, in_progress: what every such GPU shows for a while after a boot or a driver load
+            out.append(Fault("fabric", gi, "FabricNotReady", "fabric_not_ready",
+                             f"{who(g)} fabric state {state}, still not completed after {FABRIC_PENDING_RUNS} "
+                             "consecutive gpu_health runs", confirm=FABRIC_PENDING_RUNS))
     if expected is not None and len(gpus) < expected:
         out.append(Fault("lost", "", "GPUsMissing", "gpus_missing",
                          f"{len(gpus)} of {expected} expected GPUs visible to NVML"))
@@ -129,7 +141,8 @@ def from_xids(recent, info) -> list[Fault]:
 
 
 class FaultTracker:
-    """Hysteresis per (kind, GPU): set at once, cleared after ``clear_after`` consecutive clean observations
+    """Hysteresis per (kind, GPU): set at once (a fault with ``confirm`` N: once N consecutive clean observations
+    showed it), cleared after ``clear_after`` consecutive clean observations
     and ``min_hold`` seconds since it was set."""
 
     def __init__(self, clear_after: int, min_hold: float, clock) -> None:
@@ -137,6 +150,7 @@ class FaultTracker:
         self.min_hold = min_hold
         self.clock = clock
         self.held: dict[tuple[str, str], dict] = {}   # (kind, gpu) -> {"fault", "since", "clean"}
+        self.pending: dict[tuple[str, str], int] = {}  # (kind, gpu) -> consecutive runs seen, of a fault to confirm
 
     def observe(self, faults: list[Fault], clean_observation: bool = True) -> list[Fault]:
         """One look at the node; ``clean_observation`` False (an XID between runs) may set, never counts
@@ -151,11 +165,19 @@ class FaultTracker:
                 seen[k] = f
         for k, f in seen.items():
             h = self.held.get(k)
-            if h is None:
-                self.held[k] = {"fault": f, "since": now, "clean": 0}
-            else:
+            if h is not None:
                 h["fault"], h["clean"] = f, 0
+                continue
+            if f.confirm > 1:   # only a gpu_health run counts; an XID between runs shows its last faults again
+                n = self.pending.get(k, 0) + (1 if clean_observation else 0)
+                self.pending[k] = n
+                if n < f.confirm:
+                    continue
+            self.pending.pop(k, None)
+            self.held[k] = {"fault": f, "since": now, "clean": 0}
         if clean_observation:
+            for k in [k for k in self.pending if k not in seen or seen[k].confirm <= 1]:
+                del self.pending[k]
             for k in [k for k in self.held if k not in seen]:
                 h = self.held[k]
                 h["clean"] += 1

@@ -162,3 +162,60 @@ def test_the_daemon_publishes_one_health_series_per_gpu_and_a_node_summary(tmp_p
     assert f'fleetcanary_gpu_health_state{{gpu="6",reason="{reason}",state="{state}"}} 1.0' in text
     node = [ln for ln in text.splitlines() if ln.startswith("fleetcanary_node_health_state{")]
     assert node == [f'fleetcanary_node_health_state{{reason="{reason}",state="{state}"}} 1.0']
+
+
+def test_a_fabric_completed_with_an_error_sets_at_once_and_one_still_registering_after_three_runs(
+        tmp_path, monkeypatch):
+    """The GB200 tray whose GPU 1 completed its fabric registration with an error and whose GPU 3 is still in
+    progress: GPU 1 at the first run; GPU 3 (normal for a while after a boot) at the third consecutive one."""
+    faults = hard_faults.from_gpu_health(read(tmp_path, monkeypatch, "gb200_4gpu_fabric_not_ready"), 4)
+    assert [(f.kind, f.gpu, f.confirm) for f in faults] == [
+        ("fabric", "1", 1), ("fabric", "3", hard_faults.FABRIC_PENDING_RUNS)]
+    t = hard_faults.FaultTracker(clear_after=3, min_hold=0, clock=Clock())
+    cond = hard_faults.conditions("FleetCanary", t.observe(faults))["FleetCanaryGPUFabricNotReady"]
+    assert cond[:2] == ("True", "FabricNotReady")
+    assert "GPU 1 (GPU-b2c00001" in cond[2] and "state completed with an error" in cond[2]
+    assert "Insufficient Resources (23)" in cond[2] and "GPU 3" not in cond[2]
+    assert t.observe(faults, clean_observation=False) == [faults[0]]    # an XID between runs is not a run
+    assert t.observe(faults) == [faults[0]]
+    cond = hard_faults.conditions("FleetCanary", t.observe(faults))["FleetCanaryGPUFabricNotReady"]
+    assert "GPU 3 (GPU-b2c00003" in cond[2] and "fabric state in_progress" in cond[2]
+    states = hard_faults.gpu_states(["0", "1", "2", "3"], t.faults(), [], measured=True)
+    assert states == {"0": ("healthy", ""), "1": ("degraded", "fabric_not_ready"), "2": ("healthy", ""),
+                      "3": ("degraded", "fabric_not_ready")}
+
+
+def test_a_fabric_that_completes_before_the_third_run_never_sets_the_condition():
+    pending = hard_faults.Fault("fabric", "3", "FabricNotReady", "fabric_not_ready", "GPU 3 fabric state in_progress",
+                                confirm=3)
+    t = hard_faults.FaultTracker(clear_after=3, min_hold=0, clock=Clock())
+    assert t.observe([pending]) == [] and t.observe([pending]) == []
+    assert t.observe([]) == []                          # completed: the count starts again
+    assert t.observe([pending]) == [] and t.observe([pending]) == []
+    assert t.observe([pending]) == [pending]
+
+
+@pytest.mark.parametrize("facts", ["gb200_4gpu_fabric_ready", "h100_8gpu_healthy"])
+def test_no_fabric_fault_on_a_ready_fabric_or_a_node_without_one(tmp_path, monkeypatch, facts):
+    faults = hard_faults.from_gpu_health(read(tmp_path, monkeypatch, facts), None)
+    assert faults == []
+    assert hard_faults.conditions("FleetCanary", hard_faults.FaultTracker(3, 0, Clock()).observe(faults))[
+        "FleetCanaryGPUFabricNotReady"][:2] == ("False", "FabricReady")
+
+
+def test_the_daemon_degrades_the_gpus_whose_fabric_is_not_ready(tmp_path, monkeypatch):
+    fake(monkeypatch, "gb200_4gpu_fabric_not_ready")
+    d = daemon_with(tmp_path, {"xid_watch": "off", "expected_count": 4})
+    try:
+        texts = []
+        for _ in range(hard_faults.FABRIC_PENDING_RUNS):
+            out = d.run_probe("gpu_health")
+            assert out.outcome == "success", out.detail
+            texts.append(d.store.exposition.decode())
+    finally:
+        d.server.stop()
+    first, last = texts[0], texts[-1]
+    assert 'fleetcanary_gpu_health_state{gpu="1",reason="fabric_not_ready",state="degraded"} 1.0' in first
+    assert 'fleetcanary_gpu_health_state{gpu="3",reason="",state="healthy"} 1.0' in first
+    assert 'fleetcanary_gpu_health_state{gpu="3",reason="fabric_not_ready",state="degraded"} 1.0' in last
+    assert 'fleetcanary_node_health_state{reason="fabric_not_ready",state="degraded"} 1.0' in last
