@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Recorded device facts (HGX H100 nodes healthy, busy, degraded, with a GPU lost; an H200), shipped for the
+# Recorded device facts (HGX H100 nodes healthy, busy, degraded, with a GPU lost; an H200; GB200 trays written by
+# hand, fabric ready and not), shipped for the
 # tests and `fleetcanary demo`.
 FACTS_DIR = Path(__file__).resolve().parent / "nvml_facts"
 
