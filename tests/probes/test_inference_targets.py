@@ -45,7 +45,11 @@ def test_a_thousand_targets_are_tried_not_starved(tmp_path, fast_sim):
     # every target the run tried got its requests sent and answered, none was cut before its first request
     assert tried and all(v["outcome"] == "success" for v in per.values()), per
     assert "not_sent" not in r.extra
-    assert all(v["budget_seconds"] >= 1.0 for v in per.values())
+    # every share at least min_target_seconds; only the run's first target may get less, when less than that was
+    # left once the run had set up (a loaded machine), and then it is the only one tried
+    first, *rest = per.values()
+    assert all(v["budget_seconds"] >= 1.0 for v in rest)
+    assert first["budget_seconds"] >= 1.0 or not rest, first
     assert all(value(r, P + "success", target=t) == 1 for t in tried)
     # the rest are deferred and counted, with their reason; none is both
     deferred = r.extra["not_tried"]
