@@ -361,6 +361,16 @@ class ClaimConfig(Strict):
 LOOPBACK_API_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5}$")
 
 
+def loopback_api_url(v: str) -> str:
+    """A kubernetes.api_url as both the exporter's and the controller's config take it: empty, or loopback HTTP."""
+    if v and not LOOPBACK_API_URL.match(v):
+        raise ValueError(
+            f"{v!r} is not a loopback plain-HTTP API (http://127.0.0.1:PORT, http://localhost:PORT or "
+            "http://[::1]:PORT, such as `kubectl proxy`); leave it empty for the in-cluster API server over "
+            "https with the service account (its token never goes over plain HTTP or to a named host)")
+    return v
+
+
 class KubernetesConfig(Strict):
     mode: str = Field("auto", pattern="^(auto|on|off)$",
                       description="auto: use the API when running in a pod (KUBERNETES_SERVICE_HOST set) or when "
@@ -397,12 +407,7 @@ class KubernetesConfig(Strict):
     @field_validator("api_url")
     @classmethod
     def _loopback_only(cls, v: str) -> str:
-        if v and not LOOPBACK_API_URL.match(v):
-            raise ValueError(
-                f"{v!r} is not a loopback plain-HTTP API (http://127.0.0.1:PORT, http://localhost:PORT or "
-                "http://[::1]:PORT, such as `kubectl proxy`); leave it empty for the in-cluster API server over "
-                "https with the service account (its token never goes over plain HTTP or to a named host)")
-        return v
+        return loopback_api_url(v)
 
 
 class ProbeEntryBase(Strict):

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from fleetcanary.daemon.kube import MERGE_PATCH
+
 log = logging.getLogger("fleetcanary.claim")
 LABEL = "fleetcanary.io/testing"
 MARK = "fleetcanary.io/testing-set-by"
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class TestingLabel:

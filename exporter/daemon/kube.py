@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: what the label and quarantine writes send
 log = logging.getLogger("fleetcanary.kube")
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -135,10 +135,14 @@ class Confirm(Strict):
 
 class Kubernetes(Strict):
     api_timeout_seconds: float = Field(5.0, gt=0, le=60)
-    api_url: str = Field("", pattern=r"^(http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5})?$",
-                         description="'' = in cluster (the service account); else a loopback plain-HTTP API "
+    api_url: str = Field("", description="'' = in cluster (the service account); else a loopback plain-HTTP API "
                          "such as `kubectl proxy` (http://127.0.0.1:8001) or the demo's")
     event_namespace: str = Field("default", description="Events about nodes go here, as the kubelet's do")
+
+    @field_validator("api_url")
+    @classmethod
+    def _loopback_only(cls, v: str) -> str:
+        return coreconfig.loopback_api_url(v)
 
 
 class Settings(Strict):

@@ -13,7 +13,6 @@ from typing import Any
 
 from fleetcanary.daemon import kube
 
-MERGE_PATCH = "application/merge-patch+json"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 
 
@@ -35,12 +34,9 @@ class KubeAPI:
 
     @classmethod
     def at(cls, url: str, timeout_seconds: float) -> KubeAPI:
-        """A loopback API server over plain HTTP that authenticates for us (`kubectl proxy`, the demo's)."""
-        from kubernetes import client
-
-        conf = client.Configuration(host=url)
-        conf.retries = False
-        return cls(client.ApiClient(conf), timeout_seconds)
+        """A loopback API server over plain HTTP that authenticates for us (`kubectl proxy`, the demo's), as the
+        exporter's client reaches one (no credentials loaded, loopback only)."""
+        return cls(kube.Kube.at(None, "", url).api.api_client, timeout_seconds)
 
     def call(self, operation: str, method: str, path: str, body: Any = None, query: list | None = None,
              content_type: str = "application/json") -> dict:
@@ -78,7 +74,7 @@ class KubeAPI:
         return list(self.call("list_nodes", "GET", "/api/v1/nodes").get("items") or [])
 
     def patch_node(self, name: str, patch: dict) -> dict:
-        return self.call("patch_node", "PATCH", f"/api/v1/nodes/{name}", patch, content_type=MERGE_PATCH)
+        return self.call("patch_node", "PATCH", f"/api/v1/nodes/{name}", patch, content_type=kube.MERGE_PATCH)
 
     # --- events ----------------------------------------------------------------------------------
     def create_event(self, namespace: str, event: dict) -> dict:

@@ -5,7 +5,6 @@ a thousand times the node's figure confirms a verdict, a thousandth of it does n
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import bcrypt
@@ -13,7 +12,7 @@ import pytest
 import yaml
 
 from tests.support.helpers import metric_value, wait_for
-from tests.support.servers import ServerThread
+from tests.support.servers import JsonHandler, ServerThread
 
 from .conftest import FakeClock, alert, controller, payload, quarantined, resolved
 
@@ -152,30 +151,18 @@ def test_a_resolve_while_pending_cancels_it(api, exporter):
     assert metric_value(metrics(c), "fleetcanary_remediate_confirmations_total", outcome="cancelled") == 1
 
 
-class _NeverRuns(BaseHTTPRequestHandler):
+class _NeverRuns(JsonHandler):
     """An exporter that takes the request and never runs it (its GPUs held, a claim that is never placed)."""
-    protocol_version = "HTTP/1.1"
     asked: ClassVar[list[str]] = []
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def _json(self, code: int, obj: dict) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         self.asked.append(self.path)
-        self._json(202, {"id": "feedfacecafe0001", "state": "pending"})
+        self._reply(202, {"id": "feedfacecafe0001", "state": "pending"})
 
     def do_GET(self) -> None:
         self.asked.append(self.path)
-        self._json(200, {"id": "feedfacecafe0001", "state": "pending"})
+        self._reply(200, {"id": "feedfacecafe0001", "state": "pending"})
 
 
 def test_no_fresh_run_by_the_deadline_is_a_timeout_not_an_action(api, tmp_path):

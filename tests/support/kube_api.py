@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler
 
 import trustme
 
-from .servers import ServerThread, tls_context
+from .servers import JsonHandler, ServerThread, tls_context
 
 TOKEN = "test-service-account-token"
 
@@ -75,19 +74,7 @@ class KubeAPI(ServerThread):
         self._release = threading.Event()
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _reply(self, code: int, obj: dict) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        class Handler(JsonHandler):
 
             def _status(self, code: int, reason: str) -> None:
                 self._reply(code, {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason,

@@ -10,10 +10,11 @@ socket and joins the thread; it is idempotent, so a fixture may call it after a 
 """
 from __future__ import annotations
 
+import json
 import ssl
 import threading
 from collections.abc import Callable, Iterable
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def tls_context(cert) -> ssl.SSLContext:
@@ -21,6 +22,22 @@ def tls_context(cert) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     cert.configure_cert(ctx)
     return ctx
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 handler whose replies are JSON objects (the API stand-ins' and fake exporters' base)."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_args) -> None:
+        pass
+
+    def _reply(self, code: int, obj: dict) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 class ServerThread:
