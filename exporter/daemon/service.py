@@ -30,6 +30,7 @@ from fleetcanary.daemon.xid_ledger import XidLedger
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
+from fleetcanary.probes.lib import xids
 from fleetcanary.runner import job as jobmod
 from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import (
@@ -216,9 +217,7 @@ class Daemon:
         self._evaluate_faults(clean=False)
 
     def _sxid(self, pci: str, code: int, message: str) -> None:
-        from fleetcanary.probes.lib.xids import sxid_severity
-
-        sev = sxid_severity(message)
+        sev = xids.sxid_severity(message)
         self.store.add_counter("gpu_health", "fleetcanary_nvswitch_sxid_errors_total",
                                {"switch": xid_watch.pci_key(pci), "sxid": str(code), "severity": sev}, 1)
         (log.warning if sev == "critical" else log.info)("NVSwitch SXid %d on %s: %s", code, pci, message[:200])

@@ -30,11 +30,14 @@ EVENTS = re.compile(r"^/api/v1/namespaces/([a-z0-9-]+)/events$")
 
 
 def merge(target: dict, patch: dict) -> None:
-    """A JSON merge patch (RFC 7386) applied in place: null removes, objects merge, anything else replaces."""
+    """A JSON merge patch (RFC 7386) applied in place: null removes, objects merge (into an empty one where the
+    target has none, so a null inside removes nothing and is not kept), anything else (lists too) replaces."""
     for k, v in patch.items():
         if v is None:
             target.pop(k, None)
-        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+        elif isinstance(v, dict):
+            if not isinstance(target.get(k), dict):
+                target[k] = {}
             merge(target[k], v)
         else:
             target[k] = copy.deepcopy(v)

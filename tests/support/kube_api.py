@@ -14,11 +14,14 @@ operation answer 403/500 or hang (until released) to drive the client's error pa
 """
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import urllib.parse
 
 import trustme
+
+from fleetcanary.offline.demo_kube import merge
 
 from .servers import JsonHandler, ServerThread, tls_context
 
@@ -223,7 +226,8 @@ class KubeAPI(ServerThread):
                     if want and want != current["metadata"]["resourceVersion"]:
                         self._status(409, "Conflict")
                         return
-                    patched = merge(current, body)
+                    patched = copy.deepcopy(current)
+                    merge(patched, body)
                     patched["metadata"]["resourceVersion"] = api.next_version()
                     if not api.valid(patched, "Node"):
                         self._status(422, "Invalid")
@@ -307,21 +311,6 @@ def lease_path(path: str) -> tuple[str, str]:
     """(namespace, name or "") of a Lease URL."""
     parts = path.removeprefix(LEASES).split("/")
     return parts[0], parts[2] if len(parts) > 2 else ""
-
-
-def merge(target, patch):
-    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else (lists too) replaces."""
-    import copy
-
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge(out.get(k), v)
-    return out
 
 
 def status_patch_problem(name: str, body: dict, content_type: str) -> str:
