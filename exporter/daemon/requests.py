@@ -147,12 +147,13 @@ class Requests:
             return []
         started = out.started_at if isinstance(out.started_at, (int, float)) and math.isfinite(out.started_at) \
             else None
-        done = []
+        done, values = [], None
         with self._lock:
             for req in self._by_id.values():
                 if req.state != "pending" or req.probe != out.probe or started is None or started < req.requested_at:
                     continue
-                values = figmod.extract(out.probe, samples)
+                if values is None:  # the run's figures, read once for every request it answers
+                    values = figmod.extract(out.probe, samples)
                 req.run = {"outcome": out.outcome, "reason": out.reason, "trigger": out.trigger,
                            "started_at": started, "finished_at": out.finished_at,
                            "figures": [{"figure": f, "series": s, "gpu": g, "value": v}
