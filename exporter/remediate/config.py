@@ -155,7 +155,9 @@ class Settings(Strict):
     taint_key: str = f"{DOMAIN}/quarantine"
     audit_log: str = Field("", description="append-only JSON lines; '' = none (the log and Events still say all)")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="a larger webhook body is refused (413)")
-    tick_seconds: float = Field(5.0, gt=0, description="how often releases and the breaker are re-evaluated")
+    tick_seconds: float = Field(5.0, gt=0, description="how often the lease is renewed and pending "
+                                "confirmations polled; the nodes are listed when a release may be due, after a "
+                                "notification and at least every 5 minutes")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     rules: list[Rule] = Field(default_factory=list)
     breaker: Breaker = Field(default_factory=Breaker)

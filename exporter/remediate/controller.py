@@ -43,6 +43,7 @@ COMPONENT = "fleetcanary-remediate"
 EVIDENCE_LABELS = ("figure", "path", "gpu", "series", "baseline", "class", "probe")
 MAX_EVENT_MESSAGE = 1024  # the API server truncates longer Event messages
 RETRIES = 3               # a patch refused for a stale resourceVersion is read and made again
+RELIST_SECONDS = 300.0    # tick lists the nodes at least this often (a record edited by someone else)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Controller:
         self._dry: dict[str, _DryQuarantine] = {}
         self._open_pools: set[str] = set()
         self._pending: dict[str, confirm.Pending] = {}   # alert fingerprint -> its confirmation
+        self._relist_at = -math.inf   # when tick next lists the nodes (see tick)
+        self._was_leading = False
         self.confirm_client = confirm.Client(settings.confirm)
         self.metrics.dry_run.set(1 if settings.dry_run else 0)
         self.metrics.leader.set(0)
@@ -75,20 +78,32 @@ class Controller:
         return self.elector is None or self.elector.is_leader()
 
     def tick(self) -> None:
-        """Renew or take the lease; while leading, release what may be released. Never raises."""
+        """Renew or take the lease; while leading, release what may be released. Never raises.
+
+        The nodes are listed only when a release may be due: at the earliest time a record whose alerts all
+        resolved may go (its hold and quiet period), after any notification, on taking the lease, and at least
+        every RELIST_SECONDS (a record someone else edited). A list of every node every tick_seconds is a
+        fleet's worth of Node objects from the API server every few seconds on a 500-node cluster."""
         if self.elector is not None:
             self.elector.tick()
         leading = self.leading()
         self.metrics.leader.set(1 if leading else 0)
+        if leading and not self._was_leading:
+            self._relist_at = -math.inf   # a new leader reconciles from the nodes at once
+        self._was_leading = leading
         if not leading:
             return
         with self._lock:
+            now = self.clock.time()
+            if now < self._relist_at:
+                self._poll_confirmations()
+                return
             try:
                 nodes = self.api.list_nodes()
             except ApiError as exc:
                 self._api_error(exc)
                 return
-            held = 0
+            held, due = 0, now + RELIST_SECONDS
             for n in nodes:
                 try:
                     record = ownership.read(n)
@@ -102,6 +117,9 @@ class Controller:
                         self._release(n["metadata"]["name"])
                     except _Stop:
                         continue
+                elif record.all_resolved():
+                    due = min(due, max(record.hold_until, record.last_resolved() + self.s.release.quiet_seconds))
+            self._relist_at = due
             self.metrics.quarantined.set(held)
             self._poll_confirmations()
 
@@ -117,6 +135,7 @@ class Controller:
                      self.elector.holder if self.elector else "")
             return "standby"
         with self._lock:
+            self._relist_at = -math.inf   # what the notification did may make a release due: look at the next tick
             for alert in payload.alerts:
                 node = alert.labels.get(self.s.node_label, "")
                 if not node:
