@@ -85,8 +85,10 @@ class XidWatch:
         if "seq" in m:
             self.last_seq = int(m["seq"])
         if "xid" in m:
-            self.xids += 1
-            self.on_xid(str(m.get("pci", "")), int(m["xid"]), str(m.get("message", "")))
+            try:
+                self.on_xid(str(m.get("pci", "")), int(m["xid"]), str(m.get("message", "")))
+            finally:  # counted once handled, so whoever waits for the count sees what the handler did
+                self.xids += 1
         elif "sxid" in m:
             self.on_sxid(str(m.get("pci", "")), int(m["sxid"]), str(m.get("message", "")))
 
