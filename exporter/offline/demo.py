@@ -98,8 +98,9 @@ class Notifications:
             extra = "".join(f" {k}={labels[k]}" for k in ("xid", "figure") if k in labels)
             note = "   <- a healthy node: this should not happen" if wrong else ""
             desc = str((a.get("annotations") or {}).get("description", ""))
-            print(f"[{_clock(at)}] {status.upper():8} {labels.get('severity', ''):8} "
-                  f"{labels.get('alertname', '?')}  {where}{extra}: {desc}{note}", flush=True)
+            with self.lock:  # notifications arrive on several threads: one whole line each
+                print(f"[{_clock(at)}] {status.upper():8} {labels.get('severity', ''):8} "
+                      f"{labels.get('alertname', '?')}  {where}{extra}: {desc}{note}", flush=True)
         self.changed.set()
 
 

@@ -17,7 +17,10 @@ from tests.support.servers import JsonHandler, ServerThread
 from .conftest import FakeClock, alert, controller, payload, quarantined, resolved
 
 PROBE = "host_memory_bandwidth"
-HOST_BW = {"params": {"array_bytes": 8 << 20, "repeats": 3}, "interval_seconds": 3600, "timeout_seconds": 60}
+# jitter 0: the hour's one scheduled run comes at the start, never after the requested run (whose figure the
+# tests read back from /results)
+HOST_BW = {"params": {"array_bytes": 8 << 20, "repeats": 3}, "interval_seconds": 3600, "timeout_seconds": 60,
+           "jitter_seconds": 0}
 USER, PASSWORD = "remediate", "confirm-pw-0451"
 ALERT = "FleetCanaryHostMemoryBandwidthFarBelowPeers"
 RULES = [{"name": "slow-host", "match": {"alertnames": [ALERT]}, "confirm": True, "confirm_floor": 0.15,
