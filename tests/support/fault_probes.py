@@ -84,12 +84,19 @@ class EscapeSession(_Fault):
     name = "escape_session"
 
     def run(self, config, ctx):
+        r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.close(r)
             os.setsid()
             _note(config, os.getpid())
+            os.write(w, b"x")  # noted: the run may end (the test reads the PID file once it has)
+            os.close(w)
             while True:
                 time.sleep(60)
+        os.close(w)
+        os.read(r, 1)
+        os.close(r)
         return ProbeResult(samples=[Sample("fleetcanary_test_fault_value", {"mode": "escape"}, 1.0)])
 
 
