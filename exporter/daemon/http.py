@@ -127,7 +127,9 @@ class _Server(ThreadingHTTPServer):
         self.per_client: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  # why -> connections refused (capacity, per_client)
         self.evicted = 0
-        self._waiting: dict[int, object] = {}  # handlers waiting for a request's line and headers, oldest first
+        self._waiting: dict[int, tuple[int, object]] = {}  # handler -> (accepted as, handler): awaiting headers
+        self._accepted: dict[int, int] = {}  # a connection's descriptor (TLS keeps it) -> its place in the accept order
+        self._accept_seq = 0
         super().server_activate()
 
     def process_request(self, request, client_address):
@@ -152,22 +154,25 @@ class _Server(ThreadingHTTPServer):
             else:
                 self.active += 1
                 self.per_client[client] += 1
+                self._accept_seq += 1
+                self._accepted[request.fileno()] = self._accept_seq
         if why:
             self._refuse(request, client, why)
             return
         try:
             super().process_request(request, client_address)
         except RuntimeError:  # no thread could be started
-            self._release(client)
+            self._release(client, request.fileno())
             self.shutdown_request(request)
 
     def _evict_oldest_waiting(self) -> bool:
         """Cut the connection that has waited longest for a request's headers (its thread then ends at once and
-        frees its slot); False if none waits. Called with the slots lock held."""
+        frees its slot); False if none waits. Called with the slots lock held. Oldest by the accept order, not by
+        when each thread got to its first read (threads start in any order on a busy host)."""
         if not self._waiting:
             return False
-        key = next(iter(self._waiting))
-        handler = self._waiting.pop(key)
+        key = min(self._waiting, key=lambda k: self._waiting[k][0])
+        handler = self._waiting.pop(key)[1]
         try:  # the plain socket's shutdown, also under TLS: the blocked read sees EOF and the handler ends
             socket.socket.shutdown(handler.connection, socket.SHUT_RDWR)
         except OSError:
@@ -182,18 +187,21 @@ class _Server(ThreadingHTTPServer):
         """A handler starts (on) or stops waiting for a request's line and headers."""
         with self._slots_lock:
             if on:
-                self._waiting[id(handler)] = handler
+                seq = self._accepted.get(handler.connection.fileno(), self._accept_seq)
+                self._waiting[id(handler)] = (seq, handler)
             else:
                 self._waiting.pop(id(handler), None)
 
     def process_request_thread(self, request, client_address):
+        fd = request.fileno()  # before the handler closes it
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release(str(client_address[0]))
+            self._release(str(client_address[0]), fd)
 
-    def _release(self, client: str) -> None:
+    def _release(self, client: str, fd: int) -> None:
         with self._slots_lock:
+            self._accepted.pop(fd, None)
             self.active -= 1
             self.per_client[client] -= 1
             if self.per_client[client] <= 0:

@@ -188,7 +188,7 @@ def test_one_address_cannot_take_every_slot(served):
         assert not closed_by_server(held[0])
         code, _, body = served.get("/metrics", headers=AUTH)
         assert code == 200 and b"fleetcanary_build_info" in body
-        assert closed_by_server(held[0])
+        wait_for(lambda: closed_by_server(held[0]), timeout=10, interval=0, what="the flood's first connection cut")
         text = served.get("/metrics", headers=AUTH)[2].decode()
         assert value(text, "fleetcanary_http_connections_refused_total", reason="per_client") >= 2
         assert value(text, "fleetcanary_http_connections_refused_total", reason="cut") >= 1
