@@ -59,7 +59,19 @@ CURRENT = ", baseline='current_driver'"
 # The daily burn's slowdown share with its GPU model and pool (joined where read: no per-GPU record)
 SLOWDOWN = ("fleetcanary_gpu_sustained_slowdown_ratio * on(node) group_left(model) node:fleetcanary_gpu_model:info "
             "* on(node) group_left(pool) node:fleetcanary_pool:info")
-RUNBOOK = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md"
+
+
+def runbook_base() -> str:
+    """The runbooks of this release (its tag), so a page links to what was true of the rules that sent it; a
+    development build (a local version, or none) links to main."""
+    from fleetcanary.core.version import version
+
+    v = version()
+    ref = f"v{v}" if re.fullmatch(r"\d+\.\d+\.\d+", v) else "main"
+    return f"https://github.com/fleetcanary/fleetcanary/blob/{ref}/docs/runbooks.md"
+
+
+RUNBOOK = runbook_base()
 # The MAD's relative standard error for normal data: the normalised MAD's asymptotic variance is 1.36 sigma^2 / n,
 # so its standard error is sqrt(1.36) = 1.166 / sqrt(n) of it
 MAD_SE = 1.17
@@ -650,7 +662,7 @@ def build(scale: float = 1.0, settings: Settings = SETTINGS) -> tuple[dict, dict
            for a in rules_nic.alert_rules(lambda su, de, na: annotations(s, su, de, na))]
     fabric_rec = [dict(r, expr=with_selector(r["expr"], s.selector)) for r in rules_fabric.recording_rules()]
     fabric = [dict(a, expr=with_selector(a["expr"], s.selector), **{"for": c.t(seconds(a["for"]) / 60)})
-              for a in rules_fabric.alert_rules(RUNBOOK)]
+              for a in rules_fabric.alert_rules(lambda su, de, na: annotations(s, su, de, na))]
     coverage_rec = [dict(r, expr=with_selector(r["expr"], s.selector)) for r in rules_coverage.recording_rules()]
     coverage = [dict(a, expr=with_selector(a["expr"], s.selector))
                 for a in rules_coverage.alert_rules(lambda su, de, na: annotations(s, su, de, na),

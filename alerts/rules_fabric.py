@@ -25,6 +25,8 @@ Prometheus 2.42: nothing experimental.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 WINDOW = "1h"              # several slots: 12 at the default 300 s slot
 MIN_PARTNERS = 3           # distinct partners measured before any verdict
 SLOW_RATIO = 0.7           # a pair below this share of the pool reference is slow
@@ -69,28 +71,25 @@ def recording_rules() -> list[dict]:
     ]
 
 
-def _ann(summary: str, description: str, name: str, runbook: str) -> dict:
-    return {"summary": summary, "description": description, "runbook_url": f"{runbook}#{name.lower()}"}
-
-
-def alert_rules(runbook: str = "https://github.com/fleetcanary/fleetcanary/blob/main/docs/runbooks.md") -> list[dict]:
+def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
+    """The alerts; `annotations` is alerts/build.py's (summary, description, runbook_url)."""
     return [
         {"alert": "FleetCanaryFabricNodeSlow",
          "expr": f"{SLOW_SHARE} > 0.5 and on(node) {MEASURED} >= {MIN_PARTNERS}",
          "for": "5m", "labels": {"severity": "warning"},
-         "annotations": _ann("A node is slow with most of its fabric partners",
+         "annotations": annotations("A node is slow with most of its fabric partners",
                              f"{{{{ $labels.node }}}} was below {SLOW_RATIO:.0%} of the pool's pair bandwidth with "
                              f"{{{{ $value | humanizePercentage }}}} of the distinct partners it met in the last "
                              f"{WINDOW} (at least {MIN_PARTNERS} needed): the common factor is this node.",
-                             "FleetCanaryFabricNodeSlow", runbook)},
+                             "FleetCanaryFabricNodeSlow")},
         {"alert": "FleetCanaryFabricNodeUnreachable",
          "expr": f"{UNAVAILABLE_SHARE} > {UNREACHABLE_SHARE} and on(node) {UNAVAILABLE} >= {MIN_PARTNERS} "
                  f"and on() (quantile({UNREACHABLE_SHARE}, {UNAVAILABLE_SHARE}) < {UNREACHABLE_SHARE})",
          "for": "10m", "labels": {"severity": "warning"},
-         "annotations": _ann("A node fails to meet most of its fabric partners",
+         "annotations": annotations("A node fails to meet most of its fabric partners",
                              f"{{{{ $labels.node }}}} missed its partner in {{{{ $value | humanizePercentage }}}} "
                              f"of its fabric slots in the last {WINDOW}, while most nodes meet theirs.",
-                             "FleetCanaryFabricNodeUnreachable", runbook)},
+                             "FleetCanaryFabricNodeUnreachable")},
     ]
 
 

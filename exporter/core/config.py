@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from fleetcanary.core import statefile
+from fleetcanary.core import config_keys, statefile
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
 
@@ -690,6 +690,8 @@ def _load(path, env, probe_map, source: str, check_files: bool):
             data = {}
         if not isinstance(data, dict):
             raise ConfigError([f"{source}: (top level): must be a mapping of settings, not {type(data).__name__}"])
+    if renamed := config_keys.apply_renames(data, source):
+        raise ConfigError([f"{source}: {p}" for p in renamed])
     for var, dotted in ENV_OVERRIDES.items():
         if env.get(var):
             _set_path(data, dotted, env[var])

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetcanary.core import config as coreconfig
+from fleetcanary.core import config_keys
 from fleetcanary.core.config import ConfigError
 
 DOMAIN = "fleetcanary.io"
@@ -211,6 +212,8 @@ def load(path: str | os.PathLike) -> Settings:
             data = {}
         if not isinstance(data, dict):
             raise ConfigError([f"{source}: (top level): must be a mapping of settings, not {type(data).__name__}"])
+        if renamed := config_keys.apply_renames(data, source, config_keys.REMEDIATE_RENAMED):
+            raise ConfigError([f"{source}: {p}" for p in renamed])
         return Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(coreconfig._format_errors(exc, source)) from None
