@@ -36,16 +36,21 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
 
 try:  # installed: fleetcanary.rules; run as a script from a checkout: the modules beside this file
-    from fleetcanary.rules import rules_coverage, rules_fabric, rules_nic
+    from fleetcanary.rules import matchers, prometheusrule, rules_coverage, rules_fabric, rules_nic
 except ImportError:  # pragma: no cover - a checkout without the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import matchers
+    import prometheusrule
     import rules_coverage
     import rules_fabric
     import rules_nic
@@ -705,6 +710,14 @@ def load_settings(path: str | None) -> Settings:
         elif not isinstance(value, type(default)) and not (
                 isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
             raise SystemExit(f"rules settings {path}: {key} must be a {type(default).__name__}, not {value!r}")
+    if "selector" in data:
+        try:
+            matchers.parse(data["selector"])
+        except ValueError as exc:
+            raise SystemExit(f"rules settings {path}: selector {data['selector']!r}: {exc}") from None
+    bad = [n for n in data.get("peer_labels", ()) if not matchers.NAME.fullmatch(n)]
+    if bad:
+        raise SystemExit(f"rules settings {path}: peer_labels: not label names: {bad}")
     for key in ("interval", "hard_interval", "hold_gap"):
         if key in data and not re.fullmatch(r"(\d+[smhd])+", data[key]):
             raise SystemExit(f"rules settings {path}: {key} must be a duration such as 5m or 6h, not {data[key]!r}")
@@ -756,8 +769,38 @@ def render(scale: float = 1.0, settings: Settings = SETTINGS) -> dict[str, str]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--settings", metavar="FILE",
                     help="a YAML file of settings over the defaults (docs/alerting.md, 'Settings')")
-    ap.add_argument("--out", metavar="DIR", help="where to write fleetcanary.rules.yml and fleetcanary.alerts.yml "
-                    "(default: the current directory; beside this script when run from a checkout)")
+    ap.add_argument("--out", metavar="DIR", help="where to write the rules, created if missing (default: the "
+                    "current directory; beside this script when run from a checkout)")
+    ap.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
+                    help="rules: Prometheus rule files (fleetcanary.rules.yml, fleetcanary.alerts.yml); "
+                    "prometheusrule: Prometheus Operator objects (fleetcanary.prometheusrule.yaml), packed so none "
+                    "passes client-side apply's 256 KiB annotation limit")
+    ap.add_argument("--labels", metavar="K=V,...", default="",
+                    help="prometheusrule: labels of the objects, e.g. release=kube-prometheus-stack (its "
+                    "default ruleSelector matches the release label)")
+    ap.add_argument("--name", default="fleetcanary", help="prometheusrule: the objects' name (numbered if several)")
+    ap.add_argument("--namespace", default="", help="prometheusrule: their namespace (default: none set)")
+    ap.add_argument("--promtool", metavar="PATH", default="",
+                    help="promtool to check the rules with before anything is written (default: promtool on "
+                    "PATH; without one the rules are written unchecked, and it says so)")
+
+
+def promtool_check(texts: dict[str, str], promtool: str) -> str | None:
+    """promtool's first complaint about the rendered rule files, or None when it accepts them."""
+    with tempfile.TemporaryDirectory(prefix="fleetcanary-rules-") as tmp:
+        paths = []
+        for name, text in texts.items():
+            (Path(tmp) / name).write_text(text)
+            paths.append(str(Path(tmp) / name))
+        try:
+            r = subprocess.run([promtool, "check", "rules", *paths], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"promtool could not run: {exc}"
+    if r.returncode == 0:
+        return None
+    lines = [ln.strip() for ln in (r.stderr + r.stdout).splitlines() if ln.strip() and "SUCCESS" not in ln]
+    bad = [ln for ln in lines if "FAILED" not in ln and not ln.startswith("Checking")]
+    return (bad or lines or [f"exit {r.returncode}"])[0].replace(tmp + "/", "")
 
 
 def main(args: argparse.Namespace | list[str] | None = None) -> int:
@@ -768,9 +811,28 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         args = ap.parse_args(args)
     checkout = (HERE.parent / "pyproject.toml").is_file()
     out = Path(args.out) if args.out else (HERE if checkout else Path("."))
+    fmt = getattr(args, "format", "rules")
     try:
         settings = load_settings(args.settings)
-        for name, text in render(settings=settings).items():
+        texts = render(settings=settings)
+        promtool = getattr(args, "promtool", "") or shutil.which("promtool") or ""
+        if promtool:
+            problem = promtool_check(texts, promtool)
+            if problem:
+                raise SystemExit(f"promtool rejects the rules these settings make, nothing written: {problem}")
+        else:
+            print("fleetcanary rules: promtool not found: the rules are written unchecked", file=sys.stderr)
+        if fmt == "prometheusrule":
+            try:
+                labels = prometheusrule.parse_labels(getattr(args, "labels", ""))
+                groups = [g for t in texts.values() for g in yaml.safe_load(t)["groups"]]
+                objs = prometheusrule.objects(groups, args.name, args.namespace, labels)
+            except ValueError as exc:
+                raise SystemExit(str(exc)) from None
+            texts = {"fleetcanary.prometheusrule.yaml":
+                     HEADER + yaml.safe_dump_all(objs, sort_keys=False, width=120)}
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
             (out / name).write_text(text)
             print(f"wrote {out / name}")
     except SystemExit as exc:
@@ -779,7 +841,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
     except OSError as exc:
         print(f"fleetcanary rules: cannot write to {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    if checkout and out.resolve() == HERE.resolve() and not args.settings:
+    if checkout and fmt == "rules" and out.resolve() == HERE.resolve() and not args.settings:
         sys.path.insert(0, str(HERE))
         import runbooks
 
