@@ -54,9 +54,12 @@ def _m(name: str, mtype: str, help_text: str, labels: tuple[str, ...] = ()) -> E
 
 
 PROBE_SUCCESS = _m("fleetcanary_probe_success", "gauge",
-                   f"1 if the probe's last run succeeded, else 0. {SCHEDULED}", ("probe",))
+                   "1 if the probe's last run that was not skipped succeeded, 0 if it failed, timed out or crashed; "
+                   "a skip is no verdict (absent until a run was not skipped; skips: fleetcanary_probe_runs_total "
+                   f"outcome=\"skipped\" and fleetcanary_probe_skips_total). {SCHEDULED}", ("probe",))
 PROBE_DURATION = _m("fleetcanary_probe_duration_seconds", "gauge",
-                    f"Wall time of the probe's last run, worker start to end. {SCHEDULED}", ("probe",))
+                    "Wall time of the probe's last run that was not skipped, worker start to end. "
+                    f"{SCHEDULED}", ("probe",))
 PROBE_LAST_SUCCESS = _m("fleetcanary_probe_last_success_timestamp_seconds", "gauge",
                         "Unix time the probe last finished a successful run.", ("probe",))
 PROBE_RUNS = _m("fleetcanary_probe_runs_total", "counter",
@@ -193,9 +196,9 @@ class _StateCollector:
                 invalid.add_metric([name], st.invalid_samples)
             if st.confirmations:  # once there is one: a share of runs_total, no rule reads it
                 confirmations.add_metric([name], st.confirmations)
-            if st.last is not None:
-                success.add_metric([name], 1.0 if st.last.outcome == "success" else 0.0)
-                dur.add_metric([name], st.last.wall_seconds)
+            if st.verdict is not None:  # a skip is no verdict: the last run that measured or failed to
+                success.add_metric([name], 1.0 if st.verdict.outcome == "success" else 0.0)
+                dur.add_metric([name], st.verdict.wall_seconds)
             if st.last_success_ts is not None:
                 last_ok.add_metric([name], st.last_success_ts)
         yield from (success, dur, last_ok, runs, skips, fails, crashes, interval, invalid, confirmations)

@@ -46,6 +46,7 @@ LabelKey = tuple[tuple[str, str], ...]
 @dataclass
 class ProbeState:
     last: RunRecord | None = None
+    verdict: RunRecord | None = None  # the last run that was not skipped: what probe_success says
     runs: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     skips: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
@@ -153,6 +154,8 @@ class ResultStore:
         with self._lock:
             st = self.state.setdefault(out.probe, ProbeState())
             st.last = out
+            if out.outcome != "skipped":
+                st.verdict = out
             st.runs[out.outcome] = st.runs.get(out.outcome, 0) + 1
             st.last_run_ts = out.finished_at
             if out.trigger == "confirmation":

@@ -44,6 +44,10 @@ def test_failed_run_clears_values_and_skip_keeps_them():
     store.apply(RunRecord("ok", "skipped", "gpu_busy", started_at=2000.0))
     v = parse(store)
     assert v["fleetcanary_test_fault_value[('mode', 'm')]"] == 3.0
+    # a skip is no verdict: probe_success and the duration stay the last measuring run's (not a 0 that reads
+    # as a failure, the same as a broken probe's)
+    assert v["fleetcanary_probe_success[('probe', 'ok')]"] == 1.0
+    assert v["fleetcanary_probe_duration_seconds[('probe', 'ok')]"] == 1.0
     assert v["fleetcanary_probe_skips_total[('probe', 'ok'), ('reason', 'gpu_busy')]"] == 1.0
     assert "fleetcanary_probe_skips_total[('probe', 'ok'), ('reason', 'budget')]" not in v  # once it happens
     assert v["fleetcanary_probe_runs_total[('outcome', 'failure'), ('probe', 'ok')]"] == 0.0  # from 0 ...
@@ -55,6 +59,14 @@ def test_failed_run_clears_values_and_skip_keeps_them():
     assert v["fleetcanary_probe_success[('probe', 'ok')]"] == 0.0
     assert v["fleetcanary_probe_last_success_timestamp_seconds[('probe', 'ok')]"] == 1001.0  # not a success
     assert v["fleetcanary_probe_runs_total[('outcome', 'timeout'), ('probe', 'ok')]"] == 1.0
+
+
+def test_a_probe_that_only_ever_skipped_has_no_success_verdict():
+    store = ResultStore({"ok": FAULT_PROBES["ok"]}, ["ok"])
+    store.apply(RunRecord("ok", "skipped", "gpu_allocated", started_at=2000.0))
+    v = parse(store)
+    assert "fleetcanary_probe_success[('probe', 'ok')]" not in v
+    assert v["fleetcanary_probe_runs_total[('outcome', 'skipped'), ('probe', 'ok')]"] == 1.0
 
 
 def test_gpu_seconds_accumulate_per_gpu():
