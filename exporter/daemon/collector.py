@@ -139,6 +139,10 @@ HTTP_REFUSED = _m("fleetcanary_http_connections_refused_total", "counter",
                   "slot taken, none waiting for a request), per_client (the address held its share), cut (the "
                   "connection that had waited longest for its request's headers, for a new one). Once above 0.",
                   ("reason",))
+HTTP_ERRORS = _m("fleetcanary_http_connection_errors_total", "counter",
+                 "HTTP connections that ended in an error, by reason: reset (the client reset or closed it "
+                 "mid-request), timeout (its request or its reading of the answer outlived the deadline), internal (a "
+                 "fault of the server's, logged as one line). Once above 0.", ("reason",))
 CONFIRM_REQUESTS = _m("fleetcanary_confirm_requests_total", "counter",
                       "POST /confirm requests (server.confirm_requests), by outcome: accepted (a run scheduled), "
                       "unauthorized, rate_limited, bad_request, too_large. Once above 0.", ("outcome",))

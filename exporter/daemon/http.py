@@ -19,6 +19,7 @@ each refusal one log line and a count in fleetcanary_confirm_requests_total{outc
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
@@ -27,6 +28,7 @@ import math
 import re
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections import Counter
@@ -36,7 +38,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleetcanary.daemon import requests as requestsmod
-from fleetcanary.daemon.collector import CONFIRM_REQUESTS, HTTP_REFUSED
+from fleetcanary.daemon.collector import CONFIRM_REQUESTS, HTTP_ERRORS, HTTP_REFUSED
 from fleetcanary.daemon.webconfig import WebConfig
 
 log = logging.getLogger("fleetcanary.http")
@@ -127,6 +129,7 @@ class _Server(ThreadingHTTPServer):
         self.per_client: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  # why -> connections refused (capacity, per_client)
         self.evicted = 0
+        self.errors: Counter[str] = Counter()  # reset, timeout, internal: connections that ended in an error
         self._waiting: dict[int, tuple[int, object]] = {}  # handler -> (accepted as, handler): awaiting headers
         self._accepted: dict[int, int] = {}  # a connection's descriptor (TLS keeps it) -> its place in the accept order
         self._accept_seq = 0
@@ -221,6 +224,20 @@ class _Server(ThreadingHTTPServer):
                 pass
         self.shutdown_request(request)
 
+    def handle_error(self, request, client_address) -> None:
+        """A connection's thread ended in an exception: counted, and a line only for a fault of ours (socketserver
+        printed 20 lines of traceback to stderr for every client that reset its connection)."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, TimeoutError):
+            self.errors["timeout"] += 1
+        elif isinstance(exc, (ConnectionError, ssl.SSLError)) or (isinstance(exc, OSError) and exc.errno in (
+                errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ENOTCONN, errno.EBADF)):
+            self.errors["reset"] += 1
+        else:
+            self.errors["internal"] += 1
+            log.error("HTTP: a request from %s failed: %s: %s", client_address[0], type(exc).__name__,
+                      " ".join(str(exc).split())[:200])
+
     def finish_request(self, request, client_address):
         # The TLS handshake runs here, in the connection's own thread, within the header deadline as a
         # whole: a client that stalls or trickles its handshake never blocks accepting other connections.
@@ -275,8 +292,9 @@ class _ProcessFigures:
 
 
 class _Refusals:
-    """fleetcanary_http_connections_refused_total, read at each scrape (a flood must not re-render the
-    exposition for every connection it makes); a reason appears once it has happened."""
+    """fleetcanary_http_connections_refused_total and fleetcanary_http_connection_errors_total, read at each scrape
+    (a flood must not re-render the exposition for every connection it makes); a reason appears once it has
+    happened."""
 
     def __init__(self, server: _Server) -> None:
         self.server = server
@@ -287,7 +305,11 @@ class _Refusals:
         for reason in ("capacity", "per_client", "cut"):
             if counts.get(reason):
                 fam.add_metric([reason], counts[reason])
-        return [fam] if fam.samples else []
+        errors = HTTP_ERRORS.family()
+        for reason in ("reset", "timeout", "internal"):
+            if self.server.errors.get(reason):
+                errors.add_metric([reason], self.server.errors[reason])
+        return [f for f in (fam, errors) if f.samples]
 
 
 class _ConfirmCounts:

@@ -199,6 +199,23 @@ def test_one_address_cannot_take_every_slot(served):
              what="a slot once the held connections closed")
 
 
+def test_a_client_that_resets_mid_request_is_counted_not_a_traceback(served):
+    """A reset (SO_LINGER 0: RST, not FIN) in the middle of the headers: counted, and no traceback in the log (the
+    module's fixture checks the whole log at its end). socketserver printed 20 lines for each before."""
+    import struct
+
+    before = value(served.get("/metrics", headers=AUTH)[2].decode(), "fleetcanary_http_connection_errors_total",
+                   reason="reset") or 0
+    for i in range(5):
+        s = idle(served.port, f"127.0.4.{i + 1}")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    wait_for(lambda: (value(served.get("/metrics", headers=AUTH)[2].decode(),
+                            "fleetcanary_http_connection_errors_total", reason="reset") or 0) >= before + 5,
+             timeout=30, interval=0.1, what="5 resets counted")
+    assert "Traceback" not in served.log() and "Exception occurred" not in served.log()
+
+
 def trickle_until_closed(s, data: bytes) -> bool:
     """Send `data` a byte every half second (as long as the server keeps the socket open); whether the server
     closed it before the bytes ran out. Bounded by len(data) half-seconds."""
