@@ -135,9 +135,11 @@ class Demo:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        # Its own session: Ctrl-C in the terminal signals the demo alone, which then prints its summary from a
+        # Prometheus that is still up, and stops each child itself (stop_all)
         with open(self.workdir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **(env or {})})
+                                    env={**os.environ, **(env or {})}, start_new_session=True)
         self.procs[name] = proc
         return proc
 
@@ -179,7 +181,7 @@ def main(args) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fleetcanary-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the terminal closed: stop the children too
         signal.signal(sig, lambda *_: stop.set())
     demo = Demo(args, workdir)
     llm = None

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import yaml
 
 from fleetcanary.core import resources
 from fleetcanary.offline import demo_fleet as fleet
-from tests.support.helpers import require_binary
+from tests.support.helpers import require_binary, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHY = json.loads(fleet.HEALTHY_FACTS.read_text())
@@ -149,4 +150,36 @@ def test_the_bad_gpus_alerts_reach_the_receiver_and_the_healthy_nodes_stay_silen
     panel = next(line for line in out.splitlines() if "panel node-detail / GPU errors" in line)
     for shown in ("GPU 6 XID 63: 1", "GPU 6 XID 94: 1", "GPU 6 uncorrectable ECC: 1", "GPU 6 remap pending: 1"):
         assert shown in panel, panel
+    assert not _alive(workdir), _alive(workdir)
+
+
+@pytest.mark.long
+def test_ctrl_c_still_prints_the_summary_with_the_panels_and_stops_everything(tmp_path):
+    """Ctrl-C reaches every process in the terminal's foreground group: the demo and, before, each child it
+    started, so Prometheus was gone when the summary queried it ("no answer" on every panel)."""
+    require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
+    workdir = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetcanary", "demo", "--fast", "--workdir", str(workdir),
+         "--prometheus-listen", "127.0.0.1:0", "--alertmanager-listen", "127.0.0.1:0", "--duration", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("Alerts as Alertmanager sends them" in ln for ln in lines) or proc.poll() is not None,
+                 timeout=300, interval=0.2, what="the demo's fleet up")
+        assert proc.poll() is None, "".join(lines) + proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal does: the whole foreground process group
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(timeout=30)
+    out = "".join(lines)
+    assert proc.returncode == 0 and "Summary:" in out, out + proc.stderr.read()
+    panels = [ln for ln in out.splitlines() if ln.startswith("  panel ")]
+    assert len(panels) == 2 and not any("no answer" in ln for ln in panels), out
     assert not _alive(workdir), _alive(workdir)
