@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover - a checkout without the editable instal
 
 from fleetcanary.judge import figures as judged
 from fleetcanary.judge import stats as judge_stats
+from fleetcanary.probes.inference import TTFT_BUCKETS
 
 HERE = Path(__file__).resolve().parent
 RATIO = 'printf "%.3f"'  # template format of a ratio (change): 0.943, not humanize's 943m
@@ -77,6 +78,7 @@ def runbook_base() -> str:
 
 
 RUNBOOK = runbook_base()
+TTFT_POOLED = "node:fleetcanary_inference_ttft_seconds:p95_30m * on(node) group_left(pool) node:fleetcanary_pool:info"
 # The MAD's relative standard error for normal data: the normalised MAD's asymptotic variance is 1.36 sigma^2 / n,
 # so its standard error is sqrt(1.36) = 1.166 / sqrt(n) of it
 MAD_SE = 1.17
@@ -552,13 +554,18 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           "warning", "Inference ITL p95 over its bound",
           "p95 inter-token latency from {{ $labels.node }} to {{ $labels.target }} is {{ $value | humanizeDuration }} "
           "(bound 200 ms)."),
+        # 10% over the peers, and past the histogram bucket the peers' p95 lies in: within one bucket the p95 is
+        # interpolated (0.05-0.1 s is one bucket), and 2 of 5 healthy demo nodes went pending on that alone
         a("FleetCanaryInferenceTTFTSlowerThanPeers",
-          "(node:fleetcanary_inference_ttft_seconds:p95_30m * on(node) group_left(pool) node:fleetcanary_pool:info) "
-          "/ on(pool, target, model) group_left pool:fleetcanary_inference_ttft_seconds:peer_median_p95_30m > 1.1 "
-          f"and on(pool, target, model) (pool:fleetcanary_inference_ttft_seconds:peer_nodes >= {s.min_peers})",
+          f"({TTFT_POOLED}) / on(pool, target, model) group_left "
+          "pool:fleetcanary_inference_ttft_seconds:peer_median_p95_30m > 1.1 "
+          f"and on(pool, target, model) (pool:fleetcanary_inference_ttft_seconds:peer_nodes >= {s.min_peers}) "
+          f"and ({TTFT_POOLED}) > on(pool, target, model) group_left "
+          "pool:fleetcanary_inference_ttft_seconds:peer_median_p95_bucket_bound_30m",
           "30m", "warning", "Inference TTFT p95 slower than peers",
           "p95 TTFT from {{ $labels.node }} to {{ $labels.target }} is {{ $value | humanize }} times the median of the "
-          "pool's nodes calling the same endpoint (a node-side cause: its network path, its client)."),
+          "pool's nodes calling the same endpoint, and past the histogram bucket theirs lies in (a node-side cause: "
+          "its network path, its client)."),
         a("FleetCanaryInferenceQualityFailing", "fleetcanary_inference_quality_pass == 0", "10m", "critical",
           "An inference endpoint answers a golden prompt wrongly",
           "Check {{ $labels.check }} fails against {{ $labels.target }} (seen from {{ $labels.node }})."),
@@ -595,6 +602,10 @@ def inventory_rules() -> list[dict]:
             f"quantile by (pool, target, model) (0.5, {ttft} * on(node) group_left(pool) node:fleetcanary_pool:info)"),
         rec("pool:fleetcanary_inference_ttft_seconds:peer_nodes",
             f"count by (pool, target, model) ({ttft} * on(node) group_left(pool) node:fleetcanary_pool:info)"),
+        # the upper bound of the TTFT histogram bucket the peers' median p95 lies in (the first bound at or above)
+        rec("pool:fleetcanary_inference_ttft_seconds:peer_median_p95_bucket_bound_30m",
+            " or ".join(f"(pool:fleetcanary_inference_ttft_seconds:peer_median_p95_30m <= {b}) * 0 + {b}"
+                        for b in TTFT_BUCKETS)),
         # the daily burn's slowdown share per pool and model (joined inline: no per-GPU recorded series)
         rec("pool_model:fleetcanary_gpu_sustained_slowdown_ratio:peer_median",
             f"quantile by (model, pool) (0.5, {SLOWDOWN})"),

@@ -603,6 +603,8 @@ def hard_cases() -> list[dict]:
         case("FleetCanaryInferenceTTFTSlowerThanPeers", _ttft_fleet(), "29m", "33m",
              {"node": "n6", "target": "llm", "model": "m", "pool": "pool-a"}, "4.487"),
         silent("FleetCanaryInferenceTTFTSlowerThanPeers", _ttft_fleet(nodes=4), "40m"),
+        # 1.17 times the peers' p95 but inside the same histogram bucket (0.05-0.1 s): interpolation, not a finding
+        silent("FleetCanaryInferenceTTFTSlowerThanPeers", _ttft_fleet(within_bucket=True), "40m"),
         case("FleetCanaryInferenceQualityFailing",
              [(f'fleetcanary_inference_quality_pass{{{n}, target="llm", check="arithmetic"}}', "0x30")],
              "9m", "11m", {"node": "n1", "target": "llm", "check": "arithmetic"}, "0"),
@@ -615,9 +617,11 @@ def hard_cases() -> list[dict]:
     ]
 
 
-def _ttft_fleet(nodes: int = 6) -> list[tuple[str, str]]:
+def _ttft_fleet(nodes: int = 6, within_bucket: bool = False) -> list[tuple[str, str]]:
     """``nodes`` nodes of pool-a calling one endpoint a request a minute, every first token within 0.05-0.1 s
-    but the last node's, within 0.2-0.45 s (its p95: 0.4375 s against 0.0975 s, 4.487 times)."""
+    but the last node's, within 0.2-0.45 s (its p95: 0.4375 s against 0.0975 s, 4.487 times). ``within_bucket``:
+    ten requests a minute, 9 of 10 of the peers' first tokens within 0.025-0.05 s and the rest within 0.05-0.1 s
+    (p95 0.075 s), the last node's 8 of 10 (p95 0.0875 s: 1.17 times, the same bucket)."""
     from fleetcanary.probes.inference import TTFT_BUCKETS
 
     out = []
@@ -627,7 +631,10 @@ def _ttft_fleet(nodes: int = 6) -> list[tuple[str, str]]:
         out.append((f'fleetcanary_node_info{{{node}, pool="pool-a", cpu_model="Xeon 8480", '
                     'driver_version="550.90.07"}', "1x60"))
         for le in (*TTFT_BUCKETS, "+Inf"):
-            inc = 1 if le == "+Inf" or le > low else 0
+            if within_bucket:
+                inc = 0 if le != "+Inf" and le < 0.05 else (8 if i == nodes else 9) if le == 0.05 else 10
+            else:
+                inc = 1 if le == "+Inf" or le > low else 0
             out.append((f'fleetcanary_inference_time_to_first_token_seconds_bucket{{{node}, target="llm", model="m", '
                         f'le="{le}"}}', f"0+{inc}x60"))
     return out
