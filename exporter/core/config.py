@@ -379,7 +379,13 @@ class KubernetesConfig(Strict):
                          "a loopback plain-HTTP API server that authenticates for the exporter, such as `kubectl "
                          "proxy` (http://127.0.0.1:8001) or the demo's. No credentials are sent to it.")
     api_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Connect and read timeout of each API call.")
-    refresh_seconds: float = Field(60.0, ge=5, le=3600, description="How often node labels and pods are read.")
+    refresh_seconds: float = Field(60.0, ge=5, le=3600, description="How often this node's pods are listed: each "
+                                   "period drawn within +-10% of it, after a first one at a random phase, so a fleet "
+                                   "rolled out at once does not list in step; the list is served from the API "
+                                   "server's watch cache (resourceVersion=0), not from etcd.")
+    node_refresh_seconds: float = Field(300.0, ge=5, le=86400, description="How often this node's Node object is "
+                                        "read (labels, GPU capacity: they change rarely), on the same jittered "
+                                        "schedule; at least refresh_seconds.")
     gpu_product_label: str = Field("nvidia.com/gpu.product", description="Node label with the GPU product "
                                    "(GPU feature discovery); node_info label gpu_product.")
     instance_type_label: str = Field("node.kubernetes.io/instance-type",

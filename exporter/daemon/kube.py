@@ -21,6 +21,7 @@ import copy
 import datetime
 import logging
 import os
+import random
 import threading
 import time
 from collections import Counter
@@ -73,6 +74,12 @@ def classify(exc: BaseException) -> str:
     return "bad_response"
 
 
+def sync_period(refresh: float, rng: random.Random, first: bool = False) -> float:
+    """Seconds to the next pod list: the first at a random phase of the period (a tenth to a whole one), then
+    the period within +-10%, so nodes that started together do not list in step and do not fall back into it."""
+    return rng.uniform(0.1, 1.0) * refresh if first else rng.uniform(0.9, 1.1) * refresh
+
+
 def gpus_requested(pod) -> int:
     """nvidia.com/gpu a pod holds: containers' sum, or its largest init container if more."""
     def amount(c) -> int:
@@ -123,6 +130,8 @@ class Kube:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._rng = random.Random()
+        self._node_read_at: float | None = None  # monotonic time of the last successful Node read
 
     @classmethod
     def in_cluster(cls, cfg, node_name: str, on_change=None, token_file: str | None = None,
@@ -224,12 +233,14 @@ class Kube:
             self._thread.join(timeout=self.cfg.api_timeout_seconds * 3 + 2)
 
     def _loop(self) -> None:
-        next_sync = time.monotonic() + self.cfg.refresh_seconds
+        # the first period at a random phase, then each within +-10%: a fleet that started together spreads
+        # over a whole period and stays spread (API load per node constant and small: docs/deploy.md)
+        next_sync = time.monotonic() + sync_period(self.cfg.refresh_seconds, self._rng, first=True)
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_sync:
                 self.sync()
-                next_sync = now + self.cfg.refresh_seconds
+                next_sync = now + sync_period(self.cfg.refresh_seconds, self._rng)
             self.patch_condition()
             next_heartbeat = self._patched_at + self.cfg.node_condition.heartbeat_seconds
             self._wake.wait(timeout=max(0.1, min(next_sync, next_heartbeat) - time.monotonic()))
@@ -246,15 +257,21 @@ class Kube:
         log.warning("kubernetes %s: %s (%s)", operation, reason, str(exc).splitlines()[0][:200] if str(exc) else "")
         self.on_change()
 
-    def sync(self) -> bool:
-        """Read the node and its pods once. Never raises; errors keep the last known state."""
+    def sync(self, read_node: bool | None = None) -> bool:
+        """Read the node (read_node; None: when node_refresh_seconds have passed since the last read, or it has
+        never been read) and list its pods. Never raises; errors keep the last known state."""
         ok = True
+        node = None
+        due = read_node if read_node is not None else self._node_read_at is None or \
+            time.monotonic() - self._node_read_at >= max(self.cfg.node_refresh_seconds, self.cfg.refresh_seconds)
         try:
-            node = self.api.read_node(self.node_name, _request_timeout=self.request_timeout())
+            if due:
+                node = self.api.read_node(self.node_name, _request_timeout=self.request_timeout())
+                self._node_read_at = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - any API failure is counted and survived
             self.count_error("read_node", exc)
             ok = False
-        else:
+        if node is not None:
             labels = (node.metadata.labels if node.metadata else None) or {}
             cap = (node.status.capacity if node.status else None) or {}
             new = {"gpu_product": labels.get(self.cfg.gpu_product_label, ""),
@@ -271,6 +288,7 @@ class Kube:
         try:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
+                resource_version="0",  # from the watch cache: no quorum read of etcd for every node every minute
                 _request_timeout=self.request_timeout())
         except Exception as exc:  # noqa: BLE001 - any API failure is counted and survived
             self.count_error("list_pods", exc)

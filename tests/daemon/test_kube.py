@@ -1,12 +1,16 @@
 """fleetcanary.daemon.kube with the real kubernetes client against a local API server (HTTPS, bearer token)."""
 import os
+import random
 import time
+import urllib.parse
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetcanary.core import config as configmod
 from fleetcanary.daemon import hard_faults
-from fleetcanary.daemon.kube import Kube, wanted
+from fleetcanary.daemon.kube import Kube, sync_period, wanted
 from tests.conftest import ROOT
 from tests.support.helpers import wait_for
 from tests.support.kube_api import TOKEN, KubeAPI, node, pod
@@ -34,6 +38,27 @@ def kube_cfg(**over):
 def make(api, **over) -> Kube:
     return Kube.in_cluster(kube_cfg(**over), "gpu-a", token_file=str(api.token_file), ca_file=str(api.ca_file),
                            environ=api.environ)
+
+
+def test_pods_are_listed_from_the_watch_cache_and_the_node_read_only_when_due(api):
+    """API load per node stays small: a list with resourceVersion=0 is served from the API server's watch cache (not
+    a quorum read of etcd), and the Node, whose labels and capacity rarely change, is read every
+    node_refresh_seconds, not at every pod list."""
+    k = make(api)
+    for _ in range(3):
+        assert k.sync() is True
+    gets = [q for m, q, _ in api.requests if m == "GET" and q.startswith("/api/v1/nodes/gpu-a")]
+    lists = [q for m, q, _ in api.requests if m == "GET" and q.startswith("/api/v1/pods")]
+    assert len(gets) == 1 and len(lists) == 3
+    assert all(urllib.parse.parse_qs(urllib.parse.urlsplit(q).query).get("resourceVersion") == ["0"] for q in lists)
+    assert k.sync(read_node=True) and len([q for m, q, _ in api.requests if q.startswith("/api/v1/nodes/gpu-a")]) == 2
+
+
+@given(refresh=st.floats(min_value=5, max_value=3600), seed=st.integers(0, 2**32 - 1))
+def test_the_sync_schedule_starts_at_a_random_phase_and_stays_within_ten_percent(refresh, seed):
+    rng = random.Random(seed)
+    assert 0.1 * refresh <= sync_period(refresh, rng, first=True) <= refresh
+    assert all(0.9 * refresh <= sync_period(refresh, rng) <= 1.1 * refresh for _ in range(20))
 
 
 def test_sync_reads_node_labels_capacity_and_this_nodes_gpu_pods(api):
@@ -78,7 +103,7 @@ def test_api_errors_are_counted_and_the_last_known_state_kept(api, op, code, rea
     api.fail[op] = code
     api.pods = []
     api.nodes["gpu-a"] = node("gpu-a", {}, 4)
-    assert k.sync() is False
+    assert k.sync(read_node=True) is False
     s = k.snapshot()
     assert s.errors[(op, reason)] == 1 and sum(s.errors.values()) == 1
     if op == "list_pods":
