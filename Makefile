@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # `make image`: the OCI images (scripts/build-image, docs/image.md), without a Docker engine; root.
 FLAVOURS ?= cpu cuda
 
-.PHONY: run test quick lint lint-imports soak bench generate dashboards demo venv os-deps dist image image-lock \
+.PHONY: run test quick lint lint-imports soak bench generate dashboards demo venv os-deps dist release image image-lock \
 	bench-image clean help
 
 help:
@@ -30,6 +30,7 @@ help:
 	@echo "make bench  - run the benchmarks (tables + JSON under benchmarks/results/)"
 	@echo "make generate - regenerate rules, rule tests, runbooks, dashboards, deploy manifests and docs"
 	@echo "make dist   - build the wheel and the sdist into dist/"
+	@echo "make release - a release into dist/: wheel, sdist, chart, image archives, SHA256SUMS (root; docs/release.md)"
 	@echo "make image  - the OCI images into build/image/oci (FLAVOURS=\"cpu cuda\"; root; docs/image.md)"
 	@echo "make image-lock - refresh the images' lock files image/requirements-*.txt"
 	@echo "make demo   - a simulated 6-node fleet with one failing GPU, its alerts as they fire (docs/demo.md)"
@@ -96,6 +97,10 @@ dashboards: generate
 
 dist: $(STAMP)
 	rm -rf dist && $(PY) -m build --outdir dist .
+
+# A release's artifacts into dist/ with SHA256SUMS (docs/release.md): wheel, sdist, chart, image archives (root).
+release: $(STAMP) os-deps tools
+	$(PY) scripts/release $(RELEASE_ARGS)
 
 # The images (docs/image.md): one Debian layer shared by the flavours, one venv layer each.
 image: $(STAMP) os-deps
