@@ -16,9 +16,15 @@ from tests.support.helpers import load_script, require_binary
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
-VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
-            "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric", "deploy/overlays/gpu-allocation",
-            "deploy/overlays/xid-watch", "deploy/overlays/scheduled-runs", "deploy/overlays/host-state"]
+# Each rendering and the components (deploy/components/*) it includes: an overlay is the base and one component;
+# the production example combines every component of a GPU fleet.
+PRODUCTION = "deploy/examples/production"
+FEATURES = {"deploy": set(), **{f"deploy/overlays/{c}": {c} for c in (
+    "cpu-only", "node-conditions", "local-nvme-storage", "fabric", "gpu-allocation", "xid-watch", "scheduled-runs",
+    "host-state")},
+    PRODUCTION: {"host-state", "gpu-allocation", "xid-watch", "scheduled-runs", "fabric", "node-conditions",
+                 "remediate"}}
+VARIANTS = list(FEATURES)
 build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
@@ -72,9 +78,11 @@ def test_the_daemonset_is_locked_down(variant):
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
     sc = c["securityContext"]
-    if path.endswith(("gpu-allocation", "xid-watch")):  # root's socket, root's kernel log: UID 0, no escalation
+    has = FEATURES[path].__contains__
+    added = sorted(sc.get("capabilities", {}).get("add", []))
+    assert added == sorted(cap for f, cap in (("xid-watch", "SYSLOG"), ("fabric", "IPC_LOCK")) if has(f)), path
+    if has("gpu-allocation") or has("xid-watch"):  # root's socket, root's kernel log: UID 0, no escalation
         assert spec["securityContext"]["runAsNonRoot"] is False and sc["runAsUser"] == 0
-        assert sc.get("capabilities", {}).get("add", []) == (["SYSLOG"] if path.endswith("xid-watch") else [])
     else:
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -89,7 +97,7 @@ def test_the_daemonset_is_locked_down(variant):
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]]
     state = volumes[mounts["/var/lib/fleetcanary"]]
-    if path.endswith("host-state"):  # the state directory on the host, handed to the exporter's UID at start
+    if has("host-state"):  # the state directory on the host, handed to the exporter's UID at start
         assert state["hostPath"] == {"path": "/var/lib/fleetcanary", "type": "DirectoryOrCreate"}
     else:
         assert "emptyDir" in state
@@ -102,28 +110,28 @@ def test_the_daemonset_is_locked_down(variant):
     # RDMA's device files, nothing else (test_the_fabric_overlay_adds_only_what_rdma_needs)
     if cfg.probes.fabric.enabled:
         targets |= {"/dev/infiniband"}
-    if path.endswith("xid-watch"):  # the kernel log, read-only
+    if has("xid-watch"):  # the kernel log, read-only
         targets |= {"/dev/kmsg"}
         assert next(m for m in c["volumeMounts"] if m["name"] == "kmsg")["readOnly"] is True
-    if path.endswith("scheduled-runs"):  # the claim pods' inbox, shared with them, owned by the exporter's UID
+    inits = {i["name"]: i for i in spec.get("initContainers", [])}
+    assert set(inits) == {n for f, n in (("scheduled-runs", "inbox-owner"), ("host-state", "state-owner")) if has(f)}
+    if has("scheduled-runs"):  # the claim pods' inbox, shared with them, owned by the exporter's UID
         targets |= {"/var/lib/fleetcanary/inbox"}
-        (init,) = spec["initContainers"]
+        init = inits["inbox-owner"]
         assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
-        assert init["securityContext"]["allowPrivilegeEscalation"] is False
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False and init["image"] == c["image"]
         assert {e["name"] for e in c["env"]} >= {"POD_NAMESPACE", "POD_NAME", "POD_UID"}
         assert cfg.kubernetes.claim.enabled and cfg.kubernetes.claim.image == c["image"]
-    elif path.endswith("host-state"):
+    if has("host-state"):
         targets |= {"/var/lib/fleetcanary"}
-        (init,) = spec["initContainers"]
+        init = inits["state-owner"]
         assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
         assert init["securityContext"]["allowPrivilegeEscalation"] is False and init["image"] == c["image"]
-    else:
-        assert "initContainers" not in spec
-    if path.endswith("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
+    if has("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
         targets |= {cfg.kubernetes.pod_resources_socket.rsplit("/", 1)[0]}
         assert next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")["readOnly"] is True
     assert host_mounts == targets, (host_mounts, targets)
-    if path.endswith("cpu-only"):
+    if has("cpu-only"):
         assert "runtimeClassName" not in spec and "NVIDIA_VISIBLE_DEVICES" not in env
         assert not any(e.enabled for n, e in cfg.probe_entries().items() if n.startswith("gpu_"))
     else:
@@ -157,6 +165,8 @@ def test_the_fabric_overlay_adds_only_what_rdma_needs():
 
 def test_rbac_grants_the_least_it_needs(variant):
     path, docs = variant
+    # the remediation controller's own objects: tests/remediate/test_manifests.py
+    docs = [d for d in docs if not d["metadata"]["name"].startswith("fleetcanary-remediate")]
     granted = {(res, verb) for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]
                for res in r["resources"] for verb in r["verbs"]}
     base = {("nodes", "get"), ("pods", "list")}
@@ -299,6 +309,10 @@ def test_the_manifests_run_the_image_of_this_version(variant):
     cfg = configmod.settings_model()(**config_of(docs))
     if cfg.kubernetes.claim.enabled:
         images.append(cfg.kubernetes.claim.image)
+        # the admission policy admits the claim image alone: the same image, named in its expression
+        policy = one(docs, "ValidatingAdmissionPolicy")
+        named = re.findall(r"c\.image == '([^']+)'", " ".join(v["expression"] for v in policy["spec"]["validations"]))
+        assert named == [cfg.kubernetes.claim.image], (path, named)
     ours = [i for i in images if i.rsplit(":", 1)[0].endswith("/fleetcanary")]
     assert ours and all(i.rsplit(":", 1)[1] == want for i in ours), (path, images, want)
 
@@ -330,3 +344,38 @@ def test_resources_match_the_measured_use(variant):
     assert worst * 1.1 <= _bytes(res["limits"]["memory"]) <= worst * 1.5, (path, worst / GIB, res["limits"])
     cpu_average = measured["cpu_seconds_per_hour_all_probes"] / 3600
     assert int(res["requests"]["cpu"].removesuffix("m")) / 1000 >= 2 * cpu_average
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) against a set of labels."""
+    ops = {"In": lambda k, v: k in labels and labels[k] in v, "NotIn": lambda k, v: labels.get(k) not in v,
+           "Exists": lambda k, v: k in labels, "DoesNotExist": lambda k, v: k not in labels}
+    return (all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+            and all(ops[e["operator"]](e["key"], e.get("values")) for e in selector.get("matchExpressions", [])))
+
+
+def claim_pod_of(docs) -> dict:
+    """The claim pod fleetcanary.daemon.claim builds with the rendered config, owned by an exporter pod."""
+    from fleetcanary.daemon.claim import claim_pod
+
+    cfg = configmod.settings_model()(**config_of(docs)).kubernetes.claim
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "fleetcanary-x1", "uid": "u-1"}
+    return claim_pod(cfg, "gpu-a", one(docs, "Namespace")["metadata"]["name"], {"jobs": []}, 8, owner)
+
+
+@pytest.mark.parametrize("path", [p for p, f in FEATURES.items() if "scheduled-runs" in f])
+def test_the_daemonset_never_selects_its_claim_pods(path):
+    """The DaemonSet controller adopts an orphan its selector matches and deletes surplus pods per node: a claim
+    pod must be outside the selector, owned by the exporter pod but never by a controller."""
+    docs = kustomize(path)
+    pod = claim_pod_of(docs)
+    ds = one(docs, "DaemonSet")
+    assert selects(ds["spec"]["selector"], ds["spec"]["template"]["metadata"]["labels"])  # the check can match
+    assert not selects(ds["spec"]["selector"], pod["metadata"]["labels"]), pod["metadata"]["labels"]
+    for kind in ("Service", "PodMonitor", "NetworkPolicy"):  # scraped, served and let in as an exporter: no
+        for d in (d for d in docs if d["kind"] == kind and not d["metadata"]["name"].startswith("fleetcanary-rem")):
+            sel = d["spec"].get("selector") or d["spec"].get("podSelector")
+            sel = sel if "matchLabels" in sel or "matchExpressions" in sel else {"matchLabels": sel}
+            assert not selects(sel, pod["metadata"]["labels"]), (kind, d["metadata"]["name"])
+    assert all(r.get("controller") is False and r.get("blockOwnerDeletion") is False
+               for r in pod["metadata"]["ownerReferences"])
