@@ -7,10 +7,12 @@ import subprocess
 from pathlib import Path
 
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
 from fleetcanary.core import config as configmod
+from tests.support import prometheus_operator
 from tests.support.helpers import load_script, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,11 +60,24 @@ def test_every_core_manifest_validates_against_the_kubernetes_schema(variant):
     kinds = set()
     for d in docs:
         if d["apiVersion"].startswith("monitoring.coreos.com/"):
+            prometheus_operator.validate(d)  # the Prometheus Operator's CRD schemas
             continue
         kubernetes_validate.validate(d, K8S_VERSION, strict=True)
         kinds.add(d["kind"])
     assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
             "Service"} <= kinds, path
+
+
+def test_a_broken_monitor_or_rule_is_refused_by_the_crd_check():
+    docs = kustomize("deploy")
+    pm, pr = one(docs, "PodMonitor"), one(docs, "PrometheusRule")
+    prometheus_operator.validate(pm)
+    prometheus_operator.validate(pr)
+    pm["spec"]["podMetricsEndpoints"][0]["relabeling"] = []   # relabelings, misspelt
+    pr["spec"]["groups"][0]["rules"][0]["exp"] = "up"
+    for d in (pm, pr):
+        with pytest.raises(pydantic.ValidationError):
+            prometheus_operator.validate(d)
 
 
 def test_a_broken_manifest_is_refused_by_the_schema_check():
