@@ -310,3 +310,18 @@ def test_the_remediation_controller_is_dry_run_unless_told():
     cfg = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-remediate-config")["data"]["remediate.yaml"])
     assert cfg["dry_run"] is False and cfg["breaker"]["max_nodes"] == 1
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
+
+
+def test_the_helm_the_tests_run_is_the_pinned_verified_one():
+    """`make tools` puts helm at .tools/bin, checked against the sha256 pinned in scripts/fetch-helm."""
+    import hashlib
+    import re
+
+    path = Path(helm())
+    script = (ROOT / "scripts/fetch-helm").read_text()
+    pins = dict(re.findall(r"^(HELM_SHA256|HELM_VERSION)=(\S+)$", script, re.MULTILINE))
+    assert set(pins) == {"HELM_SHA256", "HELM_VERSION"}
+    r = subprocess.run([str(path), "version", "--short"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith(pins["HELM_VERSION"]), r.stdout
+    if path.parent == ROOT / ".tools" / "bin":
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == pins["HELM_SHA256"]
