@@ -394,3 +394,37 @@ def test_the_daemonset_never_selects_its_claim_pods(path):
             assert not selects(sel, pod["metadata"]["labels"]), (kind, d["metadata"]["name"])
     assert all(r.get("controller") is False and r.get("blockOwnerDeletion") is False
                for r in pod["metadata"]["ownerReferences"])
+
+
+COMPONENTS = sorted(p.name for p in (DEPLOY / "components").iterdir()
+                    if (p / "kustomization.yaml").is_file() and p.name != "privileged-namespace")
+MARKS = {"gpu-allocation": "pod-resources", "xid-watch": "kmsg", "host-state": "state-owner",
+         "scheduled-runs": "inbox-owner", "fabric": "infiniband", "local-nvme-storage": "local-nvme"}
+
+
+COMBINED = [tuple(COMPONENTS), tuple(c for c in COMPONENTS if c not in MARKS),
+            *(tuple(c for c in COMPONENTS if c != left) for left in COMPONENTS)]
+
+
+@pytest.mark.parametrize("pair", COMBINED, ids=lambda p: "all" if len(p) == len(COMPONENTS) else "+".join(p))
+def test_components_combine(pair, tmp_path):
+    """Every component at once, those without a host path at once, and each left out of all (two overlays each
+    added the base: a duplicate Namespace): each keeps what it adds, and the namespace is privileged exactly when
+    one of them mounts a host path."""
+    rel = Path("../" * len(tmp_path.parts[1:]))  # kustomize refuses absolute paths to components
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / DEPLOY.relative_to("/") / "base")],
+        "components": [str(rel / DEPLOY.relative_to("/") / "components" / c) for c in pair]}))
+    r = subprocess.run([require_binary("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    names = {v["name"] for v in spec["volumes"]} | {i["name"] for i in spec.get("initContainers", [])}
+    assert {MARKS[c] for c in pair if c in MARKS} <= names, (pair, names)
+    caps = spec["containers"][0]["securityContext"]["capabilities"].get("add", [])
+    assert sorted(caps) == sorted(cap for c, cap in (("xid-watch", "SYSLOG"), ("fabric", "IPC_LOCK")) if c in pair)
+    level = one(docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+    assert level == ("privileged" if set(pair) & set(MARKS) else "restricted"), (pair, level)
+    kubernetes_validate.validate(one(docs, "DaemonSet"), K8S_VERSION, strict=True)  # the merged pod (all: above)
