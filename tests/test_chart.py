@@ -325,3 +325,17 @@ def test_the_helm_the_tests_run_is_the_pinned_verified_one():
     assert r.returncode == 0 and r.stdout.startswith(pins["HELM_VERSION"]), r.stdout
     if path.parent == ROOT / ".tools" / "bin":
         assert hashlib.sha256(path.read_bytes()).hexdigest() == pins["HELM_SHA256"]
+
+
+def test_scheduled_runs_refuse_a_cluster_without_the_admission_policy_api():
+    """Before 1.30 there is no admissionregistration.k8s.io/v1 policy: the chart fails rather than grant an
+    unnarrowed `create pods`, unless the policy is turned off on purpose."""
+    def template(values, version):
+        return subprocess.run([helm(), "template", RELEASE, str(CHART), "--kube-version", version, "--values", "-"],
+                              input=json.dumps(values), capture_output=True, text=True, timeout=120)
+
+    r = template(COMBINATIONS["scheduled-runs"], "1.29.4")
+    assert r.returncode != 0 and "Kubernetes 1.30" in r.stderr, r.stderr
+    assert template(COMBINATIONS["scheduled-runs"], "1.30.0").returncode == 0
+    assert template(COMBINATIONS["scheduled-runs-without-policy"], "1.29.4").returncode == 0
+    assert template({}, "1.27.0").returncode == 0
