@@ -1,6 +1,8 @@
 """deploy/: kustomize builds, every manifest validates against the Kubernetes schemas, the DaemonSet
 is what a careful platform team would apply, and the generated PrometheusRule and dashboards match their
 sources."""
+import copy
+import functools
 import json
 import re
 import subprocess
@@ -31,10 +33,16 @@ build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
 def kustomize(path: str) -> list[dict]:
+    """The rendered manifests (a fresh copy: tests change them); each path is rendered once per process."""
+    return copy.deepcopy(_kustomize(path))
+
+
+@functools.cache
+def _kustomize(path: str) -> tuple[dict, ...]:
     kubectl = require_binary("kubectl")
     r = subprocess.run([kubectl, "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
+    return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
 
 
 def one(docs, kind, name=None):
