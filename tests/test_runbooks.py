@@ -27,6 +27,18 @@ def commands() -> list[str]:
             if re.match(r"(POD=\$\()?(kubectl|curl) ", c) and not c.startswith("curl -w")]
 
 
+def claim_labels() -> dict:
+    """The labels of the claim pod the exporter creates (scheduled runs) on the same node."""
+    from fleetcanary.core import config as configmod
+    from fleetcanary.daemon.claim import claim_pod
+
+    cfg = configmod.settings_model()(kubernetes={"claim": {"enabled": True, "image": "x"}}).kubernetes.claim
+    return claim_pod(cfg, "NODE", NAMESPACE_SHIPPED, {"jobs": []}, 8)["metadata"]["labels"]
+
+
+NAMESPACE_SHIPPED = "fleetcanary"
+
+
 @pytest.fixture(scope="module")
 def shipped():
     docs = kustomize("deploy")
@@ -57,6 +69,7 @@ def test_every_kubectl_and_curl_command_matches_the_rendered_manifests(shipped):
             label = args[args.index("-l") + 1]
             key, value = label.split("=", 1)
             assert shipped["labels"].get(key) == value, cmd
+            assert claim_labels().get(key) != value, f"{cmd} would find the node's claim pod too"
             assert args[args.index("--field-selector") + 1] == "spec.nodeName=NODE", cmd
         else:
             args = shlex.split(cmd.split(" | ")[0])

@@ -44,6 +44,7 @@ log = logging.getLogger("fleetcanary.claim")
 TICK_SECONDS = 30.0
 INBOX_MOUNT = "/inbox"
 ENDED = ("Succeeded", "Failed")
+CLAIM_APP = "fleetcanary-claim"  # the claim pod's app.kubernetes.io/name
 
 
 def pod_name(node: str) -> str:
@@ -54,13 +55,19 @@ def pod_name(node: str) -> str:
 def claim_pod(cfg, node: str, namespace: str, spec: dict, gpus: int, owner: dict | None = None) -> dict:
     """The claim pod (a plain dict, as the API takes it)."""
     meta: dict[str, Any] = {"name": pod_name(node), "namespace": namespace,
-                            "labels": {"app.kubernetes.io/name": "fleetcanary", "app.kubernetes.io/component": "claim"},
+                            # Outside the DaemonSet's selector (app.kubernetes.io/name: fleetcanary): its controller
+                            # would adopt a matching orphan and delete it as a surplus pod on the node, and the
+                            # runbooks' and the fabric probe's lookups of the exporter pod would find two.
+                            "labels": {"app.kubernetes.io/name": CLAIM_APP, "app.kubernetes.io/part-of": "fleetcanary",
+                                       "app.kubernetes.io/component": "claim"},
                             "annotations": {"fleetcanary.io/node": node,
                                             # never what keeps a node from scaling down
                                             "cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
                                             "fleetcanary.io/probes": ",".join(j["job"]["name"] for j in spec["jobs"])}}
     if owner:
-        meta["ownerReferences"] = [owner]  # gone with the exporter pod that asked
+        # Gone with the exporter pod that asked (garbage collection), but not a controller reference: no
+        # controller adopts or manages the claim, and deleting the exporter pod never waits on it.
+        meta["ownerReferences"] = [{**owner, "controller": False, "blockOwnerDeletion": False}]
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": meta,
         "spec": {

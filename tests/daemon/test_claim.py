@@ -102,7 +102,11 @@ def test_a_node_kept_busy_gets_a_claim_pod_whose_runs_are_published(tmp_path, ap
         (pod,) = api.created
         spec = pod["spec"]
         assert pod["metadata"]["name"] == "fleetcanary-claim-gpu-a"
-        assert pod["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        (ref,) = pod["metadata"]["ownerReferences"]
+        # owned (collected with the exporter pod) but not controlled: no controller adopts or deletes it
+        assert ref["uid"] == "u-1" and ref["kind"] == "Pod"
+        assert ref["controller"] is False and ref["blockOwnerDeletion"] is False
+        assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "fleetcanary-claim"
         assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
         assert spec["priorityClassName"] == "fleetcanary-claim" and spec["restartPolicy"] == "Never"
         assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "fleetcanary-claim"

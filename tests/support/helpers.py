@@ -26,6 +26,21 @@ def require_binary(name: str) -> str:
     return path
 
 
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".tools", "bin")
+
+
+def require_tool(name: str) -> str:
+    """A tool with no Debian package (helm), pinned and verified into .tools/bin by `make tools`; else PATH.
+    Missing: fail under CI=true, skip otherwise."""
+    path = os.path.join(TOOLS, name)
+    if os.access(path, os.X_OK):
+        return path
+    path = shutil.which(name)
+    if not path:
+        unavailable(f"{name} is not installed (`make tools` fetches the pinned, verified build into .tools/bin)")
+    return path
+
+
 def unavailable(msg: str) -> NoReturn:
     """Something a test needs is missing: fail under CI=true (CI must run everything), skip otherwise."""
     if os.environ.get("CI") == "true":
