@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from fleetcanary.core import config as configmod  # noqa: E402
 from fleetcanary.daemon.kube import Kube  # noqa: E402
-from tests.support.kube_api import KubeAPI, node, pod  # noqa: E402
+from harness.kube_api import KubeAPI, node, pod  # noqa: E402
 
 DEFAULT_REFRESH, DEFAULT_NODE_REFRESH = 60.0, 300.0
 

@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from fleetcanary.core import config as configmod
+from harness.kube_api import K8S_VERSION
 from tests.support import prometheus_operator
 from tests.support.helpers import load_script, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-K8S_VERSION = "1.37.0"
 # Each rendering and the components (deploy/components/*) it includes: an overlay is the base and one component;
 # the production example combines every component of a GPU fleet.
 PRODUCTION = "deploy/examples/production"
