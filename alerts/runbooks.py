@@ -5,6 +5,7 @@ driver-change alerts share a text per family; hard failures have their own.
 """
 from __future__ import annotations
 
+import json
 import re
 
 from fleetcanary.judge import figures as judged
@@ -324,20 +325,43 @@ REACH = [
     f"curl -s localhost:{PORT}/results                    # each probe's last run record: reason, detail, figures",
     f"curl -s localhost:{PORT}/metrics | grep fleetcanary_judge   # the node's own statistics",
     "```", "",
-    "`fleetcanary once` and `nvidia-smi` run in the exporter's container (the NVIDIA runtime mounts "
-    "nvidia-smi); other tools (`dmesg`, `lspci`, `ibstat`, `dcgmi`, nccl-tests) run on the node itself, over "
-    "ssh or `kubectl debug node/NODE -it --image=<an image with the tool>`; DCGM is not in fleetcanary's image "
-    "(the GPU operator's nvidia-dcgm pod has `dcgmi`).", ""]
+    "A fresh run of a probe is asked of the exporter itself, through the port-forward: "
+    f"`curl -s -X POST -d '{{\"probe\": \"gpu_bandwidth\"}}' localhost:{PORT}/confirm` answers an id, and "
+    f"`curl -s localhost:{PORT}/confirm/ID` says `pending` until the run has ended, then its outcome and figures "
+    "(add `-u USER` where the web config asks for basic auth). The run goes through the exporter's scheduler: it "
+    "measures only the GPUs no pod holds, keeps to the GPU budget, and waits for the probe's exclusive class, "
+    "so it never lands on a tenant's job. It needs `server.confirm_requests: true` (off by default: "
+    "docs/remediation.md, \"Confirming runs\"). `fleetcanary once` in the exporter's container "
+    f"(`kubectl -n {NAMESPACE} exec $POD -- fleetcanary once -c {CONFIG} --probe NAME`) runs a probe at once, "
+    "outside both: only on a node drained of tenants (`kubectl drain NODE --ignore-daemonsets`).", "",
+    "`nvidia-smi` runs in the exporter's container (the NVIDIA runtime mounts it); other tools (`dmesg`, "
+    "`lspci`, `ibstat`, `dcgmi`, nccl-tests) run on the node itself, over ssh or `kubectl debug node/NODE -it "
+    "--image=<an image with the tool>`; DCGM is not in fleetcanary's image (the GPU operator's nvidia-dcgm pod "
+    "has `dcgmi`). `dcgmi diag -r 2` and `-r 3` stress every GPU of the node for minutes: drain the node first, "
+    "and `kubectl uncordon NODE` after.", ""]
+DIAG = re.compile(r"`dcgmi diag -r (\d)`")
 
 
 def runnable(text: str) -> str:
-    """A check as the operator runs it: the tools that live in the exporter's container reached with kubectl."""
+    """A check as the operator runs it: a probe's fresh run asked of the exporter (its scheduler keeps off the
+    tenants' GPUs and to the budget), nvidia-smi in the exporter's container, DCGM's stress levels after a drain."""
     def sub(m: re.Match) -> str:
         cmd, args = m.group(1), m.group(2)
         if cmd == "fleetcanary once":
-            args = f" -c {CONFIG}{args}"
+            probe = re.search(r"--probe (\S+)", args)
+            body = json.dumps({"probe": probe.group(1) if probe else "NAME"})
+            return f"`curl -s -X POST -d '{body}' localhost:{PORT}/confirm` (a fresh run; see above)"
         return f"`kubectl -n {NAMESPACE} exec $POD -- {cmd}{args}`"
-    return IN_POD.sub(sub, text)
+
+    def with_drain(t: str) -> str:
+        out, at = [], 0
+        for m in DIAG.finditer(t):
+            said = "drain" in t[max(0, m.start() - 40):m.start()]  # "drain the node and run ..." already
+            out += [t[at:m.end()], "" if m.group(1) == "1" or said else
+                    " (drain the node first: `kubectl drain NODE --ignore-daemonsets`)"]
+            at = m.end()
+        return "".join(out) + t[at:]
+    return with_drain(IN_POD.sub(sub, text))
 
 
 def markdown(alerts: dict, figure_rules) -> str:

@@ -3,6 +3,7 @@ checked against the rendered manifests (namespace, pod labels, ports, the config
 has) and against the exporter itself (its HTTP paths, its command line)."""
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -15,7 +16,7 @@ from tests.test_deploy import kustomize, one
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = (ROOT / "docs" / "runbooks.md").read_text()
-PATHS = set(re.findall(r'path == "(/[a-z]*)"', (ROOT / "exporter/daemon/http.py").read_text()))
+PATHS = set(re.findall(r'path [!=]= "(/[a-z]*)"', (ROOT / "exporter/daemon/http.py").read_text()))
 
 
 def commands() -> list[str]:
@@ -75,13 +76,22 @@ def test_every_kubectl_and_curl_command_matches_the_rendered_manifests(shipped):
             args = shlex.split(cmd.split(" | ")[0])
         if args[0] == "curl":
             url = args[-1]
-            m = re.fullmatch(r"localhost:(\d+)(/\w*)", url)
+            m = re.fullmatch(r"localhost:(\d+)(/\w*)(/ID)?", url)
             assert m and int(m.group(1)) in shipped["ports"] and m.group(2) in PATHS, cmd
+            if "-X" in args:  # a requested run: POST /confirm with a probe the exporter has
+                assert args[args.index("-X") + 1] == "POST" and m.group(2) == "/confirm", cmd
+                probe = json.loads(args[args.index("-d") + 1])["probe"]
+                assert probe == "NAME" or probe in PROBES, cmd
+                checked.add("confirm")
             checked.add("curl")
             continue
         assert args[0] == "kubectl"
         if args[1] == "debug":  # host tools: a debug pod on the node, any image
             assert args[2] == "node/NODE", cmd
+            continue
+        if args[1] in ("drain", "uncordon"):  # before and after DCGM's stress levels
+            assert args[2] == "NODE" and (args[1] == "uncordon" or "--ignore-daemonsets" in args), cmd
+            checked.add("drain")
             continue
         assert args[1:3] == ["-n", shipped["namespace"]], cmd
         verb = args[3]
@@ -103,4 +113,4 @@ def test_every_kubectl_and_curl_command_matches_the_rendered_manifests(shipped):
                 assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"]
                 assert shipped["spec"]["runtimeClassName"] == "nvidia"
         checked.add(verb)
-    assert checked >= {"curl", "exec", "logs", "port-forward", "get"}, checked
+    assert checked >= {"curl", "confirm", "drain", "exec", "logs", "port-forward", "get"}, checked
