@@ -237,6 +237,8 @@ def values_schema() -> str:
                            "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}),
             "imagePullSecrets": K8S_LIST,
             "runtimeClassName": STR,
+            "gpuAccess": _obj({"mode": {"enum": ["runtime", "volumeMounts", "privileged", "gke"]},
+                               "driverRoot": STR}),
             "priorityClass": _obj({"create": BOOL, "name": STR, "value": INT}),
             "nodeSelector": LABELS, "tolerations": K8S_LIST, "affinity": K8S_OBJECT,
             "podAnnotations": LABELS, "podLabels": LABELS,

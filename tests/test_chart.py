@@ -47,6 +47,9 @@ COMBINATIONS = {
     "no-operator": {"monitor": {"kind": "none"}, "prometheusRule": {"enabled": False},
                     "dashboards": {"enabled": False}},
     "default-runtime": {"runtimeClassName": "", "priorityClass": {"create": False, "name": ""}},
+    "gpu-access-volume-mounts": {"gpuAccess": {"mode": "volumeMounts"}},
+    "gpu-access-privileged": {"gpuAccess": {"mode": "privileged"}},
+    "gke": {"gpuAccess": {"mode": "gke"}, "runtimeClassName": ""},
     "namespace": {"namespace": {"create": True}},
     "all": {**ALL, "monitor": {"kind": "ServiceMonitor"}, "namespace": {"create": True}},
 }
@@ -186,6 +189,33 @@ def test_the_schema_is_closed_at_every_level():
     assert not open_, open_
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values) <= set(schema["properties"]), set(values) - set(schema["properties"])
+
+
+def test_each_gpu_access_mode_reaches_the_gpus_without_requesting_one():
+    """The exporter never requests nvidia.com/gpu; how it reaches the GPUs is per platform (docs/deploy.md)."""
+    def container(values):
+        docs = render(values)
+        spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        assert "nvidia.com/gpu" not in json.dumps(c.get("resources", {}))
+        return spec, c, {e["name"]: e.get("value") for e in c["env"]}
+    spec, c, env = container({})
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and c["securityContext"]["privileged"] is False
+    spec, c, env = container(COMBINATIONS["gpu-access-volume-mounts"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/var/run/nvidia-container-devices/all")
+    vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert vol["hostPath"] == {"path": "/dev/null", "type": "CharDevice"} and c["securityContext"]["privileged"] is False
+    spec, c, env = container(COMBINATIONS["gpu-access-privileged"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and c["securityContext"]["privileged"] is True
+    spec, c, env = container(COMBINATIONS["gke"])
+    assert "runtimeClassName" not in spec and c["securityContext"]["privileged"] is True
+    assert "NVIDIA_VISIBLE_DEVICES" not in env and env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/usr/local/nvidia")
+    assert next(v for v in spec["volumes"] if v["name"] == mount["name"])["hostPath"]["path"] == \
+        "/home/kubernetes/bin/nvidia"
+    spec, c, env = container({**COMBINATIONS["gke"], "cpuOnly": {"enabled": True}})  # no GPUs: none of it
+    assert c["securityContext"]["privileged"] is False and "LD_LIBRARY_PATH" not in env
 
 
 def test_runtime_class_priority_image_and_resources_are_values():

@@ -57,7 +57,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The Pod Security level the enabled features need: a host path is beyond baseline. */}}
 {{- define "fleetcanary.podSecurityLevel" -}}
-{{- if or .Values.gpuAllocation.enabled .Values.xidWatch.enabled .Values.hostState.enabled .Values.scheduledRuns.enabled (and .Values.fabric.enabled .Values.fabric.rdma) -}}
+{{- if or .Values.gpuAllocation.enabled .Values.xidWatch.enabled .Values.hostState.enabled .Values.scheduledRuns.enabled (and .Values.fabric.enabled .Values.fabric.rdma) (and (ne .Values.gpuAccess.mode "runtime") (not .Values.cpuOnly.enabled)) -}}
 privileged
 {{- else -}}
 restricted
@@ -90,4 +90,9 @@ restricted
 {{- $_ := set $c "kubernetes" $kube -}}
 {{- $_ := set $c "probes" $probes -}}
 {{- toYaml (mustMergeOverwrite $c (deepCopy .Values.config)) -}}
+{{- end -}}
+
+{{/* Privileged: the GPU access modes that need it (a runtime that honours NVIDIA_VISIBLE_DEVICES only then). */}}
+{{- define "fleetcanary.gpuPrivileged" -}}
+{{- if and (not .Values.cpuOnly.enabled) (has .Values.gpuAccess.mode (list "privileged" "gke")) }}true{{ end -}}
 {{- end -}}
