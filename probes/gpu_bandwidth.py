@@ -63,7 +63,7 @@ class GpuBandwidth(Probe):
                           touched={"gpus": indices, "invasive": True, **gpus.record()})
         per_gpu = {}
         for idx in indices:
-            device = torch.device(kind, idx) if kind == "cuda" else torch.device("cpu")
+            device = torch.device(kind, gpus.cuda(idx)) if kind == "cuda" else torch.device("cpu")
             with torch_util.cuda_errors(gpu=idx):
                 figs, gpu_seconds, sizes = self._measure(torch, torch_util, device, config)
             for f in figs:

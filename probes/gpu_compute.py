@@ -113,7 +113,7 @@ class GpuCompute(Probe):
                           touched={"gpus": indices, "invasive": True, **gpus.record()})
         per_gpu, checksums = {}, {}
         for idx in indices:
-            device = torch.device(kind, idx) if kind == "cuda" else torch.device("cpu")
+            device = torch.device(kind, gpus.cuda(idx)) if kind == "cuda" else torch.device("cpu")
             with torch_util.cuda_errors(gpu=idx):
                 figs, gpu_seconds, unsupported = self._throughput(torch, torch_util, matmul, device, config)
                 sums, sdc_seconds = {}, 0.0

@@ -13,9 +13,19 @@ Prologue: ``acquire(config, ctx, ...)`` opens NVML, picks the handles, gates the
 (probes/lib/gpu_gate.py: busy, allocated, budget, lost), reads what the probe needs from
 NVML while the session is open, and resolves the torch device; every skip has the reason
 the probes gave when each carried its own copy.
+
+CUDA is told which GPUs by UUID, never by NVML index: before torch starts CUDA in the worker, the prologue
+sets CUDA_VISIBLE_DEVICES to the UUIDs of the GPUs the gate left, in NVML order, so CUDA device ``i`` is
+``handles[i]`` (``GpuAccess.cuda(index)`` gives it for an NVML index) whatever CUDA_DEVICE_ORDER says and
+whatever the container set before (an NVML index is not a CUDA ordinal under a restricted
+CUDA_VISIBLE_DEVICES, nor under MIG). Rank programs started after it (collectives) inherit it. Where CUDA has
+started in this process already, the ordinals are matched by the UUIDs torch reports. A probe that supports
+MIG (``mig=True``) also gets the gate's free MIG devices (``GpuAccess.mig``), each measured in its own
+process pointed at its MIG UUID (``on_mig``): CUDA enumerates one MIG device per process.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -67,10 +77,20 @@ class GpuAccess:
     handles: list[nvml.GpuHandle] = field(default_factory=list)
     gate: gpu_gate.Gate | None = None
     facts: Any = None
+    ordinals: dict[int, int] = field(default_factory=dict)  # NVML index -> CUDA ordinal
 
     @property
     def indices(self) -> list[int]:
         return [h.index for h in self.handles]
+
+    @property
+    def mig(self) -> dict[int, list[str]]:
+        """Free MIG devices the gate left (parent GPU index -> MIG UUIDs), for a probe acquired with mig=True."""
+        return dict(self.gate.mig) if self.gate else {}
+
+    def cuda(self, index: int) -> int:
+        """The CUDA ordinal of the GPU with this NVML index (see the module docstring)."""
+        return self.ordinals.get(index, index)
 
     def record(self) -> dict[str, Any]:
         """The gate's record fields (measured and skipped GPUs) for ``touched``; {} ungated."""
@@ -90,7 +110,7 @@ class GpuAccess:
 def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMissing = "fail",
             nvml_on_cpu: bool = False, select: Select | None = None, min_gpus: int = 0,
             too_few: str = "single_gpu", inspect: Callable[[nvml.Session, list[nvml.GpuHandle]], Any] | None = None,
-            keep_session: bool = False) -> GpuAccess:
+            keep_session: bool = False, mig: bool = False) -> GpuAccess:
     """The gate prologue of a GPU probe's run. Raises ProbeSkipped (or ProbeError nvml_error).
 
     ``config.device`` (where the Config has one) "cpu": no gate; NVML is read only with
@@ -121,8 +141,11 @@ def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMiss
             access.handles = [h for h in handles if not h.lost]
         else:
             access.gate = gpu_gate.gate(session, handles, ctx.gpu, ctx.kube, config.expected_gpu_seconds,
-                                        config.busy_policy)
+                                        config.busy_policy, mig=mig)
             access.handles = list(access.gate.usable)
+            if not os.environ.get(nvml.FAKE_ENV):  # recorded facts' UUIDs name no device of this machine
+                access.ordinals = pin_cuda([access.gate.uuids.get(h.index, "") for h in access.handles],
+                                           access.indices)
         if len(access.handles) < min_gpus:
             reason = "single_gpu" if on_cpu else too_few
             raise ProbeSkipped(reason, f"only {len(access.handles)} usable GPU(s) of the {min_gpus} this probe needs"
@@ -140,6 +163,43 @@ def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMiss
     except BaseException:
         access.close()
         raise
+
+
+def pin_cuda(uuids: list[str], indices: list[int], environ=os.environ) -> dict[int, int]:
+    """Point CUDA at these GPUs by UUID, in this order, and return NVML index -> CUDA ordinal. Where CUDA has
+    started in this process already (the variable is read once), the ordinals come from torch's device UUIDs;
+    where a UUID is unknown, the NVML index stands (no GPU, or NVML without UUIDs)."""
+    import sys
+
+    if not uuids or not all(u.startswith(("GPU-", "MIG-")) for u in uuids):
+        return {}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        seen = {}
+        for i in range(torch.cuda.device_count()):
+            u = str(getattr(torch.cuda.get_device_properties(i), "uuid", ""))
+            seen["GPU-" + u if u and not u.startswith(("GPU-", "MIG-")) else u] = i
+        return {idx: seen[u] for idx, u in zip(indices, uuids, strict=True) if u in seen}
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+    return {idx: i for i, idx in enumerate(indices)}
+
+
+def on_mig(uuid: str, fn: Callable[..., Any], *args) -> Any:
+    """``fn(*args)`` in a fresh process whose CUDA sees only the MIG device ``uuid`` (as CUDA device 0); its
+    return value, or the exception it raised, comes back. ``fn`` and its arguments must pickle."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuid   # the child reads it at its start
+    try:
+        with spawn.Pool(1) as pool:
+            return pool.apply(fn, args)
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def _open(nvml_missing: NvmlMissing) -> nvml.Session | None:

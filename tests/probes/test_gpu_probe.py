@@ -114,3 +114,18 @@ def test_cuda_errors_are_classified_once_for_every_probe(exc, gpu, want):
         assert (ei.value.reason, ei.value.detail) == want and ei.value.__suppress_context__
     else:
         assert ei.value is exc
+
+
+def test_cuda_is_pointed_at_the_gated_gpus_by_uuid_in_nvml_order():
+    """The gate left GPUs 1, 4 and 6: CUDA_VISIBLE_DEVICES names their UUIDs, so CUDA device 0 is GPU 1, 1 is 4
+    and 2 is 6, whatever the variable said before (an NVML index is not a CUDA ordinal under it)."""
+    from fleetcanary.probes.lib import gpu_probe
+
+    env = {"CUDA_VISIBLE_DEVICES": "3,5"}
+    uuids = ["GPU-aaaaaaaa-0001", "GPU-aaaaaaaa-0004", "MIG-bbbbbbbb-0006"]
+    assert gpu_probe.pin_cuda(uuids, [1, 4, 6], env) == {1: 0, 4: 1, 6: 2}
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    access = gpu_probe.GpuAccess("cuda", ordinals={1: 0, 4: 1, 6: 2})
+    assert [access.cuda(i) for i in (1, 4, 6)] == [0, 1, 2]
+    env = {}
+    assert gpu_probe.pin_cuda(["unknown"], [0], env) == {} and env == {}   # no UUID from NVML: left alone
