@@ -76,25 +76,31 @@ def slice_map(items: list[dict[str, Any]], drivers: tuple[str, ...] = (NVIDIA_DR
     `attributes` on the device, v1beta1 under `basic`. Devices whose `uuid` is not a GPU or MIG UUID are left
     out (the name fallback applies to them)."""
     out = SliceMap(api_version=api_version)
-    for s in items or []:
-        spec = (s or {}).get("spec") or {}
-        driver = spec.get("driver") or ""
-        if driver not in drivers:
+    def obj(v) -> dict:
+        return v if isinstance(v, dict) else {}
+
+    for s in items if isinstance(items, list) else []:
+        spec = obj(obj(s).get("spec"))
+        driver = spec.get("driver")
+        if not isinstance(driver, str) or driver not in drivers:
             continue
-        pool = ((spec.get("pool") or {}).get("name")) or ""
-        for dev in spec.get("devices") or []:
-            if not isinstance(dev, dict) or not dev.get("name"):
+        pool = obj(spec.get("pool")).get("name")
+        pool = pool if isinstance(pool, str) else ""
+        devices = spec.get("devices")
+        for dev in devices if isinstance(devices, list) else []:
+            if not isinstance(dev, dict) or not isinstance(dev.get("name"), str) or not dev["name"]:
                 continue
-            attrs = dev.get("attributes") or (dev.get("basic") or {}).get("attributes") or {}
+            attrs = obj(dev.get("attributes")) or obj(obj(dev.get("basic")).get("attributes"))
             uuid = str(_attr(attrs, "uuid", driver) or "")
             if not UUID.match(uuid):
                 continue
             parent = str(_attr(attrs, "parentUUID", driver) or "")
             idx, minor = _attr(attrs, "index", driver), _attr(attrs, "minor", driver)
+            idx, minor = (v if isinstance(v, int) and not isinstance(v, bool) else None for v in (idx, minor))
             out.devices[(driver, pool, dev["name"])] = SliceDevice(
                 type=str(_attr(attrs, "type", driver) or ("mig" if uuid.startswith("MIG-") else "gpu")),
                 uuid=uuid, parent_uuid=parent if UUID.match(parent) else "",
-                index=idx if isinstance(idx, int) else None, minor=minor if isinstance(minor, int) else None)
+                index=idx, minor=minor)
     return out
 
 

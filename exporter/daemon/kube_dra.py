@@ -105,26 +105,43 @@ class Claimed:
     pods: set[str] = field(default_factory=set)     # namespace/name
 
 
+def _obj(v) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
 def claimed(claims: list[dict[str, Any]], pods: list[tuple[str, str, str]], drivers: tuple[str, ...]) -> Claimed:
-    """claims: ResourceClaims (JSON); pods: (namespace, name, uid) of the pods bound to this node."""
+    """claims: ResourceClaims (JSON, outside input: any shape); pods: (namespace, name, uid) of the pods bound to
+    this node."""
     by_uid = {uid: (ns, name) for ns, name, uid in pods if uid}
     by_name = {(ns, name) for ns, name, _ in pods}
     out = Claimed()
-    for c in claims:
-        ns = ((c.get("metadata") or {}).get("namespace")) or ""
-        status = c.get("status") or {}
+    for c in _list(claims):
+        ns = _obj(_obj(c).get("metadata")).get("namespace")
+        status = _obj(_obj(c).get("status"))
         holders = []
-        for r in status.get("reservedFor") or []:
-            if not isinstance(r, dict) or (r.get("resource") or "pods") != "pods":
+        for ref in _list(status.get("reservedFor")):
+            r = _obj(ref)
+            if (r.get("resource") or "pods") != "pods":
                 continue
-            pod = by_uid.get(r.get("uid") or "") or ((ns, r.get("name")) if (ns, r.get("name")) in by_name else None)
+            uid, name = r.get("uid"), r.get("name")
+            pod = by_uid.get(uid) if isinstance(uid, str) else None
+            if pod is None and isinstance(ns, str) and isinstance(name, str) and (ns, name) in by_name:
+                pod = (ns, name)
             if pod:
                 holders.append(pod)
         if not holders:
             continue
-        results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
-        got = {dra.Device(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results
-               if isinstance(r, dict) and r.get("driver") in drivers and r.get("device")}
+        got = set()
+        for res in _list(_obj(_obj(status.get("allocation")).get("devices")).get("results")):
+            r = _obj(res)
+            driver, pool, device = r.get("driver"), r.get("pool", ""), r.get("device")
+            if isinstance(driver, str) and driver in drivers and isinstance(device, str) and device \
+                    and isinstance(pool, str):
+                got.add(dra.Device(driver, pool, device))
         if got:
             out.devices |= got
             out.pods |= {f"{p[0]}/{p[1]}" for p in holders}

@@ -142,8 +142,8 @@ class KubeAPI(ServerThread):
 
             def _dra_get(self, url) -> None:
                 version, _, rest = url.path.removeprefix(DRA).partition("/")
-                if version not in api.resource_versions:
-                    self._status(404, "NotFound")
+                if version not in api.resource_versions:   # recorded like any request
+                    self._handle("resource_version_not_served", lambda: self._status(404, "NotFound"))
                     return
                 sel = urllib.parse.parse_qs(url.query).get("fieldSelector", [""])[0]
                 parts = rest.split("/")
