@@ -187,7 +187,7 @@ class KubeAPI(ServerThread):
                     self._handle("create_lease", lambda: self._write_lease(lease_path(url.path)[0], body, True))
                     return
                 if url.path.startswith(DRA) and url.path.endswith("/resourceclaims"):
-                    self._handle("create_resourceclaim", lambda: self._create_claim(url.path.split("/")[6], body))
+                    self._handle("create_resourceclaim", lambda: self._create_claim(url.path.split("/")[5], body))
                     return
                 if url.path == f"/api/v1/namespaces/{ns}/events":
                     self._handle("create_event", lambda: self._create_event(ns, body))
