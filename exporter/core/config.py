@@ -416,8 +416,8 @@ class KubernetesConfig(Strict):
         ["gpu.nvidia.com"], max_length=8,
         description="DRA drivers whose devices are GPUs (NVIDIA's DRA driver: gpu.nvidia.com). Their devices, "
         "from pod-resources' dynamic resources and from ResourceClaims allocated to pods on this node, are held "
-        "GPUs, mapped to GPU UUIDs through this node's ResourceSlices (needs list on resourceslices and "
-        "resourceclaims in resource.k8s.io).")
+        "GPUs, mapped to GPU UUIDs through this node's ResourceSlices (daemon/dra.py; needs list on resourceslices "
+        "and get on resourceclaims in resource.k8s.io; without them the device names place GPUs by minor number).")
     node_condition: NodeConditionConfig = Field(default_factory=NodeConditionConfig)
     claim: ClaimConfig = Field(default_factory=ClaimConfig)
 
