@@ -202,6 +202,18 @@ def on_mig(uuid: str, fn: Callable[..., Any], *args) -> Any:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
+def measure_mig(mig: dict[int, list[str]], fn: Callable[[dict], dict], config: dict, res) -> dict[str, dict]:
+    """``fn(config)`` on each free MIG device (on_mig), its GPU seconds charged to the parent GPU in ``res``;
+    the per-device results by MIG UUID, each with its parent GPU's index."""
+    out = {}
+    for parent, uuids in sorted(mig.items()):
+        for uuid in uuids:
+            got = on_mig(uuid, fn, config)
+            out[uuid] = {"gpu": str(parent), **got}
+            res.gpu_seconds[str(parent)] = res.gpu_seconds.get(str(parent), 0.0) + float(got.get("gpu_seconds", 0))
+    return out
+
+
 def _open(nvml_missing: NvmlMissing) -> nvml.Session | None:
     if nvml_missing == "fail":
         return gpu_gate.open_session()
@@ -225,7 +237,8 @@ def _with_torch(access: GpuAccess) -> GpuAccess:
             reason, detail = (e.reason, e.detail) if e.reason != "no_gpu" else \
                 torch_util.why_no_cuda(torch_util.import_torch())
             gate = access.gate.record()
-            raise ProbeSkipped(reason, f"{detail}; the gate left GPUs {gate['measured_gpus']}"
+            mig = f", MIG devices {gate['measured_mig_devices']}" if gate.get("measured_mig_devices") else ""
+            raise ProbeSkipped(reason, f"{detail}; the gate left GPUs {gate['measured_gpus']}{mig}"
                                f" (skipped: {gate['skipped_gpus']})") from None
         raise
     return access

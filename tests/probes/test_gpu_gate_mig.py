@@ -113,3 +113,20 @@ def test_mps_clients_or_a_reachable_control_pipe_name_mps(monkeypatch, tmp_path)
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "mps"))
     g = gate({"allocated_gpu_uuids": [], "allocated_mig_uuids": []})
     assert g.skipped == {1: "gpu_mps", 3: "gpu_mps"}       # a control daemon here: its server is that process
+
+
+@pytest.mark.parametrize("probe", ["gpu_bandwidth", "gpu_compute"])
+def test_bandwidth_and_compute_take_the_free_mig_devices(monkeypatch, tmp_path, probe):
+    """The probes that run on a MIG device get GPU 6's free slices beside the whole GPUs; here torch has no CUDA,
+    so the run ends after the gate, saying what it would have measured."""
+    from fleetcanary.probes import PROBES
+    from tests.support.gpu import ctx
+
+    node(monkeypatch, tmp_path, mig_gpus=(2, 6))
+    cls = PROBES[probe]
+    with pytest.raises(ProbeSkipped) as e:
+        cls().run(cls.Config(), ctx(tmp_path, kube={"allocated_gpu_uuids": [],
+                                                    "allocated_mig_uuids": [mig_uuid(2, 0)]}))
+    assert e.value.reason == "dependency_missing"
+    assert (f"the gate left GPUs [0, 1, 3, 4, 5, 7], MIG devices {{'6': ['{mig_uuid(6, 0)}', '{mig_uuid(6, 1)}']}}"
+            " (skipped: {'2': 'gpu_allocated'})") in e.value.detail

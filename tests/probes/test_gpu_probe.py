@@ -129,3 +129,31 @@ def test_cuda_is_pointed_at_the_gated_gpus_by_uuid_in_nvml_order():
     assert [access.cuda(i) for i in (1, 4, 6)] == [0, 1, 2]
     env = {}
     assert gpu_probe.pin_cuda(["unknown"], [0], env) == {} and env == {}   # no UUID from NVML: left alone
+
+
+def _what_cuda_sees(config: dict) -> dict:
+    """Runs in the process gpu_probe.on_mig starts."""
+    import os
+
+    return {"gpu_seconds": config["cost"], "seen": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
+
+
+def test_each_free_mig_device_is_measured_in_its_own_process_pointed_at_its_uuid(monkeypatch):
+    """CUDA enumerates one MIG device per process: each gets a fresh process whose CUDA_VISIBLE_DEVICES is its
+    MIG UUID, its GPU seconds go to the parent GPU, and this process's variable is as it was."""
+    import os
+
+    from fleetcanary.probes.base import ProbeResult
+    from fleetcanary.probes.lib import gpu_probe
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-before")
+    res = ProbeResult()
+    res.gpu_seconds["6"] = 1.0
+    mig = {6: ["MIG-aaaa-0001", "MIG-aaaa-0002"], 2: ["MIG-bbbb-0001"]}
+    out = gpu_probe.measure_mig(mig, _what_cuda_sees, {"cost": 0.25}, res)
+    assert {u: (o["gpu"], o["seen"]) for u, o in out.items()} == {
+        "MIG-aaaa-0001": ("6", "MIG-aaaa-0001"), "MIG-aaaa-0002": ("6", "MIG-aaaa-0002"),
+        "MIG-bbbb-0001": ("2", "MIG-bbbb-0001")}
+    assert len({o["pid"] for o in out.values()} | {os.getpid()}) == 4      # a process each, none of them this one
+    assert res.gpu_seconds == {"6": 1.5, "2": 0.25}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-before"
