@@ -165,3 +165,32 @@ def test_a_pod_that_lets_go_of_a_dra_gpu_frees_it_for_an_opportunistic_run(tmp_p
     finally:
         d.server.stop()
     assert freed == [{"3", "5", "6"}]
+
+
+def test_a_daemon_with_held_mig_slices_measures_the_nodes_other_gpus(tmp_path, sock, monkeypatch):
+    """Device plugin, MIG mixed strategy (tests/fixtures/pod_resources/mig_mixed.json): three slices held, on
+    GPUs 0 and 1 (in MIG mode, NVML listing their MIG devices). Only those two parents are off limits; the other
+    six GPUs are measured (before, one held slice skipped every MIG-mode GPU, and with MIG devices NVML could
+    not place, every GPU in MIG mode)."""
+    held = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "pod_resources" / "mig_mixed.json")
+                      .read_text())
+    migs = [c["devices"][0]["device_ids"][0] for p in held["pod_resources"] for c in p["containers"]]
+    facts = json.loads(NVML.read_text())
+    facts["devices"][0].update(mig=[1, 1], mig_devices=[{"uuid": migs[0]}, {"uuid": migs[1]},
+                                                        {"uuid": "MIG-0e0e0e0e-0000-4000-8000-000000000003"}])
+    facts["devices"][1].update(mig=[1, 1], mig_devices=[{"uuid": migs[2]}])
+    path = tmp_path / "mig-facts.json"
+    path.write_text(json.dumps(facts))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(path))
+    k = serve(sock, "mig_mixed")
+    d = daemon(tmp_path, sock)
+    try:
+        d.pod_resources.refresh()
+        assert sorted(d.gpu_allocation()["allocated_mig_uuids"]) == sorted(migs)
+        out = d.run_probe("gpu_p2p")
+    finally:
+        d.server.stop()
+        k.stop()
+    assert (out.outcome, out.reason) == ("skipped", "dependency_missing"), out
+    assert ("the gate left GPUs [2, 3, 4, 5, 6, 7] (skipped: {'0': 'gpu_allocated', '1': 'gpu_allocated'})"
+            in out.detail), out.detail
