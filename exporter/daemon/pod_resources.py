@@ -208,6 +208,7 @@ class Watcher:
                  slices: Callable[[], dra.SliceMap | None] | None = None) -> None:
         self.client = client
         self.slices = slices or (lambda: None)
+        self._unmapped: frozenset[str] = frozenset()
         self.refresh_seconds = refresh_seconds
         self.clock = clock
         self.on_change = on_change
@@ -253,7 +254,13 @@ class Watcher:
         a = self.allocation()
         if a is None:
             return None
-        return a.context(self.slices())
+        ctx = a.context(self.slices())
+        unmapped = frozenset(ctx.get("allocated_unmapped_devices") or ())
+        if unmapped and unmapped != self._unmapped:  # once per change, not once per job
+            log.warning("kubelet pod-resources: GPU DRA devices no ResourceSlice or name places (%s): every GPU "
+                        "counts as held while they are", ", ".join(sorted(unmapped)[:5]))
+        self._unmapped = unmapped
+        return ctx
 
     def start(self) -> None:
         self.refresh()

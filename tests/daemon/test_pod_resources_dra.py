@@ -194,3 +194,28 @@ def test_a_daemon_with_held_mig_slices_measures_the_nodes_other_gpus(tmp_path, s
     assert (out.outcome, out.reason) == ("skipped", "dependency_missing"), out
     assert ("the gate left GPUs [2, 3, 4, 5, 6, 7] (skipped: {'0': 'gpu_allocated', '1': 'gpu_allocated'})"
             in out.detail), out.detail
+
+
+def test_an_unplaced_dra_device_is_said_once_and_holds_every_gpu(sock, caplog):
+    import logging
+
+    from fleetcanary.daemon import podresources_pb2 as pb
+    from fleetcanary.daemon.pod_resources import Watcher
+    from tests.daemon.test_pod_resources import Kubelet
+
+    r = pb.ListPodResourcesResponse()
+    c = r.pod_resources.add(name="vfio-vm", namespace="vms").containers.add(name="compute")
+    c.dynamic_resources.add(claim_name="vm-gpu", claim_namespace="vms").claim_resources.add(
+        driver_name="gpu.nvidia.com", pool_name=NODE, device_name="gpu-vfio-0")
+    k = Kubelet(sock, r)
+    try:
+        w = Watcher(Client(str(sock), timeout_seconds=5), slices=node_slices)
+        w.refresh()
+        with caplog.at_level(logging.WARNING, logger="fleetcanary.pod_resources"):
+            ctxs = [w.context() for _ in range(3)]
+    finally:
+        k.stop()
+        w.client.close()
+    assert all(x["allocated_unmapped_devices"] == ["gpu.nvidia.com/gpu-a/gpu-vfio-0"] for x in ctxs)
+    lines = [m.getMessage() for m in caplog.records]
+    assert len(lines) == 1 and "gpu-vfio-0" in lines[0] and "every GPU counts as held" in lines[0]
