@@ -79,7 +79,8 @@ class GpuBandwidth(Probe):
             per_gpu[str(idx)] = {"gpu_seconds": gpu_seconds, **sizes}
         res.extra["per_gpu"] = per_gpu
         if kind == "cuda" and gpus.mig:
-            res.extra["per_mig"] = gpu_probe.measure_mig(gpus.mig, _on_mig, config.model_dump(mode="json"), res)
+            res.extra["per_mig"] = gpu_probe.measure_mig(gpus.mig, _on_mig, config.model_dump(mode="json"), res,
+                                                           ctx.deadline_monotonic)
         return res
 
     @staticmethod

@@ -133,7 +133,8 @@ class GpuCompute(Probe):
                 checksums[str(idx)] = "|".join(f"{dt}:{sums[dt]}" for dt in config.sdc_dtypes)
         res.extra["per_gpu"] = per_gpu
         if kind == "cuda" and gpus.mig:  # figures in the record only (gpu_bandwidth's docstring says why)
-            res.extra["per_mig"] = gpu_probe.measure_mig(gpus.mig, _on_mig, config.model_dump(mode="json"), res)
+            res.extra["per_mig"] = gpu_probe.measure_mig(gpus.mig, _on_mig, config.model_dump(mode="json"), res,
+                                                           ctx.deadline_monotonic)
         if config.sdc:
             identity = {"model": model, "driver": driver, **matmul.stack_identity(torch, torch.device(kind)),
                         "size": config.sdc_size, "products": config.sdc_products, "dtypes": list(config.sdc_dtypes),

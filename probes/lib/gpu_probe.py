@@ -184,31 +184,43 @@ def pin_cuda(uuids: list[str], indices: list[int], environ=os.environ) -> dict[i
     return {idx: i for i, idx in enumerate(indices)}
 
 
-def on_mig(uuid: str, fn: Callable[..., Any], *args) -> Any:
-    """``fn(*args)`` in a fresh process whose CUDA sees only the MIG device ``uuid`` (as CUDA device 0); its
-    return value, or the exception it raised, comes back. ``fn`` and its arguments must pickle."""
-    import multiprocessing
+def on_mig(uuid: str, fn: Callable[[dict], dict], config: dict, timeout_seconds: float = 600.0) -> dict:
+    """``fn(config)`` in a fresh Python process whose CUDA sees only the MIG device ``uuid`` (as CUDA device 0).
+    ``fn`` is a module-level function; config and result are JSON. A plain subprocess, not multiprocessing: the
+    child never re-imports this process's ``__main__``, and one that dies or overruns is an error here, never a
+    pool that restarts it forever. Raises ProbeError("cuda_error") with the child's last line."""
+    import json
+    import subprocess
+    import sys
 
-    spawn = multiprocessing.get_context("spawn")
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = uuid   # the child reads it at its start
+    from fleetcanary.probes.base import ProbeError
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid}
+    job = json.dumps({"module": fn.__module__, "function": fn.__qualname__, "config": config})
     try:
-        with spawn.Pool(1) as pool:
-            return pool.apply(fn, args)
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
+        p = subprocess.run([sys.executable, "-m", "fleetcanary.probes.lib.mig_child"], input=job, env=env,
+                           capture_output=True, text=True, timeout=max(1.0, timeout_seconds))
+    except subprocess.TimeoutExpired:
+        raise ProbeError("cuda_error", f"MIG device {uuid}: no answer within {timeout_seconds:.0f} s") from None
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise ProbeError("cuda_error", f"MIG device {uuid}: exit {p.returncode}: {last}")
+    return json.loads(lines[-1])
 
 
-def measure_mig(mig: dict[int, list[str]], fn: Callable[[dict], dict], config: dict, res) -> dict[str, dict]:
+def measure_mig(mig: dict[int, list[str]], fn: Callable[[dict], dict], config: dict, res,
+                deadline_monotonic: float | None = None) -> dict[str, dict]:
     """``fn(config)`` on each free MIG device (on_mig), its GPU seconds charged to the parent GPU in ``res``;
-    the per-device results by MIG UUID, each with its parent GPU's index."""
+    the per-device results by MIG UUID, each with its parent GPU's index. Each child gets what is left of the
+    run's deadline."""
+    import time
+
     out = {}
     for parent, uuids in sorted(mig.items()):
         for uuid in uuids:
-            got = on_mig(uuid, fn, config)
+            left = 600.0 if deadline_monotonic is None else deadline_monotonic - time.monotonic() - 1.0
+            got = on_mig(uuid, fn, config, timeout_seconds=left)
             out[uuid] = {"gpu": str(parent), **got}
             res.gpu_seconds[str(parent)] = res.gpu_seconds.get(str(parent), 0.0) + float(got.get("gpu_seconds", 0))
     return out

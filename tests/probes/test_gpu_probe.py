@@ -131,29 +131,35 @@ def test_cuda_is_pointed_at_the_gated_gpus_by_uuid_in_nvml_order():
     assert gpu_probe.pin_cuda(["unknown"], [0], env) == {} and env == {}   # no UUID from NVML: left alone
 
 
-def _what_cuda_sees(config: dict) -> dict:
-    """Runs in the process gpu_probe.on_mig starts."""
-    import os
-
-    return {"gpu_seconds": config["cost"], "seen": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
-
-
 def test_each_free_mig_device_is_measured_in_its_own_process_pointed_at_its_uuid(monkeypatch):
     """CUDA enumerates one MIG device per process: each gets a fresh process whose CUDA_VISIBLE_DEVICES is its
     MIG UUID, its GPU seconds go to the parent GPU, and this process's variable is as it was."""
     import os
+    import time
 
     from fleetcanary.probes.base import ProbeResult
     from fleetcanary.probes.lib import gpu_probe
+    from fleetcanary.probes.testing.mig_echo import cuda_visible
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-before")
     res = ProbeResult()
     res.gpu_seconds["6"] = 1.0
     mig = {6: ["MIG-aaaa-0001", "MIG-aaaa-0002"], 2: ["MIG-bbbb-0001"]}
-    out = gpu_probe.measure_mig(mig, _what_cuda_sees, {"cost": 0.25}, res)
+    out = gpu_probe.measure_mig(mig, cuda_visible, {"cost": 0.25}, res, time.monotonic() + 120)
     assert {u: (o["gpu"], o["seen"]) for u, o in out.items()} == {
         "MIG-aaaa-0001": ("6", "MIG-aaaa-0001"), "MIG-aaaa-0002": ("6", "MIG-aaaa-0002"),
         "MIG-bbbb-0001": ("2", "MIG-bbbb-0001")}
     assert len({o["pid"] for o in out.values()} | {os.getpid()}) == 4      # a process each, none of them this one
     assert res.gpu_seconds == {"6": 1.5, "2": 0.25}
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-before"
+
+
+def test_a_mig_child_that_fails_is_a_cuda_error_with_its_last_line():
+    from fleetcanary.probes.base import ProbeError
+    from fleetcanary.probes.lib import gpu_probe
+    from fleetcanary.probes.testing.mig_echo import cuda_visible
+
+    with pytest.raises(ProbeError) as e:
+        gpu_probe.on_mig("MIG-cccc-0001", cuda_visible, {"fail": True}, timeout_seconds=120)
+    assert e.value.reason == "cuda_error"
+    assert "MIG device MIG-cccc-0001: exit 1: RuntimeError: CUDA error: invalid device ordinal" in str(e.value)
