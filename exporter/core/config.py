@@ -244,7 +244,8 @@ class GpuConfig(Strict):
         0.05, ge=0, le=1,
         description="An invasive probe skips a GPU (reason gpu_busy) whose utilization is above this ratio.")
     skip_when_compute_processes: bool = Field(
-        True, description="An invasive probe skips a GPU (reason gpu_busy) that has compute processes.")
+        True, description="An invasive probe skips a GPU (reason gpu_busy) that has compute processes (gpu_mps where "
+        "they are an MPS server or its clients, docs/allocation.md).")
     expected_count: int | None = Field(
         None, ge=0, description="GPUs this node should have; None reads it from the node label when known.")
     xid_watch: str = Field(
