@@ -219,3 +219,24 @@ def test_an_unplaced_dra_device_is_said_once_and_holds_every_gpu(sock, caplog):
     assert all(x["allocated_unmapped_devices"] == ["gpu.nvidia.com/gpu-a/gpu-vfio-0"] for x in ctxs)
     lines = [m.getMessage() for m in caplog.records]
     assert len(lines) == 1 and "gpu-vfio-0" in lines[0] and "every GPU counts as held" in lines[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["gpu.nvidia.com", "dra.net", ""]), st.text(max_size=12),
+                          st.text(max_size=24)), max_size=8))
+def test_any_dynamic_resources_parse_and_place_or_hold_everything(devices):
+    """Whatever driver, pool and device names a kubelet sends: parsed without an exception; each GPU-driver
+    device is placed (slice or name) or listed as unmapped, so none is ever taken for free."""
+    from fleetcanary.daemon import podresources_pb2 as pb
+    from fleetcanary.daemon.pod_resources import parse
+
+    r = pb.ListPodResourcesResponse()
+    d = r.pod_resources.add(name="p", namespace="ns").containers.add(name="c").dynamic_resources.add(claim_name="x")
+    for driver, pool, name in devices:
+        d.claim_resources.add(driver_name=driver, pool_name=pool, device_name=name)
+    a = parse(pb.ListPodResourcesResponse.FromString(r.SerializeToString()))
+    ctx = a.context(node_slices())
+    gpu_devices = {(p, n) for drv, p, n in devices if drv == "gpu.nvidia.com" and n}
+    placed = len(ctx["allocated_gpu_uuids"]) + len(ctx.get("allocated_gpu_minors", []))
+    assert len(a.dra) == len(gpu_devices)
+    assert (placed > 0 or ctx.get("allocated_unmapped_devices")) if gpu_devices else "dra_devices" not in ctx
