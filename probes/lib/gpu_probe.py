@@ -17,8 +17,10 @@ the probes gave when each carried its own copy.
 CUDA is told which GPUs by UUID, never by NVML index: before torch starts CUDA in the worker, the prologue
 sets CUDA_VISIBLE_DEVICES to the UUIDs of the GPUs the gate left, in NVML order, so CUDA device ``i`` is
 ``handles[i]`` (``GpuAccess.cuda(index)`` gives it for an NVML index) whatever CUDA_DEVICE_ORDER says and
-whatever the container set before (an NVML index is not a CUDA ordinal under a restricted
-CUDA_VISIBLE_DEVICES, nor under MIG). Rank programs started after it (collectives) inherit it. Where CUDA has
+whatever CUDA_DEVICE_ORDER says (an NVML index is not a CUDA ordinal under a restricted
+CUDA_VISIBLE_DEVICES, nor under MIG). A CUDA_VISIBLE_DEVICES the worker found set is a restriction that stays:
+only the GPUs it names (by UUID or unique UUID prefix, or by number, taken as the NVML index, i.e. PCI bus
+order) are gated, the rest are not touched. Rank programs started after it (collectives) inherit it. Where CUDA has
 started in this process already, the ordinals are matched by the UUIDs torch reports. A probe that supports
 MIG (``mig=True``) also gets the gate's free MIG devices (``GpuAccess.mig``), each measured in its own
 process pointed at its MIG UUID (``on_mig``): CUDA enumerates one MIG device per process.
@@ -130,6 +132,8 @@ def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMiss
     access = GpuAccess("cpu" if on_cpu else "cuda", session)
     try:
         handles = session.handles()
+        if not on_cpu and not os.environ.get(nvml.FAKE_ENV):  # recorded facts name no device of this machine
+            handles = visible(session, handles)
         if select is not None:
             handles = select(handles)
             if handles is None:  # no GPU to use here: the run goes on without (the fabric probe's gloo)
@@ -163,6 +167,33 @@ def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMiss
     except BaseException:
         access.close()
         raise
+
+
+def visible(session: nvml.Session, handles: list[nvml.GpuHandle], environ=os.environ) -> list[nvml.GpuHandle]:
+    """The GPUs a preset CUDA_VISIBLE_DEVICES lets CUDA see (all without one). As CUDA reads it: entries up to
+    the first that names nothing; a UUID entry may be a unique prefix; a MIG UUID names its parent GPU here.
+    None left: ProbeSkipped("no_gpu")."""
+    preset = environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is None:
+        return handles
+    live = [h for h in handles if not h.lost]
+    uuids = {h.index: session.uuid(h) for h in live}
+    migs = {h.index: {session.uuid(m) for m in session.mig_devices(h) or []} for h in live
+            if session.mig_mode(h) == "enabled"} if "MIG-" in preset else {}
+    keep: list[int] = []
+    for entry in (e.strip() for e in preset.split(",")):
+        if entry.isdigit():
+            named = [h.index for h in handles if h.index == int(entry)]
+        else:
+            named = [i for i, u in uuids.items() if entry and u.startswith(entry)] or \
+                [i for i, ms in migs.items() if entry in ms]
+        if len(named) != 1:
+            break
+        keep += [i for i in named if i not in keep]
+    out = [h for h in handles if h.index in keep]
+    if not out:
+        raise ProbeSkipped("no_gpu", f"CUDA_VISIBLE_DEVICES={preset[:200]!r} names none of the GPUs NVML lists")
+    return out
 
 
 def pin_cuda(uuids: list[str], indices: list[int], environ=os.environ) -> dict[int, int]:

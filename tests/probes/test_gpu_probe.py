@@ -163,3 +163,28 @@ def test_a_mig_child_that_fails_is_a_cuda_error_with_its_last_line():
         gpu_probe.on_mig("MIG-cccc-0001", cuda_visible, {"fail": True}, timeout_seconds=120)
     assert e.value.reason == "cuda_error"
     assert "MIG device MIG-cccc-0001: exit 1: RuntimeError: CUDA error: invalid device ordinal" in str(e.value)
+
+
+def test_a_preset_cuda_visible_devices_restricts_the_gpus_used(monkeypatch):
+    """On the recorded 8-GPU node: a variable the worker found set keeps its restriction (by UUID, UUID prefix
+    or number), read as CUDA reads it (up to the first entry that names nothing); none named: no_gpu."""
+    import json
+
+    from fleetcanary.probes.base import ProbeSkipped
+    from fleetcanary.probes.lib import gpu_probe, nvml
+    from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
+    from tests.support.gpu import fake
+
+    fake(monkeypatch, "h100_8gpu_healthy")
+    uuids = [d["uuid"] for d in json.loads((FACTS_DIR / "h100_8gpu_healthy.json").read_text())["devices"]]
+    with nvml.open_session() as s:
+        hs = s.handles()
+
+        def kept(value):
+            return [h.index for h in gpu_probe.visible(s, hs, {"CUDA_VISIBLE_DEVICES": value})]
+        assert [h.index for h in gpu_probe.visible(s, hs, {})] == list(range(8))
+        assert kept(f"{uuids[5]},{uuids[2][:12]}") == [2, 5]
+        assert kept("1,3,nonsense,6") == [1, 3]
+        with pytest.raises(ProbeSkipped) as e:
+            kept("")
+    assert e.value.reason == "no_gpu" and "names none of the GPUs" in e.value.detail
