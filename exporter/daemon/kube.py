@@ -353,6 +353,9 @@ class Kube:
                 return None
             except Exception as exc:  # noqa: BLE001 - counted; the slices last read stay
                 self.count_error("list_resourceslices", exc)
+                if self._snap.slices is None:  # never read (RBAC without resourceslices?): ask again later
+                    self._dra_skip = DRA_RETRY_SYNCS
+                    return None
             else:
                 self._slices_age = 0
                 with self._lock:

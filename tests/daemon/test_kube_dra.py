@@ -161,3 +161,17 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_s
 def test_claims_of_any_shape_never_raise(claims):
     out = kube_dra.claimed(claims, [("ns", "p", "uid-p")], ("gpu.nvidia.com",))
     assert len(out.devices) <= sum(1 for _ in claims) * 100
+
+
+def test_rbac_without_resourceslices_is_counted_once_per_backoff_not_every_sync(tmp_path):
+    api = dra_node(tmp_path)
+    api.fail["list_resourceslices"] = 403
+    try:
+        k = make(api)
+        for _ in range(5):
+            assert k.sync()
+        s = k.snapshot()
+    finally:
+        api.close()
+    assert s.errors == {("list_resourceslices", "forbidden"): 1}
+    assert sum("resourceslices" in r[1] for r in api.requests) == 1
