@@ -155,5 +155,9 @@ def gate(session: nvml.Session, handles: list[nvml.GpuHandle], gpu_ctx: dict[str
         reason = Counter(skipped.values()).most_common(1)[0][0]
         why = (f" ({cost_seconds:g} s needed, left over the last {gpu_ctx.get('budget_window_seconds', 3600):g} s: "
                f"{ {k: round(v, 2) for k, v in budget_left.items()} })" if reason == "budget" else "")
+        in_mig = sorted(i for i, r in skipped.items() if r == "unsupported" and i in mig_devs)
+        if in_mig:
+            why += (f"; GPUs {in_mig} are in MIG mode and this probe measures whole GPUs" if not mig else
+                    f"; GPUs {in_mig} are in MIG mode with no free MIG device")
         raise ProbeSkipped(reason, f"no usable GPU: {skipped}{why}")
     return Gate(usable, skipped, uuids, free_mig)

@@ -75,6 +75,7 @@ def test_a_node_all_in_mig_mode_measures_its_free_slices_or_skips_unsupported(mo
     with pytest.raises(ProbeSkipped) as e:
         gate({"allocated_gpu_uuids": [], "allocated_mig_uuids": []})
     assert e.value.reason == "unsupported"
+    assert "GPUs [0, 1, 2, 3, 4, 5, 6, 7] are in MIG mode and this probe measures whole GPUs" in e.value.detail
 
 
 def test_dra_devices_named_by_minor_hold_those_gpus(monkeypatch, tmp_path):
