@@ -20,7 +20,7 @@ REQUEST = "gpus"   # the request's name in the claim and the pod's resourceClaim
 
 def mode(snapshot) -> str | None:
     """The resource.k8s.io version to claim through (DRA), or None for the device plugin."""
-    if snapshot is None or (snapshot.gpu_capacity or 0) > 0:
+    if snapshot is None or (snapshot.gpu_allocatable or snapshot.gpu_capacity or 0) > 0:
         return None
     slices = snapshot.slices
     if not snapshot.dra_gpus or slices is None or not slices.api_version:

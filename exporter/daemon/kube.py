@@ -113,6 +113,7 @@ class Snapshot:
     gpu_capacity: int | None = None
     gpus_requested: int | None = None
     gpu_pods: list[str] = field(default_factory=list)           # namespace/name of pods holding GPUs
+    gpu_allocatable: int | None = None                          # nvidia.com/gpu in the node's allocatable
     gpus_claimed: int | None = None                             # of gpus_requested: GPU devices held through DRA
     dra_gpus: int | None = None                                 # whole GPUs this node's ResourceSlices publish
     slices: Any = None                                          # dra.SliceMap of this node, as last read
@@ -283,6 +284,7 @@ class Kube:
         else:
             labels = (node.metadata.labels if node.metadata else None) or {}
             cap = (node.status.capacity if node.status else None) or {}
+            alloc = (node.status.allocatable if node.status else None) or {}
             new = {"gpu_product": labels.get(self.cfg.gpu_product_label, ""),
                    "instance_type": labels.get(self.cfg.instance_type_label, ""),
                    "zone": labels.get(self.cfg.zone_label, ""),
@@ -291,9 +293,14 @@ class Kube:
                 capacity = int(str(cap[GPU_RESOURCE])) if GPU_RESOURCE in cap else None
             except ValueError:
                 capacity = None
+            try:  # the device plugin advertises nvidia.com/gpu; a node whose GPUs a DRA driver hands out does not
+                allocatable = int(str(alloc[GPU_RESOURCE])) if GPU_RESOURCE in alloc else None
+            except ValueError:
+                allocatable = None
             with self._lock:
                 self._snap.labels = new
                 self._snap.gpu_capacity = capacity
+                self._snap.gpu_allocatable = allocatable
         try:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
@@ -310,8 +317,8 @@ class Kube:
             requested = sum(n for _, n in holding)
             gpu_pods = {f"{p.metadata.namespace}/{p.metadata.name}" for p, _ in holding}
             with self._lock:
-                capacity = self._snap.gpu_capacity
-            claimed = self.sync_dra(pods.items or [], capacity)
+                advertised = self._snap.gpu_allocatable or self._snap.gpu_capacity
+            claimed = self.sync_dra(pods.items or [], advertised)
             if claimed is not None:
                 requested += len(claimed.devices)
                 gpu_pods |= claimed.pods
