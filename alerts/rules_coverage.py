@@ -73,8 +73,8 @@ RUNBOOKS: dict[str, tuple[str, str, str]] = {
         "Most of the pool's GPUs had no successful run of this probe for several of its intervals. Nothing is known "
         "to be wrong with them: they were not measured, so a slow GPU there would go unseen. A warning for the "
         "platform team, not a page.",
-        "The description's skip reasons. `gpu_allocated`/`gpu_busy`: tenants hold the GPUs (expected on a full "
-        "pool; deploy/overlays/gpu-allocation lets the free GPUs of a partly held node be measured, and "
+        "The description's skip reasons. `gpu_allocated`/`gpu_busy`/`gpu_mps`: tenants hold the GPUs (expected on a "
+        "full pool; deploy/overlays/gpu-allocation lets the free GPUs of a partly held node be measured, and "
         "opportunistic runs use the gaps between jobs; on nodes held whole for days, "
         "deploy/overlays/scheduled-runs asks "
         "the scheduler for GPU time with a lowest-priority claim pod). `budget`: the GPU-time budget is spent "

@@ -7,9 +7,12 @@ GET /api/v1/nodes/NAME, GET
 test sets its phase; 409 if it exists). For the remediation controller: GET /api/v1/nodes (list), PATCH
 /api/v1/nodes/NAME (a JSON merge patch; a stale metadata.resourceVersion answers 409), POST
 /api/v1/namespaces/NS/events, and GET/POST/PUT coordination.k8s.io/v1 Leases (a PUT with a stale resourceVersion
-answers 409); every node it patches, Event and Lease is validated against the Kubernetes schema (422 if not valid,
-kept in ``invalid``). Every request must carry the bearer token (over HTTPS; or, with plain_http, none is asked
-for, as `kubectl proxy` on loopback). A test can make an
+answers 409). For DRA (resource.k8s.io, the versions in ``resource_versions``; others answer 404): GET
+resourceslices?fieldSelector=spec.nodeName=NODE, GET resourceclaims (all namespaces), POST, GET and DELETE
+namespaced resourceclaims (a created claim is validated against the first schema kubernetes-validate has with
+resource.k8s.io/v1: DRA_SCHEMA_VERSION, see ``valid_dra``). Every node it patches, Event and Lease is validated
+against the Kubernetes schema (422 if not valid, kept in ``invalid``). Every request must carry the bearer token
+(over HTTPS; or, with plain_http, none is asked for, as `kubectl proxy` on loopback). A test can make an
 operation answer 403/500 or hang (until released) to drive the client's error paths.
 """
 from __future__ import annotations
@@ -72,6 +75,10 @@ class KubeAPI(ServerThread):
         self.leases: dict[tuple[str, str], dict] = {}   # (namespace, name) -> Lease
         self.lease_writes: list[dict] = []      # Leases created or replaced, as stored
         self.invalid: list[str] = []            # what the schema refused, one line each
+        self.resource_versions: tuple[str, ...] = ("v1",)  # resource.k8s.io versions served (() = no DRA)
+        self.resource_slices: list[dict] = []
+        self.resource_claims: list[dict] = []
+        self.claims_created: list[dict] = []
         self._version = 100
         self._write_lock = threading.Lock()     # a read-check-write of a resourceVersion is atomic, as in etcd
         self._release = threading.Event()
@@ -121,6 +128,8 @@ class KubeAPI(ServerThread):
                     ns, name = url.path.split("/")[4], url.path.split("/")[6]
                     self._handle("read_pod", lambda: self._reply(200, p) if (p := api.pod(ns, name))
                                  else self._status(404, "NotFound"))
+                elif url.path.startswith(DRA):
+                    self._dra_get(url)
                 elif url.path.startswith("/api/v1/namespaces/") and url.path.endswith("/pods"):
                     ns = url.path.split("/")[4]
                     sel = urllib.parse.parse_qs(url.query).get("labelSelector", [""])[0]
@@ -131,6 +140,42 @@ class KubeAPI(ServerThread):
                 else:
                     self._status(404, "NotFound")
 
+            def _dra_get(self, url) -> None:
+                version, _, rest = url.path.removeprefix(DRA).partition("/")
+                if version not in api.resource_versions:   # recorded like any request
+                    self._handle("resource_version_not_served", lambda: self._status(404, "NotFound"))
+                    return
+                sel = urllib.parse.parse_qs(url.query).get("fieldSelector", [""])[0]
+                parts = rest.split("/")
+                if rest == "resourceslices":
+                    self._handle("list_resourceslices", lambda: self._reply(200, {
+                        "apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSliceList",
+                        "metadata": {"resourceVersion": "1"},
+                        "items": [s for s in api.resource_slices if selects(sel, s)]}))
+                elif rest == "resourceclaims":
+                    self._handle("list_resourceclaims", lambda: self._reply(200, {
+                        "apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceClaimList",
+                        "metadata": {"resourceVersion": "1"}, "items": list(api.resource_claims)}))
+                elif len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "resourceclaims":
+                    self._handle("read_resourceclaim", lambda: self._reply(200, c) if (
+                        c := api.claim(parts[1], parts[3])) else self._status(404, "NotFound"))
+                else:
+                    self._status(404, "NotFound")
+
+            def _create_claim(self, ns: str, body: dict) -> None:
+                if not api.valid_dra(body):
+                    self._status(422, "Invalid")
+                    return
+                name = body["metadata"]["name"]
+                if api.claim(ns, name):
+                    self._status(409, "AlreadyExists")
+                    return
+                created = {**body, "metadata": {**body["metadata"], "namespace": ns, "uid": f"uid-claim-{name}",
+                                                "creationTimestamp": api.now()}}
+                api.resource_claims.append(created)
+                api.claims_created.append(created)
+                self._reply(201, created)
+
             def _body(self) -> dict:
                 return json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
 
@@ -140,6 +185,9 @@ class KubeAPI(ServerThread):
                 ns = url.path.split("/")[4]
                 if url.path.startswith(LEASES):
                     self._handle("create_lease", lambda: self._write_lease(lease_path(url.path)[0], body, True))
+                    return
+                if url.path.startswith(DRA) and url.path.endswith("/resourceclaims"):
+                    self._handle("create_resourceclaim", lambda: self._create_claim(url.path.split("/")[5], body))
                     return
                 if url.path == f"/api/v1/namespaces/{ns}/events":
                     self._handle("create_event", lambda: self._create_event(ns, body))
@@ -160,6 +208,18 @@ class KubeAPI(ServerThread):
 
             def do_DELETE(self):
                 url = urllib.parse.urlsplit(self.path)
+                if url.path.startswith(DRA):
+                    parts = url.path.split("/")   # /apis/resource.k8s.io/V/namespaces/NS/resourceclaims/NAME
+
+                    def delete_claim():
+                        c = api.claim(parts[5], parts[7])
+                        if not c:
+                            self._status(404, "NotFound")
+                            return
+                        api.resource_claims.remove(c)
+                        self._reply(200, c)
+                    self._handle("delete_resourceclaim", delete_claim)
+                    return
                 ns, name = url.path.split("/")[4], url.path.split("/")[6]
 
                 def delete():
@@ -284,6 +344,21 @@ class KubeAPI(ServerThread):
             return False
         return True
 
+    def claim(self, ns: str, name: str) -> dict | None:
+        return next((c for c in self.resource_claims if c["metadata"].get("namespace") == ns
+                     and c["metadata"].get("name") == name), None)
+
+    def valid_dra(self, obj: dict) -> bool:
+        """A ResourceClaim (or a pod that uses one) checked against DRA_SCHEMA_VERSION's schema."""
+        import kubernetes_validate
+
+        try:
+            kubernetes_validate.validate(obj, DRA_SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            self.invalid.append(f"{obj.get('kind')}: {str(exc).splitlines()[0][:300]}")
+            return False
+        return True
+
     def pod(self, ns: str, name: str) -> dict | None:
         return next((p for p in self.pods if p["metadata"].get("namespace") == ns
                      and p["metadata"].get("name") == name), None)
@@ -303,6 +378,8 @@ class KubeAPI(ServerThread):
 
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/"
+DRA = "/apis/resource.k8s.io/"
+DRA_SCHEMA_VERSION = "1.34.0"  # the first release with resource.k8s.io/v1 (GA); tests also check the newest
 
 
 def lease_path(path: str) -> tuple[str, str]:
@@ -313,7 +390,7 @@ def lease_path(path: str) -> tuple[str, str]:
 
 def status_patch_problem(name: str, body: dict, content_type: str) -> str:
     """Why the API server would refuse this node status patch ("" if it would not): a strategic merge patch
-    whose status validates as a Node's against the Kubernetes schema (K8S_VERSION, tests/test_deploy.py's too)."""
+    whose status validates as a Node's against the Kubernetes schema (tests/test_deploy.py's version)."""
     import kubernetes_validate
 
     if content_type != "application/strategic-merge-patch+json":

@@ -30,6 +30,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "not_configured",    # the probe has no targets configured
     "gpu_busy",          # a compute process or utilization over threshold on a target GPU
     "gpu_allocated",     # Kubernetes has allocated a target GPU to a pod
+    "gpu_mps",           # an MPS server shares a target GPU (a tenant's MPS clients)
     "budget",            # the GPU-time budget over the probe's window (its interval, 1 h to 1 day) is spent
     "dependency_missing",  # an optional package (torch, or torch with CUDA on a GPU node) is not installed
     "low_disk_space",    # free space under the configured floor

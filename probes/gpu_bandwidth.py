@@ -9,6 +9,11 @@ Each direction: ``warmup`` untimed copies, then ``repeats`` copies each timed wi
 CUDA events; the median is published and the repeats kept in the record. Buffers are
 at least 4x the GPU's L2 cache so the device-to-device figure is HBM, not L2.
 The same code runs on device "cpu" for tests, where all three are memcpy.
+
+MIG: the free MIG devices the gate offers (probes/lib/gpu_gate.py) are measured too, each in a process of its
+own pointed at its MIG UUID (CUDA enumerates one MIG device per process). Their figures go into the record
+(``per_mig``) and their GPU seconds to the parent GPU's budget, not into the metric: a slice's bandwidth is
+not comparable with whole GPUs' in the fleet rules.
 """
 from __future__ import annotations
 
@@ -52,7 +57,7 @@ class GpuBandwidth(Probe):
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
         from fleetcanary.probes.lib import gpu_probe, torch_util
 
-        gpus = gpu_probe.acquire(config, ctx)
+        gpus = gpu_probe.acquire(config, ctx, mig=True)
         kind = gpus.kind
         indices = gpus.indices if kind == "cuda" else [0]
         torch = torch_util.import_torch()
@@ -63,7 +68,7 @@ class GpuBandwidth(Probe):
                           touched={"gpus": indices, "invasive": True, **gpus.record()})
         per_gpu = {}
         for idx in indices:
-            device = torch.device(kind, idx) if kind == "cuda" else torch.device("cpu")
+            device = torch.device(kind, gpus.cuda(idx)) if kind == "cuda" else torch.device("cpu")
             with torch_util.cuda_errors(gpu=idx):
                 figs, gpu_seconds, sizes = self._measure(torch, torch_util, device, config)
             for f in figs:
@@ -73,6 +78,9 @@ class GpuBandwidth(Probe):
             res.gpu_seconds[str(idx)] = gpu_seconds
             per_gpu[str(idx)] = {"gpu_seconds": gpu_seconds, **sizes}
         res.extra["per_gpu"] = per_gpu
+        if kind == "cuda" and gpus.mig:
+            res.extra["per_mig"] = gpu_probe.measure_mig(gpus.mig, _on_mig, config.model_dump(mode="json"), res,
+                                                           ctx.deadline_monotonic)
         return res
 
     @staticmethod
@@ -114,6 +122,16 @@ class GpuBandwidth(Probe):
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
         return figs, gpu_seconds, sizes
+
+
+def _on_mig(config: dict) -> dict:
+    """One MIG device's figures, in the process gpu_probe.on_mig started (CUDA device 0 is the MIG device)."""
+    from fleetcanary.probes.lib import torch_util
+
+    torch = torch_util.import_torch()
+    with torch_util.cuda_errors():
+        figs, gpu_seconds, sizes = GpuBandwidth._measure(torch, torch_util, torch.device("cuda", 0), Config(**config))
+    return {"gpu_seconds": gpu_seconds, "figures": {f.name: f.median for f in figs}, **sizes}
 
 
 class _Null:

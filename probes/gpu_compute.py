@@ -95,7 +95,7 @@ class GpuCompute(Probe):
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
         from fleetcanary.probes.lib import gpu_probe, matmul, sdc, torch_util
 
-        gpus = gpu_probe.acquire(config, ctx, inspect=lambda s, usable: (s.identity(usable[0])["model"],
+        gpus = gpu_probe.acquire(config, ctx, mig=True, inspect=lambda s, usable: (s.identity(usable[0])["model"],
                                                                           s.driver_version()))
         kind = gpus.kind
         model, driver = gpus.facts or ("cpu", "none")
@@ -113,7 +113,7 @@ class GpuCompute(Probe):
                           touched={"gpus": indices, "invasive": True, **gpus.record()})
         per_gpu, checksums = {}, {}
         for idx in indices:
-            device = torch.device(kind, idx) if kind == "cuda" else torch.device("cpu")
+            device = torch.device(kind, gpus.cuda(idx)) if kind == "cuda" else torch.device("cpu")
             with torch_util.cuda_errors(gpu=idx):
                 figs, gpu_seconds, unsupported = self._throughput(torch, torch_util, matmul, device, config)
                 sums, sdc_seconds = {}, 0.0
@@ -132,6 +132,9 @@ class GpuCompute(Probe):
             if sums:
                 checksums[str(idx)] = "|".join(f"{dt}:{sums[dt]}" for dt in config.sdc_dtypes)
         res.extra["per_gpu"] = per_gpu
+        if kind == "cuda" and gpus.mig:  # figures in the record only (gpu_bandwidth's docstring says why)
+            res.extra["per_mig"] = gpu_probe.measure_mig(gpus.mig, _on_mig, config.model_dump(mode="json"), res,
+                                                           ctx.deadline_monotonic)
         if config.sdc:
             identity = {"model": model, "driver": driver, **matmul.stack_identity(torch, torch.device(kind)),
                         "size": config.sdc_size, "products": config.sdc_products, "dtypes": list(config.sdc_dtypes),
@@ -177,6 +180,17 @@ class GpuCompute(Probe):
                              f"{v.golden_source} golden {v.golden[:23]}...", result=res)
         if v.no_consensus:
             raise ProbeError("sdc_no_consensus", v.detail, result=res)
+
+
+def _on_mig(config: dict) -> dict:
+    """One MIG device's throughput, in the process gpu_probe.on_mig started (CUDA device 0 is the MIG device)."""
+    from fleetcanary.probes.lib import matmul, torch_util
+
+    torch = torch_util.import_torch()
+    with torch_util.cuda_errors():
+        figs, gpu_seconds, unsupported = GpuCompute._throughput(torch, torch_util, matmul, torch.device("cuda", 0),
+                                                                Config(**config))
+    return {"gpu_seconds": gpu_seconds, "figures": {f.name: f.median for f in figs}, "unsupported_dtypes": unsupported}
 
 
 class _Null:

@@ -107,7 +107,7 @@ class GpuP2P(Probe):
                                       "pairs": config.pairs, "topology": config.topology,
                                       "timer": "perf_counter around synchronize of both devices"},
                           touched={"gpus": indices, "invasive": True, **gpus.record()})
-        dev = (lambda i: torch.device("cuda", i)) if kind == "cuda" else (lambda i: torch.device("cpu"))
+        dev = (lambda i: torch.device("cuda", gpus.cuda(i))) if kind == "cuda" else (lambda i: torch.device("cpu"))
         bufs = {}
         with torch_util.cuda_errors():
             for i in indices:
@@ -120,13 +120,14 @@ class GpuP2P(Probe):
         def sync(*ids):
             if kind == "cuda":
                 for i in ids:
-                    torch.cuda.synchronize(i)
+                    torch.cuda.synchronize(gpus.cuda(i))
 
         for a in indices:
             for b in indices:
                 if a == b:
                     continue
-                access = torch.cuda.can_device_access_peer(a, b) if kind == "cuda" else nvml_access.get((a, b), True)
+                access = (torch.cuda.can_device_access_peer(gpus.cuda(a), gpus.cuda(b)) if kind == "cuda"
+                          else nvml_access.get((a, b), True))
                 copy = functools.partial(recv[b].copy_, bufs[a], non_blocking=True)
                 times = _timed(copy, a, b, config, sync, gpu_seconds)
                 step = max(config.bytes // 4096, 1)
@@ -143,7 +144,7 @@ class GpuP2P(Probe):
                     res.samples.append(Sample(LINK, {**labels, "link": link}, 1.0))
                 matrix[f"{a}->{b}"] = {"median_bytes_per_second": fig.median, "peer_access": bool(access), "link": link}
                 if config.bidirectional and a < b:
-                    fig2 = self._bidirectional(torch, kind, bufs, recv, a, b, config, sync, gpu_seconds)
+                    fig2 = self._bidirectional(torch, kind, bufs, recv, a, b, config, sync, gpu_seconds, gpus.cuda)
                     res.figures.append(fig2)
                     res.samples.append(Sample(BIDI, labels, fig2.median))
         if not config.pairs:  # each source GPU's slowest link, as the judge folds the matrix
@@ -156,8 +157,8 @@ class GpuP2P(Probe):
         return res
 
     @staticmethod
-    def _bidirectional(torch, kind, bufs, recv, a, b, config, sync, gpu_seconds) -> Figure:
-        streams = (torch.cuda.Stream(a), torch.cuda.Stream(b)) if kind == "cuda" else None
+    def _bidirectional(torch, kind, bufs, recv, a, b, config, sync, gpu_seconds, cuda=lambda i: i) -> Figure:
+        streams = (torch.cuda.Stream(cuda(a)), torch.cuda.Stream(cuda(b))) if kind == "cuda" else None
 
         def both_ways():
             if streams:

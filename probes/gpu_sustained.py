@@ -137,10 +137,11 @@ class GpuSustained(Probe):
             torch = torch_util.import_torch()
             with torch_util.cuda_errors():
                 return self._burn(torch, matmul, load_trace, gpus.session, gpus.handles, kind, indices, config,
-                                  gpus.gate)
+                                  gpus.gate, gpus.cuda)
 
-    def _burn(self, torch, matmul, load_trace, session, handles, kind, indices, config: Config, gate) -> ProbeResult:
-        devices = {i: (torch.device(kind, i) if kind == "cuda" else torch.device("cpu")) for i in indices}
+    def _burn(self, torch, matmul, load_trace, session, handles, kind, indices, config: Config, gate,
+              cuda=lambda i: i) -> ProbeResult:
+        devices = {i: (torch.device(kind, cuda(i)) if kind == "cuda" else torch.device("cpu")) for i in indices}
         fns = {i: matmul.operands(torch, d, config.dtype, config.size) for i, d in devices.items()}
         work = config.per_chunk * matmul.flops(config.size)
         chunks: dict[int, list[tuple[float, float]]] = {i: [] for i in indices}  # (end offset s, FLOP/s)

@@ -131,7 +131,7 @@ class TrainStep(Probe):
         kind = gpus.kind
         index = gpus.indices[0] if kind == "cuda" else 0
         torch = torch_util.import_torch()
-        device = torch.device(kind, index) if kind == "cuda" else torch.device("cpu")
+        device = torch.device(kind, gpus.cuda(index)) if kind == "cuda" else torch.device("cpu")
         label = {"gpu": str(index) if kind == "cuda" else "cpu", "dtype": config.dtype}
         res = ProbeResult(parameters={"device": kind, "dtype": config.dtype, **config.shape_key(),
                                       "warmup_steps": config.warmup_steps,

@@ -205,7 +205,8 @@ def test_each_gpu_access_mode_reaches_the_gpus_without_requesting_one():
     assert env["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/var/run/nvidia-container-devices/all")
     vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-    assert vol["hostPath"] == {"path": "/dev/null", "type": "CharDevice"} and c["securityContext"]["privileged"] is False
+    assert vol["hostPath"] == {"path": "/dev/null", "type": "CharDevice"}
+    assert c["securityContext"]["privileged"] is False
     spec, c, env = container(COMBINATIONS["gpu-access-privileged"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and c["securityContext"]["privileged"] is True
     spec, c, env = container(COMBINATIONS["gke"])
@@ -328,7 +329,9 @@ def test_claim_pods_are_outside_the_selector_and_alone_admitted():
     binding = one(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     role = one(docs, "Role", f"{RELEASE}-claim")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]},
+                             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],  # a DRA node's
+                              "verbs": ["create", "get", "delete"]}]
     assert "ValidatingAdmissionPolicy" not in {d["kind"] for d in render(COMBINATIONS["scheduled-runs-without-policy"])}
 
 

@@ -195,16 +195,16 @@ def test_rbac_grants_the_least_it_needs(variant):
     docs = [d for d in docs if not d["metadata"]["name"].startswith("fleetcanary-remediate")]
     granted = {(res, verb) for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]
                for res in r["resources"] for verb in r["verbs"]}
-    base = {("nodes", "get"), ("pods", "list")}
+    base = {("nodes", "get"), ("pods", "list"), ("resourceslices", "list"), ("resourceclaims", "get")}  # DRA too
     cfg = configmod.settings_model()(**config_of(docs))
     if cfg.kubernetes.node_condition.enabled:
         assert granted == base | {("nodes/status", "patch")}, path
     else:
         assert granted == base, path
-    # namespaced: a claim's pod (overlays/scheduled-runs), nothing else
+    # namespaced: a claim's pod and, on a DRA node, its ResourceClaim (overlays/scheduled-runs), nothing else
     in_ns = {(res, verb) for d in docs if d["kind"] == "Role" for r in d["rules"]
              for res in r["resources"] for verb in r["verbs"]}
-    assert in_ns == ({("pods", "create"), ("pods", "get"), ("pods", "delete")}
+    assert in_ns == ({(res, verb) for res in ("pods", "resourceclaims") for verb in ("create", "get", "delete")}
                      if cfg.kubernetes.claim.enabled else set()), path
     sa = one(docs, "ServiceAccount", "fleetcanary")["metadata"]["name"]
     for b in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):

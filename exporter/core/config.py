@@ -244,7 +244,8 @@ class GpuConfig(Strict):
         0.05, ge=0, le=1,
         description="An invasive probe skips a GPU (reason gpu_busy) whose utilization is above this ratio.")
     skip_when_compute_processes: bool = Field(
-        True, description="An invasive probe skips a GPU (reason gpu_busy) that has compute processes.")
+        True, description="An invasive probe skips a GPU (reason gpu_busy) that has compute processes (gpu_mps where "
+        "they are an MPS server or its clients, docs/allocation.md).")
     expected_count: int | None = Field(
         None, ge=0, description="GPUs this node should have; None reads it from the node label when known.")
     xid_watch: str = Field(
@@ -341,7 +342,11 @@ class ClaimConfig(Strict):
                                 "priority, preemptionPolicy Never (it never displaces a pod).")
     service_account: str = Field("fleetcanary-claim", description="The claim pod's service account (no API "
                                  "access; its token is not mounted).")
-    gpus: int = Field(0, ge=0, le=64, description="nvidia.com/gpu the claim requests; 0: the node's capacity.")
+    gpus: int = Field(0, ge=0, le=64, description="GPUs the claim requests (nvidia.com/gpu, or the ResourceClaim's "
+                      "count on a DRA node); 0: the node's capacity (its GPU devices in its ResourceSlices on DRA).")
+    device_class: str = Field("gpu.nvidia.com", min_length=1, max_length=253,
+                              description="On a node without nvidia.com/gpu whose ResourceSlices publish GPUs (a DRA "
+                              "driver), the DeviceClass of the ResourceClaim the claim pod takes its GPUs through.")
     pending_seconds: float = Field(3600.0, ge=60, le=86400, description="A claim the scheduler has not placed "
                                    "within this is withdrawn (deleted) and asked again after `after_seconds`.")
     max_run_seconds: int = Field(1800, ge=60, le=86400, description="The claim pod's activeDeadlineSeconds.")
@@ -398,7 +403,8 @@ class KubernetesConfig(Strict):
         "skip", pattern="^(skip|ignore)$",
         description="skip: GPUs held by pods are left alone: per GPU where the kubelet's pod-resources socket "
         "answers (invasive probes run on the free GPUs), else every invasive GPU probe skips with gpu_allocated "
-        "while any pod on this node requests nvidia.com/gpu. ignore: rely on the NVML process and utilization "
+        "while any pod on this node requests a GPU resource (gpu_resource_names) or holds a GPU through a "
+        "ResourceClaim (dra_gpu_drivers). ignore: rely on the NVML process and utilization "
         "checks only.")
     pod_resources_socket: str = Field(
         "/var/lib/kubelet/pod-resources/kubelet.sock",
@@ -407,6 +413,18 @@ class KubernetesConfig(Strict):
     pod_resources_refresh_seconds: float = Field(
         5.0, ge=1, le=300, description="How often the pod-resources socket is read; a view older than three "
         "refreshes is dropped.")
+    gpu_resource_names: list[str] = Field(
+        ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"], max_length=32,
+        description="Extended-resource names (shell-style patterns) whose devices are GPUs or MIG slices: what the "
+        "kubelet's pod-resources view and the API server's pod requests count as held. The defaults cover the "
+        "NVIDIA device plugin's whole GPUs, its time-slicing/MPS replicas renamed by `renameByDefault` "
+        "(nvidia.com/gpu.shared) and MIG slices of the mixed strategy; add a resource a sharing config renames.")
+    dra_gpu_drivers: list[str] = Field(
+        ["gpu.nvidia.com"], max_length=8,
+        description="DRA drivers whose devices are GPUs (NVIDIA's DRA driver: gpu.nvidia.com). Their devices, "
+        "from pod-resources' dynamic resources and from ResourceClaims allocated to pods on this node, are held "
+        "GPUs, mapped to GPU UUIDs through this node's ResourceSlices (daemon/dra.py; needs list on resourceslices "
+        "and get on resourceclaims in resource.k8s.io; without them the device names place GPUs by minor number).")
     node_condition: NodeConditionConfig = Field(default_factory=NodeConditionConfig)
     claim: ClaimConfig = Field(default_factory=ClaimConfig)
 

@@ -19,7 +19,9 @@ in memory and learnt again from the claim pod's annotations after a restart.
 
 Each node waits up to `spread_ratio` of `after_seconds` longer, at its own phase: a fleet held since a
 rollout asks the API server for its claims over an hour and a half (at the defaults), not in one minute.
-Kueue and cluster autoscalers: docs/deploy.md, "Scheduled runs".
+Kueue and cluster autoscalers: docs/deploy.md, "Scheduled runs". On a node whose GPUs a DRA driver hands out
+(no nvidia.com/gpu in its allocatable), the pod takes them through a ResourceClaim instead (daemon/claim_dra.py),
+created before the pod and deleted after it; that needs create and delete on resourceclaims as well.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcanary.core.record import RunRecord
-from fleetcanary.daemon import claim_inbox, phase
+from fleetcanary.daemon import claim_dra, claim_inbox, phase
 from fleetcanary.daemon.claim_label import TestingLabel
 from fleetcanary.daemon.scheduler import budget_window
 from fleetcanary.runner import job as jobmod
@@ -165,8 +167,8 @@ class Claimer:
         if self.cfg.gpus:
             return self.cfg.gpus
         k = self.daemon.kube.snapshot() if self.daemon.kube is not None else None
-        return (k.gpu_capacity if k is not None and k.gpu_capacity else 0) or \
-            len(self.daemon.store.node_environment.get("gpus") or []) or 1
+        return (k.gpu_capacity if k is not None and k.gpu_capacity else 0) or (k.dra_gpus if k is not None else 0) \
+            or len(self.daemon.store.node_environment.get("gpus") or []) or 1
 
     # --- the inbox -----------------------------------------------------------------------------------------
     def expect(self, now: float) -> claim_inbox.Expect:
@@ -262,6 +264,15 @@ class Claimer:
                 self.daemon.kube.count_error(operation, exc)
             raise
 
+    def _delete_claim(self, pod) -> None:
+        """The pod's ResourceClaim, where it took its GPUs through one (a 404: gone already)."""
+        if not (pod.spec is not None and pod.spec.resource_claims):
+            return
+        kube = self.daemon.kube
+        version = claim_dra.mode(kube.snapshot()) or getattr(kube._dra, "version", None) or "v1"
+        self._call("delete_resourceclaim", claim_dra.delete, self.api.api_client, version, self.namespace,
+                   pod_name(self.daemon.settings.node_name))
+
     def _read(self):
         try:
             return self._call("read_pod", self.api.read_namespaced_pod, pod_name(self.daemon.settings.node_name),
@@ -309,6 +320,7 @@ class Claimer:
             if phase in ENDED or (phase == "Pending" and age > self.cfg.pending_seconds):
                 try:
                     self._call("delete_pod", self.api.delete_namespaced_pod, pod_name(node), self.namespace)
+                    self._delete_claim(pod)
                 except Exception:  # noqa: BLE001 - counted; the next tick tries again
                     return "error"
                 log.info("claim pod %s %s; deleted", pod_name(node),
@@ -322,15 +334,21 @@ class Claimer:
         if not due or (now - self.last_ask < self.cfg.after_seconds and not requested):
             return "ingested" if got else "none"
         body = claim_pod(self.cfg, node, self.namespace, self.spec(due), self.gpus(), self.owner)
+        version = claim_dra.mode(self.daemon.kube.snapshot())
         try:
+            if version:  # a DRA node: the GPUs come through a ResourceClaim
+                claim_dra.use_claim(body, pod_name(node))
+                self._call("create_resourceclaim", claim_dra.create, self.api.api_client, version, self.namespace,
+                           claim_dra.resource_claim(pod_name(node), self.namespace, self.gpus(), self.cfg.device_class,
+                                                    version, self.owner))
             self._call("create_pod", self.api.create_namespaced_pod, self.namespace, body)
         except Exception:  # noqa: BLE001 - counted (a 409: one exists already; read next tick)
             return "error"
         self.last_ask = now
         for name in due:
             self.asked[name] = now
-        log.info("claim pod %s asked for %s GPUs to run %s", pod_name(node), body["spec"]["containers"][0]
-                 ["resources"]["limits"]["nvidia.com/gpu"], ", ".join(due))
+        log.info("claim pod %s asked for %s GPUs%s to run %s", pod_name(node), self.gpus(),
+                 f" (ResourceClaim, resource.k8s.io/{version})" if version else "", ", ".join(due))
         return "created"
 
     # --- the thread --------------------------------------------------------------------------------------------

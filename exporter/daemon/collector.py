@@ -118,8 +118,10 @@ CLAIM_REJECTED = _m("fleetcanary_claim_records_rejected_total", "counter",
 KUBE_LAST_SYNC = _m("fleetcanary_kubernetes_last_sync_timestamp_seconds", "gauge",
                     "Unix time node labels and pods were last read successfully.")
 KUBE_GPUS_REQUESTED = _m("fleetcanary_kubernetes_gpus_requested", "gauge",
-                         "nvidia.com/gpu requested by pods on this node at the last sync; above 0, invasive GPU probes "
-                         "skip (gpu_allocated) unless the policy is ignore.")
+                         "GPU devices held by pods on this node at the last sync: requested as extended resources "
+                         "(kubernetes.gpu_resource_names: nvidia.com/gpu, gpu.shared, mig-*) plus those allocated to "
+                         "their ResourceClaims by a GPU DRA driver; above 0 and without the kubelet's per-GPU view, "
+                         "invasive GPU probes skip (gpu_allocated) unless the policy is ignore.")
 KUBE_CONDITION = _m("fleetcanary_kubernetes_node_condition_healthy", "gauge",
                     "1 if the node condition was last set True, 0 if False.", ("type",))
 GPU_HEALTH = _m("fleetcanary_gpu_health_state", "gauge",

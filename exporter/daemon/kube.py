@@ -3,7 +3,9 @@
 One background thread talks to the API server with the official client (in-cluster
 config, or kubernetes.api_url's loopback plain-HTTP server such as `kubectl proxy`):
 it reads this node (labels, GPU capacity), lists the pods bound to it (field
-selector spec.nodeName) and, when enabled, patches the node's status condition. Every
+selector spec.nodeName), where DRA is served this node's ResourceSlices and the ResourceClaims
+(daemon/kube_dra.py: GPUs held through claims count as requested, and the slices map DRA devices
+to GPU UUIDs for the pod-resources view) and, when enabled, patches the node's status condition. Every
 call has a connect/read timeout and no retries; an error is counted by operation and
 reason, and the last known state stays in force. Probes never wait on the API: the
 daemon hands workers the last snapshot.
@@ -37,7 +39,10 @@ CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 FAILED = ("failure", "timeout", "crash")
 ERROR_REASONS = ("unauthorized", "forbidden", "not_found", "client_error", "server_error", "timeout",
                  "connection", "bad_response")
-OPERATIONS = ("read_node", "list_pods", "patch_node_status", "create_pod", "read_pod", "delete_pod")
+OPERATIONS = ("read_node", "list_pods", "patch_node_status", "create_pod", "read_pod", "delete_pod",
+              "list_resourceslices", "read_resourceclaim", "create_resourceclaim", "delete_resourceclaim")
+DRA_RETRY_SYNCS = 10  # a cluster that serves no resource.k8s.io is asked again after this many syncs
+
 
 
 def in_cluster(environ=os.environ) -> bool:
@@ -80,17 +85,27 @@ def sync_period(refresh: float, rng: random.Random, first: bool = False) -> floa
     return rng.uniform(0.1, 1.0) * refresh if first else rng.uniform(0.9, 1.1) * refresh
 
 
-def gpus_requested(pod) -> int:
-    """nvidia.com/gpu a pod holds: containers' sum, or its largest init container if more."""
+def gpus_requested(pod, resources=None) -> int:
+    """GPU devices a pod holds through extended resources (`resources`: a compiled pattern of GPU resource names,
+    daemon/pod_resources.resource_matcher; default nvidia.com/gpu, gpu.shared and mig-*): containers' sum, or
+    its largest init container if more. A value that is not a whole number counts 0."""
+    from fleetcanary.daemon.pod_resources import GPU_RESOURCES
+
+    match = (resources or GPU_RESOURCES).fullmatch
+
+    def count(v) -> int:
+        try:
+            return max(0, int(str(v)))
+        except ValueError:
+            return 0
+
     def amount(c) -> int:
         res = c.resources
         if res is None:
             return 0
-        vals = [(res.limits or {}).get(GPU_RESOURCE), (res.requests or {}).get(GPU_RESOURCE)]
-        try:
-            return max(int(str(v)) for v in vals if v is not None) if any(v is not None for v in vals) else 0
-        except ValueError:
-            return 0
+        limits, requests = res.limits or {}, res.requests or {}
+        return sum(max(count(limits.get(n, 0)), count(requests.get(n, 0)))
+                   for n in set(limits) | set(requests) if match(n))
     spec = pod.spec
     if spec is None:
         return 0
@@ -105,6 +120,10 @@ class Snapshot:
     gpu_capacity: int | None = None
     gpus_requested: int | None = None
     gpu_pods: list[str] = field(default_factory=list)           # namespace/name of pods holding GPUs
+    gpu_allocatable: int | None = None                          # nvidia.com/gpu in the node's allocatable
+    gpus_claimed: int | None = None                             # of gpus_requested: GPU devices held through DRA
+    dra_gpus: int | None = None                                 # whole GPUs this node's ResourceSlices publish
+    slices: Any = None                                          # dra.SliceMap of this node, as last read
     last_success: float | None = None
     errors: Counter = field(default_factory=Counter)            # (operation, reason) -> count
     condition_status: str | None = None                         # "True"/"False" as last patched
@@ -132,6 +151,9 @@ class Kube:
         self._thread: threading.Thread | None = None
         self._rng = random.Random()
         self._node_read_at: float | None = None  # monotonic time of the last successful Node read
+        self._dra = None
+        self._dra_skip = 0  # syncs left before resource.k8s.io is asked again (not served)
+        self._slices_age = 0  # syncs since the slices were read
 
     @classmethod
     def in_cluster(cls, cfg, node_name: str, on_change=None, token_file: str | None = None,
@@ -169,6 +191,11 @@ class Kube:
     def snapshot(self) -> Snapshot:
         with self._lock:
             return copy.deepcopy(self._snap)
+
+    def slices(self):
+        """This node's ResourceSlices (dra.SliceMap) as last read; None before a read or without DRA."""
+        with self._lock:
+            return self._snap.slices
 
     def context(self) -> dict[str, Any]:
         """What invasive probes' gating needs (fleetcanary.probes.lib.gpu_gate reads it)."""
@@ -274,6 +301,7 @@ class Kube:
         if node is not None:
             labels = (node.metadata.labels if node.metadata else None) or {}
             cap = (node.status.capacity if node.status else None) or {}
+            alloc = (node.status.allocatable if node.status else None) or {}
             new = {"gpu_product": labels.get(self.cfg.gpu_product_label, ""),
                    "instance_type": labels.get(self.cfg.instance_type_label, ""),
                    "zone": labels.get(self.cfg.zone_label, ""),
@@ -282,9 +310,14 @@ class Kube:
                 capacity = int(str(cap[GPU_RESOURCE])) if GPU_RESOURCE in cap else None
             except ValueError:
                 capacity = None
+            try:  # the device plugin advertises nvidia.com/gpu; a node whose GPUs a DRA driver hands out does not
+                allocatable = int(str(alloc[GPU_RESOURCE])) if GPU_RESOURCE in alloc else None
+            except ValueError:
+                allocatable = None
             with self._lock:
                 self._snap.labels = new
                 self._snap.gpu_capacity = capacity
+                self._snap.gpu_allocatable = allocatable
         try:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
@@ -294,16 +327,77 @@ class Kube:
             self.count_error("list_pods", exc)
             ok = False
         else:
-            holding = [(p, gpus_requested(p)) for p in pods.items or []]
+            from fleetcanary.daemon.pod_resources import DEFAULT_GPU_RESOURCES, resource_matcher
+
+            match = resource_matcher(getattr(self.cfg, "gpu_resource_names", None) or DEFAULT_GPU_RESOURCES)
+            holding = [(p, gpus_requested(p, match)) for p in pods.items or []]
             holding = [(p, n) for p, n in holding if n > 0]
+            requested = sum(n for _, n in holding)
+            gpu_pods = {f"{p.metadata.namespace}/{p.metadata.name}" for p, _ in holding}
             with self._lock:
-                self._snap.gpus_requested = sum(n for _, n in holding)
-                self._snap.gpu_pods = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p, _ in holding)
+                advertised = self._snap.gpu_allocatable or self._snap.gpu_capacity
+            claimed = self.sync_dra(pods.items or [], advertised)
+            if claimed is not None:
+                requested += len(claimed.devices)
+                gpu_pods |= claimed.pods
+            with self._lock:
+                self._snap.gpus_requested = requested
+                self._snap.gpus_claimed = len(claimed.devices) if claimed is not None else None
+                self._snap.gpu_pods = sorted(gpu_pods)
         if ok:
             with self._lock:
                 self._snap.last_success = time.time()
         self.on_change()
         return ok
+
+    def sync_dra(self, pods, capacity: int | None):
+        """On a node that may use DRA (no nvidia.com/gpu capacity, or a pod here with resource claims; where a
+        GPU DRA driver is configured and resource.k8s.io is served): this node's ResourceSlices (every
+        kube_dra.SLICE_SYNCS syncs) and the claims of `pods` (this node's). Returns what the claims hold, or
+        None (no DRA; or a claim could not be read: counted, and the node-wide view goes without claims this
+        time; the slices last read stay)."""
+        from fleetcanary.daemon import kube_dra
+
+        drivers = tuple(getattr(self.cfg, "dra_gpu_drivers", None) or ())
+        with_claims = [(p, kube_dra.pod_claims(p)) for p in pods if p.metadata]
+        with_claims = [(p, names) for p, names in with_claims if names]
+        if not drivers or not hasattr(self.api, "api_client") or (capacity and not with_claims):
+            return None
+        if self._dra_skip > 0:
+            self._dra_skip -= 1
+            return None
+        if self._dra is None:
+            self._dra = kube_dra.Reader(self.api.api_client, self.node_name, self.request_timeout())
+        if self._snap.slices is None or self._slices_age >= kube_dra.SLICE_SYNCS:
+            try:
+                slices = self._dra.slices(drivers)
+            except kube_dra.NotServed:
+                self._dra_skip = DRA_RETRY_SYNCS
+                with self._lock:
+                    self._snap.slices, self._snap.dra_gpus = None, None
+                return None
+            except Exception as exc:  # noqa: BLE001 - counted; the slices last read stay
+                self.count_error("list_resourceslices", exc)
+                if self._snap.slices is None:  # never read (RBAC without resourceslices?): ask again later
+                    self._dra_skip = DRA_RETRY_SYNCS
+                    return None
+            else:
+                self._slices_age = 0
+                with self._lock:
+                    self._snap.slices = slices
+                    self._snap.dra_gpus = sum(1 for d in slices.devices.values() if d.type == "gpu")
+        self._slices_age += 1
+        claims = []
+        try:
+            for p, names in with_claims:
+                claims += [c for c in (self._dra.claim(p.metadata.namespace, n) for n in names) if c]
+        except kube_dra.NotServed:
+            return None
+        except Exception as exc:  # noqa: BLE001 - counted; the node-wide view goes without claims this time
+            self.count_error("read_resourceclaim", exc)
+            return None
+        bound = [(p.metadata.namespace, p.metadata.name, p.metadata.uid or "") for p, _ in with_claims]
+        return kube_dra.claimed(claims, bound, drivers)
 
     def patch_condition(self, force: bool = False) -> bool:
         nc = self.cfg.node_condition

@@ -3,16 +3,25 @@ socket `/var/lib/kubelet/pod-resources/kubelet.sock`), the same source dcgm-expo
 GPU metrics with pods.
 
 The device plugin's device IDs are GPU UUIDs (`GPU-...`) for whole GPUs (`nvidia.com/gpu`, also
-under time-slicing: `GPU-...::N`), and MIG device UUIDs (`MIG-...`, or the older
-`MIG-GPU-<uuid>/<gi>/<ci>`) for MIG slices (`nvidia.com/gpu` with the single strategy,
-`nvidia.com/mig-<profile>` with the mixed one). The daemon never calls NVML: it hands the UUIDs to
-the probe worker, whose gate maps them to GPU indices (a MIG device to its parent GPU).
+under time-slicing: `GPU-...::N`, advertised as `nvidia.com/gpu.shared` with `renameByDefault`), and MIG
+device UUIDs (`MIG-...`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`) for MIG slices (`nvidia.com/gpu` with the
+single strategy, `nvidia.com/mig-<profile>` with the mixed one). Which resource names are GPUs is
+configurable (kubernetes.gpu_resource_names, shell-style patterns; a renamed resource is one more pattern).
+
+Devices given through DRA come in each container's `dynamic_resources` (Kubernetes 1.34+ sends them by
+default): driver, pool and device name per allocated device. Those of a GPU driver (kubernetes.dra_gpu_drivers,
+default NVIDIA's `gpu.nvidia.com`) are mapped to GPU and MIG UUIDs through this node's ResourceSlices, else
+by name to GPU minor numbers (daemon/dra.py says why and how). A node may have both (device plugin and DRA).
+
+The daemon never calls NVML: it hands the UUIDs (and minors) to the probe worker, whose gate maps them to GPU
+indices (a MIG device to its parent GPU).
 
 Every call has a deadline; a socket that accepts and never answers is a `timeout`, a missing
 socket `absent`. A failure keeps nothing: the caller falls back to the API server's view.
 """
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import re
@@ -24,11 +33,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetcanary.daemon import dra
+
 log = logging.getLogger("fleetcanary.pod_resources")
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 METHOD = "/v1.PodResourcesLister/List"
-GPU_RESOURCES = re.compile(r"^nvidia\.com/(gpu|mig-[A-Za-z0-9.\-]+)$")
+DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
+
+
+def resource_matcher(patterns=DEFAULT_GPU_RESOURCES) -> re.Pattern[str]:
+    """One regex for the shell-style resource-name patterns (case-sensitive, as the kubelet compares)."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns) or r"(?!)")
+
+
+GPU_RESOURCES = resource_matcher()
 REASONS = ("absent", "timeout", "unavailable", "unimplemented", "permission", "bad_response", "error")
 
 
@@ -52,6 +71,12 @@ class Allocation:
     """GPU devices held by containers: device ID -> who holds it (a device shared by time-slicing can have
     several holders; the first is kept)."""
     devices: dict[str, Holder] = field(default_factory=dict)
+    dra: dict[dra.Device, Holder] = field(default_factory=dict)   # a GPU driver's DRA devices
+
+    @property
+    def held(self) -> set[str]:
+        """Every held device's key (device plugin IDs and DRA driver/pool/device): what a change is seen by."""
+        return set(self.devices) | {d.key for d in self.dra}
 
     @property
     def gpu_uuids(self) -> list[str]:
@@ -66,7 +91,23 @@ class Allocation:
 
     @property
     def pods(self) -> list[str]:
-        return sorted({f"{h.namespace}/{h.pod}" for h in self.devices.values()})
+        return sorted({f"{h.namespace}/{h.pod}" for h in (*self.devices.values(), *self.dra.values())})
+
+    def context(self, slices: dra.SliceMap | None = None) -> dict[str, Any]:
+        """What the GPU gate needs: held GPU and MIG UUIDs (device plugin, and DRA devices mapped by the
+        ResourceSlices), GPU minors of DRA devices only their names place, and how many DRA devices neither
+        places (the gate then leaves every GPU alone)."""
+        r = dra.resolve(self.dra, slices)
+        ctx: dict[str, Any] = {"allocated_gpu_uuids": sorted(set(self.gpu_uuids) | r.gpu_uuids),
+                               "allocated_mig_uuids": sorted(set(self.mig_uuids) | r.mig_uuids),
+                               "allocation_source": "pod_resources", "gpu_pods": self.pods[:20]}
+        if r.gpu_minors:
+            ctx["allocated_gpu_minors"] = sorted(r.gpu_minors)
+        if r.unmapped:
+            ctx["allocated_unmapped_devices"] = r.unmapped[:20]
+        if self.dra:
+            ctx["dra_devices"] = len(self.dra)
+        return ctx
 
 
 def gpu_uuid(device_id: str) -> str:
@@ -79,25 +120,36 @@ def gpu_uuid(device_id: str) -> str:
     return ""
 
 
-def parse(response) -> Allocation:
-    """A ListPodResourcesResponse -> the GPU devices held by containers."""
+def parse(response, resources: re.Pattern[str] = GPU_RESOURCES,
+          dra_drivers: tuple[str, ...] = (dra.NVIDIA_DRIVER,)) -> Allocation:
+    """A ListPodResourcesResponse -> the GPU devices held by containers: device-plugin devices of a GPU
+    resource name, DRA devices of a GPU driver (the claim's namespace/name is the holder's resource)."""
     out = Allocation()
     for pod in response.pod_resources:
         for c in pod.containers:
             for dev in c.devices:
-                if not GPU_RESOURCES.match(dev.resource_name):
+                if not resources.fullmatch(dev.resource_name):
                     continue
                 for d in dev.device_ids:
                     out.devices.setdefault(d, Holder(pod.namespace, pod.name, c.name, dev.resource_name))
+            for dyn in c.dynamic_resources:
+                claim = f"{dyn.claim_namespace or pod.namespace}/{dyn.claim_name}"
+                for r in dyn.claim_resources:
+                    if r.driver_name in dra_drivers and r.device_name:
+                        out.dra.setdefault(dra.Device(r.driver_name, r.pool_name, r.device_name),
+                                           Holder(pod.namespace, pod.name, c.name, f"claim:{claim}"))
     return out
 
 
 class Client:
     """One channel to the kubelet's socket, opened on first use and kept; `list()` is one bounded call."""
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_seconds: float = 2.0) -> None:
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout_seconds: float = 2.0,
+                 resource_names=DEFAULT_GPU_RESOURCES, dra_drivers=(dra.NVIDIA_DRIVER,)) -> None:
         self.socket_path = socket_path
         self.timeout = timeout_seconds
+        self.resources = resource_matcher(resource_names)
+        self.dra_drivers = tuple(dra_drivers)
         self._channel = None
         self._call = None
         self._request = None
@@ -136,7 +188,7 @@ class Client:
                       grpc.StatusCode.INTERNAL: "bad_response"}.get(code, "error")
             details = e.details() if hasattr(e, "details") else str(e)
             raise PodResourcesError(reason, f"{code.name if code else 'error'}: {(details or '')[:200]}") from None
-        return parse(response)
+        return parse(response, self.resources, self.dra_drivers)
 
     def close(self) -> None:
         if self._channel is not None:
@@ -148,11 +200,15 @@ class Watcher:
     """Refreshes the allocation every `refresh_seconds` on its own thread; the daemon reads `context()` when it
     builds a probe's job. A view older than three refreshes (the socket went away, the kubelet hangs) is
     dropped, and the caller falls back to the node-wide check. `on_change(before, after)` runs on the thread
-    when the set of held GPU devices changes (a pod ended: its GPUs are free)."""
+    when the set of held GPU devices changes (a pod ended: its GPUs are free). `slices()` gives this node's
+    ResourceSlices as last read from the API server (None: not read), to map DRA devices to GPUs."""
 
     def __init__(self, client: Client, refresh_seconds: float = 5.0, clock=time.monotonic,
-                 on_change: Callable[[Allocation | None, Allocation], None] | None = None) -> None:
+                 on_change: Callable[[Allocation | None, Allocation], None] | None = None,
+                 slices: Callable[[], dra.SliceMap | None] | None = None) -> None:
         self.client = client
+        self.slices = slices or (lambda: None)
+        self._unmapped: frozenset[str] = frozenset()
         self.refresh_seconds = refresh_seconds
         self.clock = clock
         self.on_change = on_change
@@ -181,9 +237,9 @@ class Watcher:
             self._alloc, self._ok_at = alloc, self.clock()
             self.refreshes += 1
             if self._last_error:
-                log.info("kubelet pod-resources: answering again (%d GPU devices held)", len(alloc.devices))
+                log.info("kubelet pod-resources: answering again (%d GPU devices held)", len(alloc.held))
             self._last_error = ""
-        if self.on_change is not None and (before is None or set(before.devices) != set(alloc.devices)):
+        if self.on_change is not None and (before is None or before.held != alloc.held):
             self.on_change(before, alloc)
 
     def allocation(self) -> Allocation | None:
@@ -198,8 +254,13 @@ class Watcher:
         a = self.allocation()
         if a is None:
             return None
-        return {"allocated_gpu_uuids": a.gpu_uuids, "allocated_mig_uuids": a.mig_uuids,
-                "allocation_source": "pod_resources", "gpu_pods": a.pods[:20]}
+        ctx = a.context(self.slices())
+        unmapped = frozenset(ctx.get("allocated_unmapped_devices") or ())
+        if unmapped and unmapped != self._unmapped:  # once per change, not once per job
+            log.warning("kubelet pod-resources: GPU DRA devices no ResourceSlice or name places (%s): every GPU "
+                        "counts as held while they are", ", ".join(sorted(unmapped)[:5]))
+        self._unmapped = unmapped
+        return ctx
 
     def start(self) -> None:
         self.refresh()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"I\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12podresources.proto\x12\x02v1"\x19\n\x17ListPodResourcesRequest"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b2\x10.v1.PodResources"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b2\x16.v1.ContainerResources"y\n\x12ContainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07devices\x18\x02 \x03(\x0b2\x14.v1.ContainerDevices\x12.\n\x11dynamic_resources\x18\x05 \x03(\x0b2\x13.v1.DynamicResource"p\n\x0fDynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0fclaim_namespace\x18\x03 \x01(\t\x12*\n\x0fclaim_resources\x18\x04 \x03(\x0b2\x11.v1.ClaimResourceJ\x04\x08\x01\x10\x02"p\n\rClaimResource\x12"\n\x0bcdi_devices\x18\x01 \x03(\x0b2\r.v1.CDIDevice\x12\x13\n\x0bdriver_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0bdevice_name\x18\x04 \x01(\t"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t"a\n\x10ContainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12"\n\x08topology\x18\x03 \x01(\x0b2\x10.v1.TopologyInfo"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b2\x0c.v1.NUMANode"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x032Y\n\x12PodResourcesLister\x12C\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse"\x00b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,13 +38,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PODRESOURCES']._serialized_start=122
   _globals['_PODRESOURCES']._serialized_end=213
   _globals['_CONTAINERRESOURCES']._serialized_start=215
-  _globals['_CONTAINERRESOURCES']._serialized_end=288
-  _globals['_CONTAINERDEVICES']._serialized_start=290
-  _globals['_CONTAINERDEVICES']._serialized_end=387
-  _globals['_TOPOLOGYINFO']._serialized_start=389
-  _globals['_TOPOLOGYINFO']._serialized_end=432
-  _globals['_NUMANODE']._serialized_start=434
-  _globals['_NUMANODE']._serialized_end=456
-  _globals['_PODRESOURCESLISTER']._serialized_start=458
-  _globals['_PODRESOURCESLISTER']._serialized_end=547
+  _globals['_CONTAINERRESOURCES']._serialized_end=336
+  _globals['_DYNAMICRESOURCE']._serialized_start=338
+  _globals['_DYNAMICRESOURCE']._serialized_end=450
+  _globals['_CLAIMRESOURCE']._serialized_start=452
+  _globals['_CLAIMRESOURCE']._serialized_end=564
+  _globals['_CDIDEVICE']._serialized_start=566
+  _globals['_CDIDEVICE']._serialized_end=591
+  _globals['_CONTAINERDEVICES']._serialized_start=593
+  _globals['_CONTAINERDEVICES']._serialized_end=690
+  _globals['_TOPOLOGYINFO']._serialized_start=692
+  _globals['_TOPOLOGYINFO']._serialized_end=735
+  _globals['_NUMANODE']._serialized_start=737
+  _globals['_NUMANODE']._serialized_end=759
+  _globals['_PODRESOURCESLISTER']._serialized_start=761
+  _globals['_PODRESOURCESLISTER']._serialized_end=850
 # @@protoc_insertion_point(module_scope)

@@ -19,7 +19,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
-from fleetcanary.daemon import hard_faults, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import dra, hard_faults, phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import requests as requestsmod
 from fleetcanary.daemon.confirm import Confirmer
@@ -269,14 +269,25 @@ class Daemon:
         k = settings.kubernetes
         if k.mode == "off" or not k.pod_resources_socket or k.gpu_allocation_policy == "ignore":
             return None
-        client = pod_resources.Client(k.pod_resources_socket, timeout_seconds=min(k.api_timeout_seconds, 5.0))
-        return pod_resources.Watcher(client, k.pod_resources_refresh_seconds, on_change=self._gpus_changed)
+        client = pod_resources.Client(k.pod_resources_socket, timeout_seconds=min(k.api_timeout_seconds, 5.0),
+                                      resource_names=k.gpu_resource_names, dra_drivers=k.dra_gpu_drivers)
+        return pod_resources.Watcher(client, k.pod_resources_refresh_seconds, on_change=self._gpus_changed,
+                                     slices=self._resource_slices)
+
+    def _resource_slices(self):
+        """This node's DRA ResourceSlices as the API thread last read them (None without the API)."""
+        kube = getattr(self, "kube", None)
+        return kube.slices() if kube is not None else None
 
     def _gpus_changed(self, before, after) -> None:
         """The watcher's thread: a pod let go of GPUs, so the gaps between tenants' jobs get used."""
         if before is None:
             return
         freed = sorted(set(before.devices) - set(after.devices))
+        freed_dra = [d for d in before.dra if d not in after.dra]
+        if freed_dra:  # DRA devices the slices place: their GPUs' UUIDs
+            freed += sorted(dra.resolve(freed_dra, self._resource_slices()).gpu_uuids)
+            freed += [d.key for d in freed_dra]
         if freed:
             due = self.run_opportunistic(self._gpu_indices(freed))
             log.info("GPU devices freed (%s); due now: %s", ", ".join(freed), ", ".join(due) or "none")

@@ -39,7 +39,7 @@ COVERAGE_SKEW_SECONDS = 600.0  # a kept coverage time further past the wall cloc
 # absorbs that.
 FRESH_INTERVALS = 1.5
 # Skip reasons that mean a tenant holds the GPUs: what opportunistic runs and claims answer.
-TENANT_REASONS = ("gpu_allocated", "gpu_busy")
+TENANT_REASONS = ("gpu_allocated", "gpu_busy", "gpu_mps")
 LabelKey = tuple[tuple[str, str], ...]
 
 

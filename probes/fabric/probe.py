@@ -171,7 +171,7 @@ class Fabric(Probe):
             return "gloo", "cpu", None
         if not torch_util.import_torch().distributed.is_nccl_available():
             raise ProbeSkipped("dependency_missing", "this torch build has no NCCL")
-        return "nccl", f"cuda:{gpus.indices[0]}", gpus.gate
+        return "nccl", f"cuda:{gpus.cuda(gpus.indices[0])}", gpus.gate
 
     # ------------------------------------------------------------------ measure
     def _measure(self, config, ctx, m, session, my_ip, backend, device, gate, n_members) -> ProbeResult:

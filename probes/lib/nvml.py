@@ -289,6 +289,41 @@ class Session:
         procs = self._try(self.lib.nvmlDeviceGetComputeRunningProcesses, g.handle, default=[])
         return [int(p.pid) for p in procs]
 
+    # --- MIG and sharing (probes/lib/gpu_gate.py) ----------------------------------------------------------
+    # Each call is looked up first: an nvidia-ml-py too old to have one answers "not known", never AttributeError.
+    def _call(self, name: str, *args, default: Any = None):
+        fn = getattr(self.lib, name, None)
+        return default if fn is None else self._try(fn, *args, default=default)
+
+    def minor_number(self, g: GpuHandle) -> int | None:
+        """The GPU's minor number (/dev/nvidia<minor>): what NVIDIA's DRA driver names a GPU by."""
+        v = self._call("nvmlDeviceGetMinorNumber", g.handle)
+        return int(v) if v is not None else None
+
+    def mig_devices(self, g: GpuHandle) -> list[GpuHandle] | None:
+        """The MIG devices of a GPU in MIG mode, as handles whose ``index`` is the MIG slot; None where NVML
+        cannot list them (the caller then cannot tell which GPU a MIG UUID belongs to)."""
+        count = self._call("nvmlDeviceGetMaxMigDeviceCount", g.handle)
+        if count is None:
+            return None
+        out = []
+        for i in range(int(count)):
+            h = self._call("nvmlDeviceGetMigDeviceHandleByIndex", g.handle, i)
+            if h is not None:  # an empty slot: NOT_FOUND
+                out.append(GpuHandle(i, h))
+        return out
+
+    def uuid(self, g: GpuHandle) -> str:
+        return self._str(self._try(self.lib.nvmlDeviceGetUUID, g.handle))
+
+    def mps_processes(self, g: GpuHandle) -> list[int]:
+        """Clients of an MPS server on this GPU (NVML lists them apart from the compute processes)."""
+        procs = self._call("nvmlDeviceGetMPSComputeRunningProcesses", g.handle, default=[])
+        return [int(p.pid) for p in procs or []]
+
+    def process_name(self, pid: int) -> str:
+        return self._str(self._call("nvmlSystemGetProcessName", pid, default=""))
+
     def link_type(self, a: GpuHandle, b: GpuHandle, bus_ids: dict[int, str]) -> str:
         """How two GPUs connect: nvlink (direct or through NVSwitch) or the PCIe topology level."""
         for link in self.nvlinks(a):

@@ -29,6 +29,12 @@ Facts format (every device field optional; absent means "not supported")::
      "xid_events": [{"gpu": 3, "xid": 79}],
      "missing_calls": ["nvmlDeviceGetGpuFabricInfoV"]}   # calls this driver lacks (NVML_ERROR_FUNCTION_NOT_FOUND)
 
+MIG and sharing (per device, optional): ``"minor": 3`` (the /dev/nvidiaN number; default the index),
+``"mig_devices": [{"uuid": "MIG-...", "processes": [], "utilization": 0}]`` (the MIG devices of a GPU in MIG
+mode, listed by nvmlDeviceGetMigDeviceHandleByIndex; absent: the call is not supported), ``"mps_processes":
+[pid]`` (nvmlDeviceGetMPSComputeRunningProcesses) and, at the top level, ``"process_names": {"pid": "name"}``
+(nvmlSystemGetProcessName).
+
 ``fabric`` is nvmlGpuFabricInfo: state as NVML_GPU_FABRIC_STATE_* (0 not supported .. 3 completed), status an
 NVML return code; a device without it answers NVML_ERROR_NOT_SUPPORTED, as GPUs before Hopper do.
 
@@ -59,6 +65,7 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
@@ -134,6 +141,14 @@ class _Handle:
     def __init__(self, index: int, facts: dict) -> None:
         self.index = index
         self.facts = facts
+
+
+class _MigHandle(_Handle):
+    """A MIG device: its own facts (uuid, processes, utilization), its parent's lost state."""
+
+    def __init__(self, parent: _Handle, index: int, facts: dict) -> None:
+        super().__init__(index, {**facts, "lost": parent.facts.get("lost", False)})
+        self.parent = parent
 
 
 class FakeNvml:
@@ -331,6 +346,32 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [_Proc(int(p), 0) for p in self._dev(h, "processes")]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):
+        return [_Proc(int(p), 0) for p in self._dev(h).get("mps_processes", [])]
+
+    def nvmlSystemGetProcessName(self, pid):
+        if not self.initialised:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        name = (self.facts.get("process_names") or {}).get(str(pid))
+        if name is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return name
+
+    def nvmlDeviceGetMinorNumber(self, h):
+        return int(self._dev(h).get("minor", h.index))
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return max(7, len(self._dev(h, "mig_devices")))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):
+        devs = self._dev(h, "mig_devices")
+        if i >= len(devs):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return _MigHandle(h, i, devs[i])
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h):
+        return h.parent
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
         self._dev(a)

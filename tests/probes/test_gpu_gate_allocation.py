@@ -60,7 +60,9 @@ def test_a_gpu_busy_without_an_allocation_still_stops_the_node_policy(monkeypatc
     assert [h.index for h in g.usable] == [4, 5, 6, 7]
 
 
-def test_a_mig_slice_in_use_leaves_its_parent_gpu_alone(monkeypatch, tmp_path):
+def test_a_mig_slice_nvml_cannot_place_leaves_every_mig_gpu_alone(monkeypatch, tmp_path):
+    """Facts without a MIG device list (NVML that cannot list them): which GPU holds the slice is unknown, so
+    every GPU in MIG mode counts as held."""
     facts = json.loads((FIXTURES / "h100_8gpu_healthy.json").read_text())
     facts["devices"][2]["mig"] = [1, 1]          # GPU 2 in MIG mode, its slices handed to pods
     path = tmp_path / "mig.json"
@@ -69,4 +71,4 @@ def test_a_mig_slice_in_use_leaves_its_parent_gpu_alone(monkeypatch, tmp_path):
     g = gate({"allocated_gpu_uuids": [], "allocated_mig_uuids": ["MIG-9f1a2b3c-0d4e-5f60-8172-93a4b5c6d7e8"]})
     assert g.skipped == {2: "gpu_allocated"} and len(g.usable) == 7
     g = gate({"allocated_gpu_uuids": [], "allocated_mig_uuids": []})
-    assert g.skipped == {} and len(g.usable) == 8
+    assert g.skipped == {2: "unsupported"} and len(g.usable) == 7   # a MIG-mode GPU cannot be measured whole

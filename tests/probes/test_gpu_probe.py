@@ -114,3 +114,77 @@ def test_cuda_errors_are_classified_once_for_every_probe(exc, gpu, want):
         assert (ei.value.reason, ei.value.detail) == want and ei.value.__suppress_context__
     else:
         assert ei.value is exc
+
+
+def test_cuda_is_pointed_at_the_gated_gpus_by_uuid_in_nvml_order():
+    """The gate left GPUs 1, 4 and 6: CUDA_VISIBLE_DEVICES names their UUIDs, so CUDA device 0 is GPU 1, 1 is 4
+    and 2 is 6, whatever the variable said before (an NVML index is not a CUDA ordinal under it)."""
+    from fleetcanary.probes.lib import gpu_probe
+
+    env = {"CUDA_VISIBLE_DEVICES": "3,5"}
+    uuids = ["GPU-aaaaaaaa-0001", "GPU-aaaaaaaa-0004", "MIG-bbbbbbbb-0006"]
+    assert gpu_probe.pin_cuda(uuids, [1, 4, 6], env) == {1: 0, 4: 1, 6: 2}
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    access = gpu_probe.GpuAccess("cuda", ordinals={1: 0, 4: 1, 6: 2})
+    assert [access.cuda(i) for i in (1, 4, 6)] == [0, 1, 2]
+    env = {}
+    assert gpu_probe.pin_cuda(["unknown"], [0], env) == {} and env == {}   # no UUID from NVML: left alone
+
+
+def test_each_free_mig_device_is_measured_in_its_own_process_pointed_at_its_uuid(monkeypatch):
+    """CUDA enumerates one MIG device per process: each gets a fresh process whose CUDA_VISIBLE_DEVICES is its
+    MIG UUID, its GPU seconds go to the parent GPU, and this process's variable is as it was."""
+    import os
+    import time
+
+    from fleetcanary.probes.base import ProbeResult
+    from fleetcanary.probes.lib import gpu_probe
+    from fleetcanary.probes.testing.mig_echo import cuda_visible
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-before")
+    res = ProbeResult()
+    res.gpu_seconds["6"] = 1.0
+    mig = {6: ["MIG-aaaa-0001", "MIG-aaaa-0002"], 2: ["MIG-bbbb-0001"]}
+    out = gpu_probe.measure_mig(mig, cuda_visible, {"cost": 0.25}, res, time.monotonic() + 120)
+    assert {u: (o["gpu"], o["seen"]) for u, o in out.items()} == {
+        "MIG-aaaa-0001": ("6", "MIG-aaaa-0001"), "MIG-aaaa-0002": ("6", "MIG-aaaa-0002"),
+        "MIG-bbbb-0001": ("2", "MIG-bbbb-0001")}
+    assert len({o["pid"] for o in out.values()} | {os.getpid()}) == 4      # a process each, none of them this one
+    assert res.gpu_seconds == {"6": 1.5, "2": 0.25}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-before"
+
+
+def test_a_mig_child_that_fails_is_a_cuda_error_with_its_last_line():
+    from fleetcanary.probes.base import ProbeError
+    from fleetcanary.probes.lib import gpu_probe
+    from fleetcanary.probes.testing.mig_echo import cuda_visible
+
+    with pytest.raises(ProbeError) as e:
+        gpu_probe.on_mig("MIG-cccc-0001", cuda_visible, {"fail": True}, timeout_seconds=120)
+    assert e.value.reason == "cuda_error"
+    assert "MIG device MIG-cccc-0001: exit 1: RuntimeError: CUDA error: invalid device ordinal" in str(e.value)
+
+
+def test_a_preset_cuda_visible_devices_restricts_the_gpus_used(monkeypatch):
+    """On the recorded 8-GPU node: a variable the worker found set keeps its restriction (by UUID, UUID prefix
+    or number), read as CUDA reads it (up to the first entry that names nothing); none named: no_gpu."""
+    import json
+
+    from fleetcanary.probes.base import ProbeSkipped
+    from fleetcanary.probes.lib import gpu_probe, nvml
+    from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
+    from tests.support.gpu import fake
+
+    fake(monkeypatch, "h100_8gpu_healthy")
+    uuids = [d["uuid"] for d in json.loads((FACTS_DIR / "h100_8gpu_healthy.json").read_text())["devices"]]
+    with nvml.open_session() as s:
+        hs = s.handles()
+
+        def kept(value):
+            return [h.index for h in gpu_probe.visible(s, hs, {"CUDA_VISIBLE_DEVICES": value})]
+        assert [h.index for h in gpu_probe.visible(s, hs, {})] == list(range(8))
+        assert kept(f"{uuids[5]},{uuids[2][:12]}") == [2, 5]
+        assert kept("1,3,nonsense,6") == [1, 3]
+        with pytest.raises(ProbeSkipped) as e:
+            kept("")
+    assert e.value.reason == "no_gpu" and "names none of the GPUs" in e.value.detail

@@ -39,7 +39,7 @@ def test_the_overlay_builds_and_validates_with_least_privilege():
     # the exporter's own grants are unchanged by the component
     exporter = one(docs, "ClusterRole", "fleetcanary")
     assert {(res, v) for r in exporter["rules"] for res in r["resources"] for v in r["verbs"]} == {
-        ("nodes", "get"), ("pods", "list")}
+        ("nodes", "get"), ("pods", "list"), ("resourceslices", "list"), ("resourceclaims", "get")}
 
 
 def test_the_shipped_config_is_valid_and_dry_run(tmp_path):
