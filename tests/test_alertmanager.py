@@ -410,3 +410,79 @@ def test_every_inhibit_rule_mutes_an_alert_the_rules_raise(tmp_path):
     finally:
         am.stop()
     assert len(pairs) == len(cfg["inhibit_rules"]) == 4
+
+
+# A GB200 NVL72 rack, constructed (not recorded) from NVML's documented fabric info as gpu_health labels
+# fleetcanary_gpu_info with it: 18 compute trays of 4 GPUs, one cluster UUID and clique (alerts/build_tests.py's
+# rack, whose promtool test shows the same alerts firing).
+NVL72_DOMAIN = "5f3a9c2e-1b7d-4e8a-9c6f-2d4b8a1e7c30/32766"
+DOMAIN_DEGRADED, FABRIC = "FleetCanaryNVLinkDomainDegraded", "FleetCanaryGPUFabricNotReady"
+
+
+def tray_exposition(ready: bool) -> str:
+    """A GB200 tray's fleetcanary_gpu_info: 4 GPUs registered in the rack's domain, or all back in registration
+    (in_progress: NVML gives no clique or cluster then), rendered by prometheus_client with the probe's HELP."""
+    reg = CollectorRegistry(auto_describe=False)
+    spec = SPECS["fleetcanary_gpu_info"]
+    info = GaugeMetricFamily(spec.name, spec.help, labels=["gpu", "model", "fabric_state", "nvlink_domain"])
+    for g in range(4):
+        info.add_metric([str(g), "NVIDIA GB200", "completed" if ready else "in_progress",
+                         NVL72_DOMAIN if ready else ""], 1)
+
+    class Snapshot:
+        def collect(self):
+            return [info]
+
+    reg.register(Snapshot())
+    return generate_latest(reg).decode()
+
+
+def test_a_rack_wide_nvlink_fabric_fault_is_one_page_naming_its_18_nodes(tmp_path):
+    """An NVL72 rack's fabric goes down (every GPU of its 18 trays back in registration): through the shipped rules
+    and the shipped Alertmanager example, ONE notification, grouped by the NVLink domain, to the pager: the domain
+    alert (value 18 nodes) and the 72 GPUs' fabric alerts, which name all 18 nodes; no per-node page."""
+    trays = {f"nvl72-a-{i:02d}": Exposition(tray_exposition(True)) for i in range(18)}
+    started: list = list(trays.values())
+    try:
+        hook = WebhookReceiver()
+        started.append(hook)
+        _, cfg = alertmanager_config(hook.url)
+        am = Alertmanager(tmp_path / "am", cfg)
+        started.append(am)
+        scaled_rules(tmp_path)
+        scrape = [{"job_name": "fleetcanary", "static_configs": [
+            {"targets": [e.address], "labels": {"node": n}} for n, e in trays.items()]}]
+        prom = Prometheus(tmp_path / "prom", [], rule_files=[str(tmp_path / "fleetcanary.rules.yml"),
+                                                             str(tmp_path / "fleetcanary.alerts.yml")],
+                          scrape_configs=scrape, alertmanagers=[am.address])
+        started.append(prom)
+        # the rack registered: each node's NVLink domain is recorded, and nothing fires
+        wait_for(lambda: len(prom.query(f'node:fleetcanary_nvlink_domain:info{{nvlink_domain="{NVL72_DOMAIN}"}}'))
+                 == 18, timeout=DEADLINE, what="the 18 trays' NVLink domain recorded")
+        assert not prom.query('ALERTS{alertname=~"FleetCanary(NVLinkDomain|GPUFabric).*"}')
+        for e in trays.values():
+            e.set(tray_exposition(False))
+
+        def page():
+            for n in hook.notifications():
+                alerts = [a for a in n["payload"]["alerts"] if a["status"] == "firing"]
+                names = [a["labels"]["alertname"] for a in alerts]
+                if names.count(DOMAIN_DEGRADED) == 1 and names.count(FABRIC) == 72:
+                    return n
+            return None
+
+        n = wait_for(page, timeout=DEADLINE, what="one notification with the domain alert and the 72 GPU alerts")
+        assert n["path"] == "/page" and n["payload"]["receiver"] == "gpu-platform-pager"
+        assert n["payload"]["groupLabels"] == {"nvlink_domain": NVL72_DOMAIN}
+        alerts = n["payload"]["alerts"]
+        assert {a["labels"]["nvlink_domain"] for a in alerts} == {NVL72_DOMAIN}
+        assert {a["labels"]["node"] for a in alerts if a["labels"]["alertname"] == FABRIC} == set(trays)
+        [domain] = [a for a in alerts if a["labels"]["alertname"] == DOMAIN_DEGRADED]
+        assert domain["annotations"]["description"].startswith(f"18 nodes of NVLink domain {NVL72_DOMAIN}")
+        assert domain["annotations"]["runbook_url"].endswith("#fleetcanarynvlinkdomaindegraded")
+        # every notification sent is that domain's group: no tray was paged on its own
+        assert {tuple(sorted(x["payload"]["groupLabels"].items())) for x in hook.notifications()} == {
+            (("nvlink_domain", NVL72_DOMAIN),)}
+    finally:
+        for s in reversed(started):
+            s.stop()
