@@ -29,6 +29,8 @@ node"); the run record (/results) keeps every reading:
   not-ready fabric the node condition FleetCanaryGPUFabricNotReady and the reason fabric_not_ready of
   fleetcanary_gpu_health_state.
 - NVLink links that cannot be read are down, not absent (nvml.nvlinks, mark_absent_links).
+- On a node with an NVLink fabric, fabric manager and IMEX daemon state (probes/lib/fabric_services.py: what a pod
+  can read) as one info series; the IMEX node count in the record.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from fleetcanary.probes.base import MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeResult, Sample
-from fleetcanary.probes.lib import nvml, xids
+from fleetcanary.probes.lib import fabric_services, nvml, xids
 from fleetcanary.probes.lib.gpu_gate import open_session
 
 P = "fleetcanary_gpu_"
@@ -47,6 +49,13 @@ class Config(ProbeConfig):
     xid_wait_seconds: float = Field(2.0, ge=0, le=30, description="Seconds each run waits for critical XID events.")
     expected_gpus: int | None = Field(
         None, ge=0, description="GPUs this node should have. None: gpu.expected_count, then the node label.")
+    host_proc_path: str = Field(
+        "/proc", description="The host's /proc, to tell whether nvidia-fabricmanager and nvidia-imex run (only on "
+        "nodes whose GPUs have an NVLink fabric): the pod's own /proc with hostPID, else the host's mounted here "
+        "read-only. A /proc whose PID 1 is not systemd or init is a container's: the services read unknown.")
+    imex_nodes_config: str = Field(
+        "/etc/nvidia-imex/nodes_config.cfg", description="The IMEX node list (the IMEX domain), recorded where "
+        "readable (the host's /etc/nvidia-imex mounted).")
     per_link: bool = Field(
         False, description="Opt-in: NVLink state and error counters per link (fleetcanary_gpu_nvlink_up, and "
         "fleetcanary_gpu_nvlink_errors_total with its link label: 18 links x 5 series per H100/H200, 720 series on "
@@ -171,6 +180,12 @@ class GpuHealth(Probe):
                    "NVSwitch SXid records in the kernel log, by switch (its PCI bus id), code and severity (critical: "
                    "the line says Fatal; warning: Non-fatal); a series appears once it happened.", "total",
                    ("switch", "sxid", "severity")),
+        MetricSpec("fleetcanary_nvlink_fabric_services_info", "gauge",
+                   "The host services an NVLink fabric needs, on nodes whose GPUs have one: nvidia-fabricmanager "
+                   "(HGX/DGX NVSwitch systems; GB200 NVL72 trays do not run it) and the IMEX daemon (multi-node NVLink "
+                   "memory sharing), each running, not_running or unknown (the host's processes are not visible: "
+                   "hostPID or host_proc_path); value 1. One series; none without a fabric.", "info",
+                   ("fabricmanager", "imex")),
         MetricSpec(P + "xid_watch_seconds_total", "counter", "Seconds spent waiting for XID events: the XID coverage.",
                    "seconds"),
     )
@@ -228,6 +243,11 @@ class GpuHealth(Probe):
                              "nvlinks": session.nvlinks(g), "fabric": session.fabric(g), "persistence_mode": pm,
                              "mig_mode": mig, "power_limit_watts": power})
             mark_absent_links(gpus)
+            services = None
+            if any(fabric_state(g.get("fabric")) for g in gpus if not g.get("lost")):
+                services = fabric_services.service_states(config.host_proc_path)
+                add("fleetcanary_nvlink_fabric_services_info", services, 1)
+                services = {**services, "imex_nodes": fabric_services.imex_nodes(config.imex_nodes_config)}
             for rec in gpus:
                 if rec.get("lost"):
                     continue
@@ -277,5 +297,5 @@ class GpuHealth(Probe):
         return ProbeResult(samples=samples, touched={"gpus": [g.index for g in handles], "invasive": False},
                            parameters={"xid_wait_seconds": xid_wait, "expected_gpus": expected,
                                        "per_link": config.per_link},
-                           extra={"gpus": gpus, "xid_events": events, "critical_xid_events": critical,
-                                  "xid_watch_seconds": watched})
+                           extra={"gpus": gpus, "fabric_services": services, "xid_events": events,
+                                  "critical_xid_events": critical, "xid_watch_seconds": watched})

@@ -290,3 +290,40 @@ def test_the_fabric_health_mask_is_decoded_and_an_unhealthy_fabric_is_labelled_s
     assert nvml.fabric_problems(r.extra["gpus"][2]["fabric"]) == ["degraded_bandwidth true"]
     states = {dict(k[1])["gpu"]: dict(k[1])["fabric_state"] for k in samples(r) if k[0] == P + "info"}
     assert states == {"0": "completed", "1": "completed", "2": "unhealthy", "3": "completed"}
+
+
+def _proc(root, pid1: str, *comms: str):
+    """A /proc tree: PID 1's comm and one process per `comms` (real files, read as the host's /proc is)."""
+    for pid, comm in enumerate((pid1, *comms), start=1):
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "comm").write_text(comm + "\n")
+    (root / "self").mkdir()   # not a PID: skipped
+    return str(root)
+
+
+def test_fabric_services_are_read_from_the_hosts_proc_and_unknown_from_a_containers_own(tmp_path):
+    from fleetcanary.probes.lib import fabric_services as fs
+
+    host = _proc(tmp_path / "host", "systemd", "sshd", "nv-fabricmanager")
+    assert fs.service_states(host) == {"fabricmanager": "running", "imex": "not_running"}
+    both = _proc(tmp_path / "gb200", "systemd", "nvidia-imex", "nv-fabricmanager")
+    assert fs.service_states(both) == {"fabricmanager": "running", "imex": "running"}
+    # a container's own PID namespace (no hostPID): what is not seen is not known to be stopped
+    own = _proc(tmp_path / "pod", "fleetcanary", "python3")
+    assert fs.service_states(own) == {"fabricmanager": "unknown", "imex": "unknown"}
+    assert fs.service_states(str(tmp_path / "missing")) == {"fabricmanager": "unknown", "imex": "unknown"}
+    cfg = tmp_path / "nodes_config.cfg"
+    cfg.write_text("# IMEX domain\n10.0.0.1\n10.0.0.2\n\n10.0.0.3\n")
+    assert fs.imex_nodes(str(cfg)) == 3 and fs.imex_nodes(str(tmp_path / "none.cfg")) is None
+
+
+def test_gpu_health_publishes_the_fabric_services_on_a_fabric_node_only(tmp_path, monkeypatch):
+    proc = _proc(tmp_path / "proc", "systemd", "nvidia-imex")
+    fake(monkeypatch, "gb200_4gpu_fabric_ready")
+    r = run(tmp_path, host_proc_path=proc, imex_nodes_config=str(tmp_path / "absent.cfg"))
+    assert value(r, "fleetcanary_nvlink_fabric_services_info", fabricmanager="not_running", imex="running") == 1
+    assert r.extra["fabric_services"] == {"fabricmanager": "not_running", "imex": "running", "imex_nodes": None}
+    fake(monkeypatch, "h100_8gpu_healthy")   # no fabric in these facts: nothing to say, no series
+    r = run(tmp_path, host_proc_path=proc)
+    assert not [k for k in samples(r) if k[0] == "fleetcanary_nvlink_fabric_services_info"]
+    assert r.extra["fabric_services"] is None
