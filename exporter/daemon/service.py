@@ -19,7 +19,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
-from fleetcanary.daemon import hard_faults, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import hard_faults, node_platform, phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import requests as requestsmod
 from fleetcanary.daemon.confirm import Confirmer
@@ -459,6 +459,7 @@ class Daemon:
                                            xid_watch_running=self.xid_watch is not None and self.xid_watch.watching())
             job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
             out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
+            self._add_platform(out)
             self._charge(out, window)
         except Exception as exc:  # noqa: BLE001 - a scheduler-side failure is a counted crash, never a silent gap
             out = self._internal_crash(name, exc, started, out)
@@ -477,6 +478,15 @@ class Daemon:
             except Exception:  # the run is recorded; a confirmation is a nicety
                 log.exception("probe %s: planning a confirmation run failed", name)
         return out
+
+    def _add_platform(self, out: RunRecord) -> None:
+        """The Kubernetes platform of the run into its record (daemon/node_platform.py): what the worker cannot
+        know (the Node's nodeInfo, the NVIDIA components on the node, this pod's image digest)."""
+        if self.kube is None or not out.environment:
+            return
+        platform = self.kube.snapshot().platform
+        if platform:
+            out.environment.update(node_platform.record_fields(platform))
 
     def _internal_crash(self, name: str, exc: BaseException, started: float, out: RunRecord | None) -> RunRecord:
         """The crash record of a run the daemon itself failed: spawn_failed when the system is out of
