@@ -271,7 +271,8 @@ class Kube:
             with self._lock:
                 self._snap.labels = new
                 self._snap.gpu_capacity = capacity
-                self._snap.platform = {**self._snap.platform, **node_platform.from_node(node)}
+                self._snap.platform = {k: v for k, v in self._snap.platform.items()
+                                       if k not in node_platform.NODE_KEYS} | node_platform.from_node(node)
         try:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
@@ -286,7 +287,7 @@ class Kube:
                                               node_platform.own_namespace())
             with self._lock:
                 self._snap.platform = {k: v for k, v in self._snap.platform.items()
-                                       if k not in ("components", "image_digest", "image_ref")} | on_node
+                                       if k not in node_platform.POD_KEYS} | on_node
                 self._snap.gpus_requested = sum(n for _, n in holding)
                 self._snap.gpu_pods = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p, _ in holding)
         if ok:

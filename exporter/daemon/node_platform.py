@@ -43,6 +43,8 @@ GFD_LABELS = {"nvidia.com/mig.strategy": "mig_strategy", "nvidia.com/gpu.sharing
 NODE_INFO = {"kubelet_version": "kubeletVersion", "container_runtime": "containerRuntimeVersion",
              "node_os_image": "osImage", "node_kernel": "kernelVersion"}
 MAX_VALUE = 256
+NODE_KEYS = (*NODE_INFO, *GFD_LABELS.values())            # what from_node gives
+POD_KEYS = ("components", "image_digest", "image_ref")    # what from_pods gives
 
 
 def _get(obj: Any, *names: str) -> Any:

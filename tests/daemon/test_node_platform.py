@@ -118,3 +118,15 @@ def test_every_run_record_of_the_daemon_carries_the_platform(api, tmp_path, monk
         assert "hca_firmware" in env
     finally:
         d.server.stop()
+
+
+def test_a_label_removed_from_the_node_leaves_the_platform_at_the_next_sync(api, tmp_path, monkeypatch):
+    monkeypatch.setenv("POD_NAME", "fleetcanary-abcde")
+    k = kube(api, tmp_path)
+    assert k.sync() and k.snapshot().platform["mig_strategy"] == "mixed"
+    del api.nodes[NODE]["metadata"]["labels"]["nvidia.com/mig.strategy"]
+    api.pods = [p for p in api.pods if "device-plugin" not in p["metadata"]["name"]]
+    assert k.sync()
+    p = k.snapshot().platform
+    assert "mig_strategy" not in p and "device_plugin" not in p["components"]
+    assert p["kubelet_version"] == "v1.31.4" and p["image_digest"] == DIGEST

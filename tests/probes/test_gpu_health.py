@@ -327,3 +327,25 @@ def test_gpu_health_publishes_the_fabric_services_on_a_fabric_node_only(tmp_path
     r = run(tmp_path, host_proc_path=proc)
     assert not [k for k in samples(r) if k[0] == "fleetcanary_nvlink_fabric_services_info"]
     assert r.extra["fabric_services"] is None
+
+
+def test_an_nvl72_racks_72_gpus_read_as_one_nvlink_domain(tmp_path, monkeypatch):
+    """gpu_health on the constructed NVL72 rack (tests/support/nvl72.py: 18 trays x 4 GPUs, one cluster UUID and
+    clique): every GPU's fleetcanary_gpu_info says completed in the one domain, with a healthy decoded health mask;
+    with the fabric gone, every GPU is in_progress with no domain."""
+    from tests.support import nvl72
+
+    infos, health = [], []
+    for facts in nvl72.write_rack(tmp_path / "up").values():
+        r = nvl72.gpu_health(facts, monkeypatch, tmp_path)
+        infos += [dict(k[1]) for k in samples(r) if k[0] == P + "info"]
+        health += [g["fabric"]["health"] for g in r.extra["gpus"]]
+    assert len(infos) == 72 and len({i["uuid"] for i in infos}) == 72
+    assert {(i["fabric_state"], i["nvlink_domain"]) for i in infos} == {("completed", nvl72.DOMAIN)}
+    assert health[0] == {"degraded_bandwidth": False, "route_recovery": False, "route_unhealthy": False,
+                         "access_timeout_recovery": False, "incorrect_configuration": "none",
+                         "partition_assigned": True}
+    down = nvl72.gpu_health(nvl72.write_rack(tmp_path / "down", fabric_up=False)["nvl72-a-05"], monkeypatch,
+                            tmp_path)
+    assert {(dict(k[1])["fabric_state"], dict(k[1])["nvlink_domain"]) for k in samples(down) if k[0] == P + "info"} \
+        == {("in_progress", "")}
