@@ -112,9 +112,10 @@ def from_pods(pods: list, own_name: str, own_namespace: str = "") -> dict[str, A
     components: dict[str, dict[str, str]] = {}
     for pod in pods or []:
         name, ns = _get(pod, "metadata", "name"), _get(pod, "metadata", "namespace")
-        statuses = _get(pod, "status", "containerStatuses") or []
+        statuses = _get(pod, "status", "containerStatuses")
+        statuses = statuses if isinstance(statuses, list) else []
         if name == own_name and (not own_namespace or ns == own_namespace):
-            mine = [c for c in statuses if _get(c, "name") == "fleetcanary"] or list(statuses)[:1]
+            mine = [c for c in statuses if _get(c, "name") == "fleetcanary"] or statuses[:1]
             for c in mine:
                 image_id, image = _s(_get(c, "imageID")), _s(_get(c, "image"))
                 if image_id:

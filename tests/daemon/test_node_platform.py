@@ -88,6 +88,7 @@ def test_a_node_without_nvidia_pods_or_node_info_records_only_what_it_has():
     assert node_platform.from_node({"metadata": {"labels": {}}, "status": {}}) == {}
     assert node_platform.from_pods([{"metadata": {"name": "x"}, "status": {"containerStatuses": None}}], "me") == {}
     assert node_platform.from_node(None) == {} and node_platform.from_pods(None, "me") == {}
+    assert node_platform.from_pods([{"metadata": {"name": "me"}, "status": {"containerStatuses": 3}}], "me") == {}
     assert node_platform.split_image("nvcr.io/nvidia/driver:550.90.07-ubuntu22.04") == ("driver",
                                                                                          "550.90.07-ubuntu22.04")
     assert node_platform.split_image("reg:5000/a/k8s-device-plugin@sha256:ff") == ("k8s-device-plugin",
