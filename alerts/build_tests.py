@@ -727,6 +727,23 @@ def nvl72_cases() -> list[dict]:
                                                                   "nvlink_domain": DOMAIN}, "1")
                              for g in range(TRAY_GPUS)]},
          ]},
+        # a registered tray whose GPU 2 lost 18 NVLinks and whose GPU 3 registered unhealthy: each alert carries the
+        # domain (so it joins the rack's group in Alertmanager); one node is not the domain's fault
+        {"interval": "1m", "input_series": inputs(
+            [(k.replace('fabric_state="completed"', 'fabric_state="unhealthy"') if f'node="{rack_node(4)}", gpu="3"'
+              in k else k, v) for k, v in rack_series(None)]
+            + [(f'fleetcanary_gpu_nvlink_links_down{{node="{rack_node(4)}", gpu="2"}}', "18x40"),
+               (f'fleetcanary_gpu_nvlink_links_up{{node="{rack_node(4)}", gpu="2"}}', "0x40")]),
+         "alert_rule_test": [
+             {"eval_time": "10m", "alertname": "FleetCanaryNVLinkDown",
+              "exp_alerts": [exp("FleetCanaryNVLinkDown", {"node": rack_node(4), "gpu": "2", "nvlink_domain": DOMAIN},
+                                 "18", {"fleetcanary_gpu_nvlink_links_up": "0"})]},
+             {"eval_time": "10m", "alertname": "FleetCanaryGPUFabricNotReady",
+              "exp_alerts": [exp("FleetCanaryGPUFabricNotReady", {"node": rack_node(4), "gpu": "3",
+                                                                  "fabric_state": "unhealthy",
+                                                                  "nvlink_domain": DOMAIN}, "1")]},
+             {"eval_time": "10m", "alertname": "FleetCanaryNVLinkDomainDegraded", "exp_alerts": []},
+         ]},
     ]
 
 
