@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetcanary.daemon import node_platform
+from fleetcanary.core import kube_platform
 
 MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: what the label and quarantine writes send
 log = logging.getLogger("fleetcanary.kube")
@@ -104,7 +104,7 @@ class Snapshot:
     errors: Counter = field(default_factory=Counter)            # (operation, reason) -> count
     condition_status: str | None = None                         # "True"/"False" as last patched
     fault_conditions: dict[str, str] = field(default_factory=dict)  # per-fault type -> status as last patched
-    platform: dict[str, Any] = field(default_factory=dict)      # node_platform: nodeInfo, NVIDIA components, image
+    platform: dict[str, Any] = field(default_factory=dict)      # core/kube_platform: nodeInfo, NVIDIA components, image
 
 
 class Kube:
@@ -272,7 +272,7 @@ class Kube:
                 self._snap.labels = new
                 self._snap.gpu_capacity = capacity
                 self._snap.platform = {k: v for k, v in self._snap.platform.items()
-                                       if k not in node_platform.NODE_KEYS} | node_platform.from_node(node)
+                                       if k not in kube_platform.NODE_KEYS} | kube_platform.from_node(node)
         try:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
@@ -283,11 +283,11 @@ class Kube:
         else:
             holding = [(p, gpus_requested(p)) for p in pods.items or []]
             holding = [(p, n) for p, n in holding if n > 0]
-            on_node = node_platform.from_pods(pods.items or [], node_platform.own_pod_name(),
-                                              node_platform.own_namespace())
+            on_node = kube_platform.from_pods(pods.items or [], kube_platform.own_pod_name(),
+                                              kube_platform.own_namespace())
             with self._lock:
                 self._snap.platform = {k: v for k, v in self._snap.platform.items()
-                                       if k not in node_platform.POD_KEYS} | on_node
+                                       if k not in kube_platform.POD_KEYS} | on_node
                 self._snap.gpus_requested = sum(n for _, n in holding)
                 self._snap.gpu_pods = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p, _ in holding)
         if ok:

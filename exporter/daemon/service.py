@@ -16,10 +16,10 @@ import threading
 import time
 
 from fleetcanary.core import config as configmod
-from fleetcanary.core import environment, statefile
+from fleetcanary.core import environment, kube_platform, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
-from fleetcanary.daemon import hard_faults, node_platform, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import hard_faults, phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import requests as requestsmod
 from fleetcanary.daemon.confirm import Confirmer
@@ -480,13 +480,13 @@ class Daemon:
         return out
 
     def _add_platform(self, out: RunRecord) -> None:
-        """The Kubernetes platform of the run into its record (daemon/node_platform.py): what the worker cannot
+        """The Kubernetes platform of the run into its record (core/kube_platform.py): what the worker cannot
         know (the Node's nodeInfo, the NVIDIA components on the node, this pod's image digest)."""
         if self.kube is None or not out.environment:
             return
         platform = self.kube.snapshot().platform
         if platform:
-            out.environment.update(node_platform.record_fields(platform))
+            out.environment.update(kube_platform.record_fields(platform))
 
     def _internal_crash(self, name: str, exc: BaseException, started: float, out: RunRecord | None) -> RunRecord:
         """The crash record of a run the daemon itself failed: spawn_failed when the system is out of

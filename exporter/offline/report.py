@@ -62,7 +62,7 @@ def environment_section(runs: list[RunRecord]) -> dict[str, Any]:
                      "cgroup_cpu_limit_cores": env.get("cgroup_cpu_limit_cores"),
                      "hostnames": sorted({r.environment.get("hostname") for r in runs
                                           if r.environment.get("hostname")}),
-                     # Kubernetes, runtime and the NVIDIA components (daemon/node_platform.py), where recorded
+                     # Kubernetes, runtime and the NVIDIA components (core/kube_platform.py), where recorded
                      **{k: env[k] for k in (*results.PLATFORM_VERSIONS, "gpu_sharing_strategy") if k in env}},
         "communication": {k: env[k] for k in ("nccl_version", "hca_firmware") if k in env},
     }

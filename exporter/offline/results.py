@@ -27,7 +27,7 @@ from fleetcanary.runner import history
 FIXED_ENVIRONMENT = ("gpu_model", "gpu_count", "cpu_model", "cpu_cores", "numa_nodes", "memory_bytes",
                      "cgroup_cpu_limit_cores", "gpu_power_limits_watts", "gpu_mig_modes", "gpu_sharing_strategy")
 # What an upgrade gate tests: listed as changes, never a refusal. The platform's (Kubernetes: kubelet, container
-# runtime, the NVIDIA components on the node; daemon/node_platform.py) and the HCA firmware included.
+# runtime, the NVIDIA components on the node; core/kube_platform.py) and the HCA firmware included.
 PLATFORM_VERSIONS = ("kubelet_version", "container_runtime", "node_os_image", "gpu_operator_version",
                      "device_plugin_version", "dra_driver_version", "container_toolkit_version", "gpu_driver_version",
                      "mig_strategy", "gpu_replicas")

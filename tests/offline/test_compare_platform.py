@@ -3,7 +3,7 @@
 environment section shows them.
 
 The records are constructed: collective runs of an 8-GPU node with NCCL's version in their record as the
-collectives probe writes it (result.extra.nccl_version), the platform fields as daemon/node_platform.py writes them.
+collectives probe writes it (result.extra.nccl_version), the platform fields as core/kube_platform.py writes them.
 A real NCCL needs a GPU; what is tested here is compare's reading of the record, which is the same either way."""
 from __future__ import annotations
 

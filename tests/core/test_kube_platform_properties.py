@@ -1,5 +1,5 @@
 """Property tests of the parsers of outside input added for the platform and the NVLink fabric: the API's Node and
-Pod objects (daemon/node_platform.py), an image reference, NVML's fabric health mask, a /proc tree and an IMEX node
+Pod objects (core/kube_platform.py), an image reference, NVML's fabric health mask, a /proc tree and an IMEX node
 list (probes/lib/fabric_services.py). Whatever they are given, they return their documented shapes and never raise."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetcanary.daemon import node_platform
+from fleetcanary.core import kube_platform
 from fleetcanary.probes.lib import fabric_services, nvml
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -24,25 +24,25 @@ json_like = st.recursive(leaf, lambda inner: st.lists(inner, max_size=4)
 @SETTINGS
 @given(json_like)
 def test_from_node_takes_any_object(obj):
-    out = node_platform.from_node(obj)
-    assert isinstance(out, dict) and set(out) <= set(node_platform.NODE_KEYS)
-    assert all(isinstance(v, str) and len(v) <= node_platform.MAX_VALUE for v in out.values())
+    out = kube_platform.from_node(obj)
+    assert isinstance(out, dict) and set(out) <= set(kube_platform.NODE_KEYS)
+    assert all(isinstance(v, str) and len(v) <= kube_platform.MAX_VALUE for v in out.values())
 
 
 @SETTINGS
 @given(st.lists(json_like, max_size=5) | json_like, st.text(max_size=10))
 def test_from_pods_takes_any_list(pods, me):
     """Any pod-shaped objects: a containerStatuses that is a number or a string, statuses without names."""
-    out = node_platform.from_pods(pods if isinstance(pods, list) else [pods], me)
-    assert set(out) <= set(node_platform.POD_KEYS)
-    assert set(out.get("components", {})) <= set(node_platform.COMPONENTS)
-    node_platform.record_fields(out)
+    out = kube_platform.from_pods(pods if isinstance(pods, list) else [pods], me)
+    assert set(out) <= set(kube_platform.POD_KEYS)
+    assert set(out.get("components", {})) <= set(kube_platform.COMPONENTS)
+    kube_platform.record_fields(out)
 
 
 @SETTINGS
 @given(st.text(alphabet=string.printable, max_size=80))
 def test_split_image_takes_any_reference(ref):
-    name, version = node_platform.split_image(ref)
+    name, version = kube_platform.split_image(ref)
     assert isinstance(name, str) and isinstance(version, str)
 
 

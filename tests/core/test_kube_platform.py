@@ -1,4 +1,4 @@
-"""The platform a run ran on (daemon/node_platform.py): the Node's nodeInfo, GPU feature discovery's labels, the
+"""The platform a run ran on (core/kube_platform.py): the Node's nodeInfo, GPU feature discovery's labels, the
 NVIDIA components' images on the node and this pod's own image digest, read by the real kubernetes client from
 the API stand-in (tests/support/kube_api.py) and written into every run record by the real daemon."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from fleetcanary.daemon import node_platform
+from fleetcanary.core import kube_platform
 from fleetcanary.daemon.kube import Kube
 from tests.support.helpers import free_port
 from tests.support.kube_api import KubeAPI, node, pod
@@ -77,7 +77,7 @@ def test_the_platform_comes_from_the_nodes_info_labels_and_the_nvidia_pods_on_it
     assert {c: e["version"] for c, e in p["components"].items()} == {
         "gpu_operator": "v25.3.0", "device_plugin": "v0.17.1", "dra_driver": "v25.3.0",
         "container_toolkit": "v1.17.5-ubuntu20.04"}
-    rec = node_platform.record_fields(p)
+    rec = kube_platform.record_fields(p)
     assert rec["image"] == DIGEST   # no longer "unknown" on Kubernetes
     assert rec["gpu_operator_version"] == "v25.3.0" and rec["device_plugin_version"] == "v0.17.1"
     assert rec["dra_driver_version"] == "v25.3.0"
@@ -85,13 +85,13 @@ def test_the_platform_comes_from_the_nodes_info_labels_and_the_nvidia_pods_on_it
 
 
 def test_a_node_without_nvidia_pods_or_node_info_records_only_what_it_has():
-    assert node_platform.from_node({"metadata": {"labels": {}}, "status": {}}) == {}
-    assert node_platform.from_pods([{"metadata": {"name": "x"}, "status": {"containerStatuses": None}}], "me") == {}
-    assert node_platform.from_node(None) == {} and node_platform.from_pods(None, "me") == {}
-    assert node_platform.from_pods([{"metadata": {"name": "me"}, "status": {"containerStatuses": 3}}], "me") == {}
-    assert node_platform.split_image("nvcr.io/nvidia/driver:550.90.07-ubuntu22.04") == ("driver",
+    assert kube_platform.from_node({"metadata": {"labels": {}}, "status": {}}) == {}
+    assert kube_platform.from_pods([{"metadata": {"name": "x"}, "status": {"containerStatuses": None}}], "me") == {}
+    assert kube_platform.from_node(None) == {} and kube_platform.from_pods(None, "me") == {}
+    assert kube_platform.from_pods([{"metadata": {"name": "me"}, "status": {"containerStatuses": 3}}], "me") == {}
+    assert kube_platform.split_image("nvcr.io/nvidia/driver:550.90.07-ubuntu22.04") == ("driver",
                                                                                          "550.90.07-ubuntu22.04")
-    assert node_platform.split_image("reg:5000/a/k8s-device-plugin@sha256:ff") == ("k8s-device-plugin",
+    assert kube_platform.split_image("reg:5000/a/k8s-device-plugin@sha256:ff") == ("k8s-device-plugin",
                                                                                    "sha256:ff")
 
 

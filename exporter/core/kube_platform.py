@@ -1,7 +1,8 @@
 """The Kubernetes platform a run ran on, for its record: the guide's "Kubernetes, Runtime, and Operator" and
 "image digest" (reference/000_11f6a68df8f1dfcc.txt, "Freeze Variables Before Testing").
 
-Read from what daemon/kube.py already reads every sync, so no extra API call:
+In core beside environment.py (the rest of the record) as pure functions; the daemon feeds them what daemon/kube.py
+already reads every sync, so no extra API call, and adds the result to each run's record (daemon/service.py):
 - the Node's status.nodeInfo (the kubelet reports it): kubelet version, container runtime and version, OS image,
   kernel;
 - GPU feature discovery's node labels that say how the GPUs are offered (nvidia.com/mig.strategy,
