@@ -479,14 +479,19 @@ class Daemon:
                 log.exception("probe %s: planning a confirmation run failed", name)
         return out
 
-    def _add_platform(self, out: RunRecord) -> None:
+    def _add_platform(self, out: RunRecord, own: bool = True) -> None:
         """The Kubernetes platform of the run into its record (core/kube_platform.py): what the worker cannot
         know (the Node's nodeInfo, the NVIDIA components on the node, this pod's image digest)."""
         if self.kube is None or not out.environment:
             return
         platform = self.kube.snapshot().platform
         if platform:
-            out.environment.update(kube_platform.record_fields(platform))
+            fields = kube_platform.record_fields(platform)
+            if not own or out.environment.get("image", environment.UNKNOWN) != environment.UNKNOWN:
+                fields.pop("image", None)        # the deployer named the image; or a claim pod ran its own
+            if not own:
+                fields.pop("image_digest", None)
+            out.environment.update(fields)
 
     def _internal_crash(self, name: str, exc: BaseException, started: float, out: RunRecord | None) -> RunRecord:
         """The crash record of a run the daemon itself failed: spawn_failed when the system is out of
@@ -549,6 +554,7 @@ class Daemon:
         entries = settings.probe_entries()
         charged = False
         for out in records:
+            self._add_platform(out, own=False)
             entry = entries.get(out.probe)   # gone by a reload since the claim asked: the shortest window
             charged |= self._charge(out, budget_window(entry.interval_seconds if entry else 0.0), save=False)
         if charged:

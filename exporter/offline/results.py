@@ -32,8 +32,8 @@ PLATFORM_VERSIONS = ("kubelet_version", "container_runtime", "node_os_image", "g
                      "device_plugin_version", "dra_driver_version", "container_toolkit_version", "gpu_driver_version",
                      "mig_strategy", "gpu_replicas")
 CHANGE_ENVIRONMENT = ("driver_version", "cuda_driver_version", "kernel", "os", "fleetcanary_version", "git_commit",
-                      "image", "python_version", "torch_version", "nccl_version", *PLATFORM_VERSIONS, "hca_firmware",
-                      "in_kubernetes", "hostname")
+                      "image", "image_digest", "python_version", "torch_version", "nccl_version", *PLATFORM_VERSIONS,
+                      "hca_firmware", "in_kubernetes", "hostname")
 
 
 class ResultsError(Exception):

@@ -131,3 +131,32 @@ def test_a_label_removed_from_the_node_leaves_the_platform_at_the_next_sync(api,
     p = k.snapshot().platform
     assert "mig_strategy" not in p and "device_plugin" not in p["components"]
     assert p["kubelet_version"] == "v1.31.4" and p["image_digest"] == DIGEST
+
+
+def test_a_claim_pods_records_get_the_nodes_platform_but_not_this_pods_image(api, tmp_path, monkeypatch):
+    from fleetcanary.core import config as configmod
+    from fleetcanary.core.record import RunRecord
+    from fleetcanary.daemon.service import Daemon
+
+    monkeypatch.setenv("POD_NAME", "fleetcanary-abcde")
+    cfg = {"node_name": NODE, "state_dir": str(tmp_path / "state"),
+           "server": {"listen_address": f"127.0.0.1:{free_port()}"}, "gpu": {"xid_watch": "off"},
+           "kubernetes": {"mode": "off"}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    d = Daemon(configmod.load(path, env={}), config_path=str(path))
+    try:
+        d.kube = kube(api, tmp_path)
+        assert d.kube.sync()
+        claimed = RunRecord("host_memory_bandwidth", "success", node=NODE, started_at=1000.0, wall_seconds=1,
+                            environment={"image": "unknown", "hostname": "claim-pod"})
+        own = RunRecord("host_memory_bandwidth", "success", node=NODE, started_at=1000.0, wall_seconds=1,
+                        environment={"image": "registry.example/fleetcanary:pinned"})
+        d._add_platform(claimed, own=False)
+        d._add_platform(own)
+        assert claimed.environment["kubelet_version"] == "v1.31.4" and claimed.environment["image"] == "unknown"
+        assert "image_digest" not in claimed.environment
+        assert own.environment["image"] == "registry.example/fleetcanary:pinned"   # the deployer's name stays
+        assert own.environment["image_digest"] == DIGEST
+    finally:
+        d.server.stop()
