@@ -28,6 +28,8 @@ import socket
 from typing import Any
 
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 # component -> image name pattern (the repository's last path element)
 COMPONENTS: dict[str, re.Pattern] = {
     "gpu_operator": re.compile(r"gpu-operator(-validator)?$"),
