@@ -119,6 +119,7 @@ class Settings:
     hold_gap: str = "6h"          # ... and through a gap in its figure this long (last_over_time): an exporter
                                   # restart, a new driver's first 7 runs of a 30-minute probe
     pools: tuple[str, ...] = ()   # pools that get their own peer group (the rest share one)
+    nvlink_domain_min_nodes: int = 2  # FleetCanaryNVLinkDomainDegraded: nodes of one NVLink domain with a fault
     coverage_min_share: float = 0.5  # FleetCanaryPoolUnmeasured: fewer of a pool's GPUs than this measured ...
     coverage_intervals: int = 3      # ... by a probe in its last this many intervals
     figures: dict[str, dict] = field(default_factory=dict)  # per figure: floor, k_mad, history_floor, interval_minutes
@@ -443,6 +444,15 @@ def own_alerts(s: Settings, f: FigureRules, pool: str, c: Ctx) -> list[dict]:
 
 
 XID_PAGING = "hardware|memory|bus|nvlink"   # the XID classes whose critical codes page on first sight
+FABRIC_NOT_READY = "not_started|in_progress|unhealthy|unknown"   # fleetcanary_gpu_info's fabric_state, not ready
+NODE_DOMAIN = "node:fleetcanary_nvlink_domain:info"
+
+
+def in_domain(expr: str) -> str:
+    """`expr` (per node and GPU) with the node's NVLink domain as its nvlink_domain label where the node has one
+    (NODE_DOMAIN: its GPUs' domain, held for a day after they lose it, so a rack whose fabric went down still
+    groups as one); as it is elsewhere."""
+    return f"(({expr}) * on(node) group_left(nvlink_domain) ({NODE_DOMAIN} > bool 0)) or on(node, gpu) ({expr})"
 
 
 def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
@@ -477,13 +487,48 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
           "30m", "warning", "A busy GPU's PCIe link runs below its maximum generation",
           "GPU {{ $labels.gpu }} on {{ $labels.node }} is at PCIe Gen{{ $value }} while not idle (idle GPUs "
           "lower the generation to save power; those are left out)."),
-        # per GPU: links present but not active (per link only with gpu_health's per_link)
-        a("FleetCanaryNVLinkDown", "fleetcanary_gpu_nvlink_links_down > 0", "0m", "critical",
+        # per GPU: links present but not active (per link only with gpu_health's per_link); a link NVML cannot read
+        # is down. In a multi-node NVLink domain the alert carries the domain, so a rack's are one notification.
+        a("FleetCanaryNVLinkDown", in_domain("fleetcanary_gpu_nvlink_links_down > 0"), "0m", "critical",
           "An NVLink is down",
           "GPU {{ $labels.gpu }} on {{ $labels.node }} has {{ $value }} NVLink links down and "
           """{{ with query (printf "fleetcanary_gpu_nvlink_links_up{node='%s', gpu='%s'}" """
           """$labels.node $labels.gpu) }}"""
           "{{ . | first | value }}{{ else }}?{{ end }} active; `nvidia-smi nvlink -s` names the inactive ones."),
+        # The NVLink fabric of NVSwitch systems (gpu_health: nvmlDeviceGetGpuFabricInfoV, labels of
+        # fleetcanary_gpu_info). Registration takes a minute or two after a boot, a driver load or a fabric
+        # manager restart: 5 minutes. Each alert carries the NVLink domain (the GPU's own, else its node's last),
+        # and the Alertmanager example groups by it: a rack-wide fault is one page that lists its nodes.
+        a("FleetCanaryGPUFabricNotReady",
+          in_domain("max by (node, gpu, fabric_state) "
+                    f'(fleetcanary_gpu_info{{fabric_state=~"{FABRIC_NOT_READY}"}})'),
+          "5m", "critical", "A GPU's NVLink fabric is not ready",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} has NVLink fabric state {{ $labels.fabric_state }} "
+          "(unhealthy: registered with an error status or an unhealthy health mask) in NVLink domain "
+          "{{ $labels.nvlink_domain }}; its multi-node NVLink traffic fails or is slowed. The gpu_health record "
+          "(/results) has the status and health mask."),
+        a("FleetCanaryGPUFabricCliqueMismatch",
+          # the GPUs whose own domain (gpu_domain) is not their node's (only once the node's is recorded)
+          '(max by (node, gpu, gpu_domain) (label_replace(fleetcanary_gpu_info{nvlink_domain!=""}, '
+          '"gpu_domain", "$1", "nvlink_domain", "(.+)")) unless on(node, gpu) '
+          f"(fleetcanary_gpu_info * on(node, nvlink_domain) group_left() {NODE_DOMAIN})) "
+          f"* on(node) group_left(nvlink_domain) ({NODE_DOMAIN} > bool 0)",
+          "5m", "critical", "A GPU left its NVLink clique",
+          "GPU {{ $labels.gpu }} on {{ $labels.node }} is registered in NVLink domain {{ $labels.gpu_domain }} "
+          "(cluster UUID/clique), not in its node's {{ $labels.nvlink_domain }}: it cannot reach its rack's "
+          "partition over NVLink. fleetcanary_gpu_info of the node shows each GPU's domain."),
+        # A fault across an NVLink domain (a rack's NVLink switch trays, its fabric manager or NMX): one alert for
+        # the domain, which the Alertmanager example groups with the per-GPU alerts that name its nodes.
+        a("FleetCanaryNVLinkDomainDegraded",
+          "count by (nvlink_domain) (max by (node, nvlink_domain) (("
+          f'max by (node) (fleetcanary_gpu_info{{fabric_state=~"{FABRIC_NOT_READY}"}}) '
+          "or max by (node) (fleetcanary_gpu_nvlink_links_down > 0)) "
+          f"* on(node) group_left(nvlink_domain) {NODE_DOMAIN})) >= {s.nvlink_domain_min_nodes}",
+          "5m", "critical", "NVLink fabric faults across an NVLink domain",
+          "{{ $value }} nodes of NVLink domain {{ $labels.nvlink_domain }} (cluster UUID/clique: a GB200 NVL72 "
+          "rack's partition) have GPUs whose NVLink fabric is not ready or whose NVLinks are down: a fault of the "
+          "domain (its NVLink switch trays, fabric manager or NVLink management), not of each node. The "
+          "notification groups the per-GPU alerts that name the nodes."),
         # XIDs by the catalogue's class (probes/lib/xid_catalogue.yaml, docs/xid-catalogue.md): a critical code of a
         # hardware-side class pages on first sight; driver, thermal and the lesser codes are a warning; an
         # application-class code (13, 31, 43 ...) only through its escalation (one GPU, several processes).
@@ -590,6 +635,13 @@ def inventory_rules() -> list[dict]:
         # one per node (a node's GPUs share a model; a mixed node reports each model): 8 fewer series per node
         rec("node:fleetcanary_gpu_model:info", "max by (node, model) (fleetcanary_gpu_info)"),
         rec("node:fleetcanary_pool:info", "max by (node, pool) (fleetcanary_node_info)"),
+        # The node's NVLink domain (<cluster UUID>/<clique>: GB200 NVL72, a rack's partition): the one most of its
+        # GPUs registered in (value: how many), kept for a day after none has (a fabric down, a driver reload), so
+        # the alerts of a rack-wide fault still carry it. Nodes without a multi-node NVLink fabric have none.
+        # One series per node whatever happened within the day (two domains held: the larger), so the alerts'
+        # group_left never meets two.
+        rec(NODE_DOMAIN, 'topk by (node) (1, count by (node, nvlink_domain) (fleetcanary_gpu_info{nvlink_domain!=""}) '
+                         f"or on(node) last_over_time({NODE_DOMAIN}[1d]))"),
         rec(ttft, "histogram_quantile(0.95, sum by (node, target, model, le) "
                   "(rate(fleetcanary_inference_time_to_first_token_seconds_bucket[30m])))"),
         rec("node:fleetcanary_inference_itl_seconds:p95_30m",

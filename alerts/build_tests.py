@@ -526,6 +526,22 @@ def hard_cases() -> list[dict]:
         case("FleetCanaryNVLinkDown", [(f'fleetcanary_gpu_nvlink_links_up{{{n}, gpu="5"}}', "18 17x30"),
                                        (f'fleetcanary_gpu_nvlink_links_down{{{n}, gpu="5"}}', "_ 1x30")], "0m", "1m",
              {"node": "n1", "gpu": "5"}, "1", {"fleetcanary_gpu_nvlink_links_up": "17"}),
+        # a GPU of an HGX node (no multi-node domain) still registering 5 minutes on: fires without a domain
+        case("FleetCanaryGPUFabricNotReady",
+             [(f'fleetcanary_gpu_info{{{n}, gpu="3", model="H100", fabric_state="in_progress"}}', "1x30")],
+             "4m", "6m", {"node": "n1", "gpu": "3", "fabric_state": "in_progress"}, "1"),
+        # registration after a boot completes within minutes: no alert
+        silent("FleetCanaryGPUFabricNotReady",
+               [(f'fleetcanary_gpu_info{{{n}, gpu="3", model="H100", fabric_state="in_progress"}}', "1x2 _x30"),
+                (f'fleetcanary_gpu_info{{{n}, gpu="3", model="H100", fabric_state="completed", '
+                 f'nvlink_domain="{DOMAIN}"}}', "_x2 1x30")], "20m"),
+        case("FleetCanaryGPUFabricCliqueMismatch",
+             [(f'fleetcanary_gpu_info{{{n}, gpu="{g}", model="GB200", fabric_state="completed", '
+               f'nvlink_domain="{OTHER_DOMAIN if g == 2 else DOMAIN}"}}', "1x30") for g in range(4)],
+             "4m", "6m", {"node": "n1", "gpu": "2", "gpu_domain": OTHER_DOMAIN, "nvlink_domain": DOMAIN}, "1"),
+        silent("FleetCanaryGPUFabricCliqueMismatch",
+               [(f'fleetcanary_gpu_info{{{n}, gpu="{g}", model="GB200", fabric_state="completed", '
+                 f'nvlink_domain="{DOMAIN}"}}', "1x30") for g in range(4)], "20m"),
         case("FleetCanaryGPUCriticalXid",
              [(f'fleetcanary_gpu_xid_errors_total{{{n}, gpu="6", xid="79", class="bus", severity="critical"}}',
                "0x10 1x50")], "9m", "12m",
@@ -654,12 +670,99 @@ def _throttle_fleet(hot: float, peers: float, nodes: int = 6) -> list[tuple[str,
     return out
 
 
+# --------------------------------------------------------------------------- a GB200 NVL72 rack
+# Constructed, not recorded: what NVML's fabric info (nvmlDeviceGetGpuFabricInfoV) gives the GPUs of one GB200
+# NVL72 rack, as gpu_health labels fleetcanary_gpu_info with it: 18 compute trays of 4 GPUs, one cluster UUID and
+# one clique (the rack's default NVLink partition). tests/support/nvl72.py builds the same rack's NVML facts.
+DOMAIN = "5f3a9c2e-1b7d-4e8a-9c6f-2d4b8a1e7c30/32766"
+OTHER_DOMAIN = "5f3a9c2e-1b7d-4e8a-9c6f-2d4b8a1e7c30/32767"
+SECOND_RACK = "7e1b4d9a-3c2f-4a6e-8b5d-9f0a1c2e3d41/32766"
+RACK_NODES, TRAY_GPUS = 18, 4
+
+
+def rack_node(i: int, rack: str = "a") -> str:
+    return f"nvl72-{rack}-{i:02d}"
+
+
+def rack_series(fault_from: int | None, rack: str = "a", domain: str = DOMAIN, minutes: int = 40,
+                nodes: range = range(RACK_NODES)) -> list:
+    """The rack's fleetcanary_gpu_info: every GPU registered in `domain`; from minute `fault_from` (None: never)
+    the GPUs of `nodes` back in registration (state in_progress, no domain: NVML reports the clique and cluster
+    only once completed), as when the rack's NVLink switch trays or NVLink management go away."""
+    out = []
+    for i in range(RACK_NODES):
+        for g in range(TRAY_GPUS):
+            lab = f'node="{rack_node(i, rack)}", gpu="{g}", model="NVIDIA GB200"'
+            ready = f'fleetcanary_gpu_info{{{lab}, fabric_state="completed", nvlink_domain="{domain}"}}'
+            if fault_from is None or i not in nodes:
+                out.append((ready, f"1x{minutes}"))
+                continue
+            out.append((ready, f"1x{fault_from - 1} _x{minutes - fault_from + 1}"))
+            out.append((f'fleetcanary_gpu_info{{{lab}, fabric_state="in_progress"}}',
+                        f"_x{fault_from} 1x{minutes - fault_from}"))
+    return out
+
+
+def nvl72_cases() -> list[dict]:
+    """Rack a loses its NVLink fabric at minute 10; rack b stays healthy. Once 5 minutes have passed: one
+    FleetCanaryNVLinkDomainDegraded for rack a's domain (value 18 nodes), and each of its 72 GPUs'
+    FleetCanaryGPUFabricNotReady carrying that domain (held by node:fleetcanary_nvlink_domain:info), which
+    Alertmanager groups into one page (tests/test_alertmanager.py sends the same through a real one). Nothing for
+    rack b. One tray alone is its own fault: its GPUs' alerts with the domain, no domain alert."""
+    gpus = [exp("FleetCanaryGPUFabricNotReady", {"node": rack_node(i), "gpu": str(g), "fabric_state": "in_progress",
+                                                  "nvlink_domain": DOMAIN}, "1")
+            for i in range(RACK_NODES) for g in range(TRAY_GPUS)]
+
+    def inputs(series):
+        return [{"series": k, "values": v} for k, v in series]
+    return [
+        {"interval": "1m", "input_series": inputs(rack_series(10) + rack_series(None, "b", SECOND_RACK)),
+         "alert_rule_test": [
+             {"eval_time": "9m", "alertname": "FleetCanaryNVLinkDomainDegraded", "exp_alerts": []},
+             {"eval_time": "13m", "alertname": "FleetCanaryNVLinkDomainDegraded", "exp_alerts": []},
+             {"eval_time": "16m", "alertname": "FleetCanaryNVLinkDomainDegraded",
+              "exp_alerts": [exp("FleetCanaryNVLinkDomainDegraded", {"nvlink_domain": DOMAIN}, str(RACK_NODES))]},
+             {"eval_time": "16m", "alertname": "FleetCanaryGPUFabricNotReady", "exp_alerts": gpus},
+             {"eval_time": "16m", "alertname": "FleetCanaryGPUFabricCliqueMismatch", "exp_alerts": []},
+         ]},
+        {"interval": "1m", "input_series": inputs(rack_series(10, nodes=range(1))),
+         "alert_rule_test": [
+             {"eval_time": "16m", "alertname": "FleetCanaryNVLinkDomainDegraded", "exp_alerts": []},
+             {"eval_time": "16m", "alertname": "FleetCanaryGPUFabricNotReady",
+              "exp_alerts": [exp("FleetCanaryGPUFabricNotReady", {"node": rack_node(0), "gpu": str(g),
+                                                                  "fabric_state": "in_progress",
+                                                                  "nvlink_domain": DOMAIN}, "1")
+                             for g in range(TRAY_GPUS)]},
+         ]},
+        # a registered tray whose GPU 2 lost 18 NVLinks and whose GPU 3 registered unhealthy: each alert carries the
+        # domain (so it joins the rack's group in Alertmanager); one node is not the domain's fault
+        {"interval": "1m", "input_series": inputs(
+            [(k.replace('fabric_state="completed"', 'fabric_state="unhealthy"') if f'node="{rack_node(4)}", gpu="3"'
+              in k else k, v) for k, v in rack_series(None)]
+            + [(f'fleetcanary_gpu_nvlink_links_down{{node="{rack_node(4)}", gpu="2"}}', "18x40"),
+               (f'fleetcanary_gpu_nvlink_links_up{{node="{rack_node(4)}", gpu="2"}}', "0x40")]),
+         "alert_rule_test": [
+             {"eval_time": "10m", "alertname": "FleetCanaryNVLinkDown",
+              "exp_alerts": [exp("FleetCanaryNVLinkDown", {"node": rack_node(4), "gpu": "2", "nvlink_domain": DOMAIN},
+                                 "18", {"fleetcanary_gpu_nvlink_links_up": "0"})]},
+             {"eval_time": "10m", "alertname": "FleetCanaryGPUFabricNotReady",
+              "exp_alerts": [exp("FleetCanaryGPUFabricNotReady", {"node": rack_node(4), "gpu": "3",
+                                                                  "fabric_state": "unhealthy",
+                                                                  "nvlink_domain": DOMAIN}, "1")]},
+             {"eval_time": "10m", "alertname": "FleetCanaryNVLinkDomainDegraded", "exp_alerts": []},
+         ]},
+    ]
+
+
 def outputs() -> dict[str, str]:
     return {"peers.test.yml": figure_file([healthy_case(), change_case(), few_peers_case(), level_case(), fast_case(),
                                            cohort_case()]),
             "own_history.test.yml": figure_file([own_case()]),
             "hard_failures.test.yml": HEAD + yaml.safe_dump({"rule_files": FILES, "group_eval_order": ORDER,
                                                              "evaluation_interval": "1m", "tests": hard_cases()},
+                                                            sort_keys=False, width=200),
+            "nvlink_domain.test.yml": HEAD + yaml.safe_dump({"rule_files": FILES, "group_eval_order": ORDER,
+                                                             "evaluation_interval": "1m", "tests": nvl72_cases()},
                                                             sort_keys=False, width=200)}
 
 

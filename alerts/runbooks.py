@@ -83,7 +83,50 @@ HARD = {
                               "record at `/results`, its `nvlinks` per GPU; per-link series with gpu_health's "
                               "`per_link: true`) and `-e` for its error counters; fabric manager status "
                               "(`systemctl status nvidia-fabricmanager`).",
-                              "A failed link or NVSwitch port, fabric manager not running, a GPU needing a reset."),
+                              "A failed link or NVSwitch port, fabric manager not running, a GPU needing a reset. "
+                              "A GPU that answers no NVLink query at all (nvidia-smi: all links are inactive) "
+                              "shows all its links down."),
+    "FleetCanaryGPUFabricNotReady": ("The GPU has an NVLink fabric (NVSwitch: HGX with the fabric manager, GB200 NVL72 "
+                                     "with NVLink management) and has not completed its registration with it for 5 "
+                                     "minutes (fabric_state not_started or in_progress), completed it with an error "
+                                     "status or an unhealthy health mask (unhealthy: degraded bandwidth, an unhealthy "
+                                     "route, no partition assigned, a wrong configuration), or its state could not "
+                                     "be read (unknown). On GB200 a GPU that is not registered cannot run CUDA work "
+                                     "across the rack. The alert carries the NVLink domain; several nodes of one "
+                                     "domain also fire FleetCanaryNVLinkDomainDegraded, in the same notification.",
+                                     "`nvidia-smi -q | grep -A 8 -i fabric` (State, Status, CliqueId, ClusterUUID, "
+                                     "Health) on the node, or the gpu_health record at `/results` (`fabric` per GPU, "
+                                     "with the decoded health mask); the fabric manager (HGX: `systemctl status "
+                                     "nvidia-fabricmanager`, its log /var/log/fabricmanager.log) or, on NVL72, "
+                                     "the NVLink switch trays' NMX and the IMEX daemon (`systemctl status "
+                                     "nvidia-imex`, `nvidia-imex-ctl -N`); `dmesg | grep -i -e nvrm -e sxid`. With "
+                                     "per-fault node conditions the node carries FleetCanaryGPUFabricNotReady with "
+                                     "the evidence.",
+                                     "The fabric manager or NVLink management not running or not reaching the GPU, "
+                                     "an NVSwitch or switch-tray fault, a GPU needing a reset, a partition not "
+                                     "configured for the tray, mismatched GPU and switch firmware."),
+    "FleetCanaryGPUFabricCliqueMismatch": ("The GPU registered in another NVLink domain (cluster UUID or clique) "
+                                           "than most GPUs of its node: it left its clique and cannot reach its "
+                                           "rack's partition over NVLink, while its node looks healthy otherwise. "
+                                           "`gpu_domain` is the GPU's, `nvlink_domain` its node's.",
+                                           "`nvidia-smi -q | grep -A 8 -i fabric` on the node for each GPU's "
+                                           "CliqueId and ClusterUUID; the rack's NVLink partition configuration "
+                                           "(NMX); whether the GPU was reset or re-registered alone.",
+                                           "A partition change applied to part of a tray, a GPU reset that "
+                                           "re-registered it elsewhere, a switch-tray fault on the GPU's links."),
+    "FleetCanaryNVLinkDomainDegraded": ("At least `nvlink_domain_min_nodes` (2) nodes of one NVLink domain "
+                                        "(GB200 NVL72: a rack's 18 compute trays sharing a cluster UUID and clique) "
+                                        "have GPUs whose fabric is not ready or whose NVLinks are down. That is a "
+                                        "fault of the domain, not of each node: one page, grouped by the Alertmanager "
+                                        "example with the per-GPU alerts that name the nodes. The value is how many "
+                                        "nodes.",
+                                        "The rack's NVLink switch trays and NMX (NVLink management) status; on "
+                                        "the compute trays `systemctl status nvidia-imex` and `nvidia-imex-ctl -N`; "
+                                        "`nvidia-smi -q | grep -A 8 -i fabric` on two of the nodes; the rack's "
+                                        "power and cooling events. Do not drain the nodes one by one for it.",
+                                        "An NVLink switch tray down or rebooting, NVLink management (NMX) or the "
+                                        "fabric manager stopped, a partition reconfiguration, rack power or a "
+                                        "firmware update of the switch trays."),
     "FleetCanaryGPUCriticalXid": ("The GPU reported an XID that the XID catalogue (docs/xid-catalogue.md, from "
                                   "NVIDIA's XID documentation) classes as critical and hardware, memory, bus or "
                                   "nvlink; the alert's `class` label says which. Seen by the exporter's continuous "

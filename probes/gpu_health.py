@@ -23,9 +23,14 @@ node"); the run record (/results) keeps every reading:
   type and counter combinations, the remapped-row counts and the NVLink error sums while above 0.
 - Faults as 0/1 (a GPU lost, a row remap pending or failed): only the 1s; the alerts read == 1.
 - Persistence mode, MIG mode and the power limit change rarely: labels of fleetcanary_gpu_info.
-- NVLink fabric (NVSwitch systems: state, status, clique, cluster UUID): the run record only (None for a GPU
-  without one); the daemon makes a not-ready fabric the node condition FleetCanaryGPUFabricNotReady and the
-  reason fabric_not_ready of fleetcanary_gpu_health_state, so it costs no series of its own.
+- NVLink fabric (NVSwitch systems: state, status, clique, cluster UUID, the health mask): the run record has it
+  all (None for a GPU without one); fleetcanary_gpu_info carries its state and NVLink domain (cluster UUID and
+  clique) as labels, which the rules read and group by, so it costs no series of its own. The daemon makes a
+  not-ready fabric the node condition FleetCanaryGPUFabricNotReady and the reason fabric_not_ready of
+  fleetcanary_gpu_health_state.
+- NVLink links that cannot be read are down, not absent (nvml.nvlinks, mark_absent_links).
+- On a node with an NVLink fabric, fabric manager and IMEX daemon state (probes/lib/fabric_services.py: what a pod
+  can read) as one info series; the IMEX node count in the record.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from fleetcanary.probes.base import MetricSpec, Probe, ProbeConfig, ProbeContext, ProbeResult, Sample
-from fleetcanary.probes.lib import nvml, xids
+from fleetcanary.probes.lib import fabric_services, nvml, xids
 from fleetcanary.probes.lib.gpu_gate import open_session
 
 P = "fleetcanary_gpu_"
@@ -44,6 +49,13 @@ class Config(ProbeConfig):
     xid_wait_seconds: float = Field(2.0, ge=0, le=30, description="Seconds each run waits for critical XID events.")
     expected_gpus: int | None = Field(
         None, ge=0, description="GPUs this node should have. None: gpu.expected_count, then the node label.")
+    host_proc_path: str = Field(
+        "/proc", description="The host's /proc, to tell whether nvidia-fabricmanager and nvidia-imex run (only on "
+        "nodes whose GPUs have an NVLink fabric): the pod's own /proc with hostPID, else the host's mounted here "
+        "read-only. A /proc whose PID 1 is not systemd or init is a container's: the services read unknown.")
+    imex_nodes_config: str = Field(
+        "/etc/nvidia-imex/nodes_config.cfg", description="The IMEX node list (the IMEX domain), recorded where "
+        "readable (the host's /etc/nvidia-imex mounted).")
     per_link: bool = Field(
         False, description="Opt-in: NVLink state and error counters per link (fleetcanary_gpu_nvlink_up, and "
         "fleetcanary_gpu_nvlink_errors_total with its link label: 18 links x 5 series per H100/H200, 720 series on "
@@ -70,6 +82,36 @@ def _nvlink_errors(gi: str, links: list[dict], per_link: bool) -> list[tuple[dic
     return out
 
 
+def fabric_state(fabric: dict | None) -> str:
+    """fleetcanary_gpu_info's fabric_state: "" without a fabric; not_started, in_progress, unknown (the read
+    failed); completed, or unhealthy where it completed with an error status or an unhealthy health mask."""
+    if not fabric or fabric.get("state") in (None, "not_supported"):
+        return ""
+    if fabric.get("state") == "completed" and nvml.fabric_problems(fabric):
+        return "unhealthy"
+    return str(fabric.get("state"))
+
+
+def mark_absent_links(gpus: list[dict]) -> None:
+    """A GPU whose every link index answered "not supported" has no links in its record. Where it should have
+    links (another GPU of its model on this node has some, or it has an NVLink fabric: NVSwitch and NVL72 GPUs
+    have NVLinks), its links are written in as down: as many as its model's other GPUs have, else
+    nvml.NVLINK_MAX_LINKS. A GPU whose links all went inactive shows that way (nvidia-smi: "Unable to retrieve
+    NVLink information as all links are inActive"); without this it had no NVLink series at all."""
+    counts: dict[str, int] = {}
+    for g in gpus:
+        if not g.get("lost") and g.get("nvlinks"):
+            counts[g.get("model", "")] = max(counts.get(g.get("model", ""), 0), len(g["nvlinks"]))
+    for g in gpus:
+        if g.get("lost") or g.get("nvlinks"):
+            continue
+        fab = g.get("fabric")
+        has_fabric = bool(fab) and fab.get("state") not in (None, "not_supported")
+        n = counts.get(g.get("model", "")) or (nvml.NVLINK_MAX_LINKS if has_fabric else 0)
+        g["nvlinks"] = [{"link": i, "up": 0, "errors": {}, "remote_pci_bus_id": nvml.UNKNOWN,
+                         "error": "no link answered NVML (all links inactive or unreadable)"} for i in range(n)]
+
+
 class GpuHealth(Probe):
     name = "gpu_health"
     Config = Config
@@ -78,10 +120,14 @@ class GpuHealth(Probe):
     default_timeout_seconds = 30.0
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec(P + "info", "gauge", "GPU identity and its rarely changed settings from NVML: persistence mode "
-                   "and MIG mode (enabled, disabled; unknown, or unsupported for MIG, where NVML gives none) and the "
-                   "enforced power limit in watts; value 1.", "info",
+                   "and MIG mode (enabled, disabled; unknown, or unsupported for MIG, where NVML gives none), the "
+                   "enforced power limit in watts, and on GPUs with an NVLink fabric (NVSwitch: HGX, GB200 NVL72) its "
+                   "fabric_state (not_started, in_progress, completed; unhealthy: completed with an error status or "
+                   "an unhealthy health mask; unknown: the read failed) and nvlink_domain (<cluster UUID>/<clique "
+                   "id>: the GPUs of one multi-node NVLink partition share it); both empty without a fabric. "
+                   "Value 1.", "info",
                    ("gpu", "uuid", "model", "pci_bus_id", "serial", "vbios", "persistence_mode", "mig_mode",
-                    "power_limit_watts")),
+                    "power_limit_watts", "fabric_state", "nvlink_domain")),
         MetricSpec("fleetcanary_gpus_visible", "gauge", "GPUs NVML enumerates on this node, lost ones included.",
                    "count"),
         MetricSpec("fleetcanary_gpus_healthy", "gauge", "GPUs NVML can query (not lost).", "count"),
@@ -134,6 +180,12 @@ class GpuHealth(Probe):
                    "NVSwitch SXid records in the kernel log, by switch (its PCI bus id), code and severity (critical: "
                    "the line says Fatal; warning: Non-fatal); a series appears once it happened.", "total",
                    ("switch", "sxid", "severity")),
+        MetricSpec("fleetcanary_nvlink_fabric_services_info", "gauge",
+                   "The host services an NVLink fabric needs, on nodes whose GPUs have one: nvidia-fabricmanager "
+                   "(HGX/DGX NVSwitch systems; GB200 NVL72 trays do not run it) and the IMEX daemon (multi-node NVLink "
+                   "memory sharing), each running, not_running or unknown (the host's processes are not visible: "
+                   "hostPID or host_proc_path); value 1. One series; none without a fabric.", "info",
+                   ("fabricmanager", "imex")),
         MetricSpec(P + "xid_watch_seconds_total", "counter", "Seconds spent waiting for XID events: the XID coverage.",
                    "seconds"),
     )
@@ -165,10 +217,6 @@ class GpuHealth(Probe):
                     continue
                 ident = session.identity(g)
                 pm, mig, power = session.persistence_mode(g), session.mig_mode(g), session.power_limit_watts(g)
-                add(P + "info", {"gpu": gi, "uuid": ident["uuid"], "model": ident["model"],
-                                 "pci_bus_id": ident["pci_bus_id"], "serial": ident["serial"],
-                                 "vbios": ident["vbios"], "persistence_mode": pm, "mig_mode": mig,
-                                 "power_limit_watts": f"{power:g}" if _num(power) is not None else nvml.UNKNOWN}, 1)
                 pcie = session.pcie(g)
                 for key, metric in (("gen_current", "pcie_link_generation"), ("gen_max", "pcie_link_generation_max"),
                                     ("width_current", "pcie_link_width"), ("width_max", "pcie_link_width_max")):
@@ -191,7 +239,25 @@ class GpuHealth(Probe):
                     for key in ("pending", "failed"):  # the alerts read == 1; 0 is no series
                         if rows[key]:
                             add(P + f"remapped_rows_{key}", {"gpu": gi}, 1)
-                links = session.nvlinks(g)
+                gpus.append({**ident, "pcie": pcie, "throttle_reasons": reasons, "ecc": ecc, "remapped_rows": rows,
+                             "nvlinks": session.nvlinks(g), "fabric": session.fabric(g), "persistence_mode": pm,
+                             "mig_mode": mig, "power_limit_watts": power})
+            mark_absent_links(gpus)
+            services = None
+            if any(fabric_state(g.get("fabric")) for g in gpus if not g.get("lost")):
+                services = fabric_services.service_states(config.host_proc_path)
+                add("fleetcanary_nvlink_fabric_services_info", services, 1)
+                services = {**services, "imex_nodes": fabric_services.imex_nodes(config.imex_nodes_config)}
+            for rec in gpus:
+                if rec.get("lost"):
+                    continue
+                gi, power, fab = str(rec["index"]), rec["power_limit_watts"], rec["fabric"]
+                add(P + "info", {"gpu": gi, "uuid": rec["uuid"], "model": rec["model"],
+                                 "pci_bus_id": rec["pci_bus_id"], "serial": rec["serial"], "vbios": rec["vbios"],
+                                 "persistence_mode": rec["persistence_mode"], "mig_mode": rec["mig_mode"],
+                                 "power_limit_watts": f"{power:g}" if _num(power) is not None else nvml.UNKNOWN,
+                                 "fabric_state": fabric_state(fab), "nvlink_domain": nvml.nvlink_domain(fab)}, 1)
+                links = rec["nvlinks"]
                 if links:  # a GPU without NVLink (PCIe cards, a VM) has no series
                     up = sum(1 for link in links if link["up"])
                     add(P + "nvlink_links_up", {"gpu": gi}, up)
@@ -202,9 +268,6 @@ class GpuHealth(Probe):
                         add(P + "nvlink_up", {"gpu": gi, "link": str(link["link"])}, link["up"])
                 for labels, v in _nvlink_errors(gi, links, config.per_link):
                     add(P + "nvlink_errors_total", labels, v)
-                gpus.append({**ident, "pcie": pcie, "throttle_reasons": reasons, "ecc": ecc, "remapped_rows": rows,
-                             "nvlinks": links, "fabric": session.fabric(g), "persistence_mode": pm, "mig_mode": mig,
-                             "power_limit_watts": power})
 
             healthy = [g for g in handles if not g.lost]
             t0 = time.monotonic()
@@ -234,5 +297,5 @@ class GpuHealth(Probe):
         return ProbeResult(samples=samples, touched={"gpus": [g.index for g in handles], "invasive": False},
                            parameters={"xid_wait_seconds": xid_wait, "expected_gpus": expected,
                                        "per_link": config.per_link},
-                           extra={"gpus": gpus, "xid_events": events, "critical_xid_events": critical,
-                                  "xid_watch_seconds": watched})
+                           extra={"gpus": gpus, "fabric_services": services, "xid_events": events,
+                                  "critical_xid_events": critical, "xid_watch_seconds": watched})

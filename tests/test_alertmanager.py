@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from fleetcanary.judge import exposition as judge
 from fleetcanary.probes.gpu_health import GpuHealth
+from tests.support import nvl72
 from tests.support.alertmanager import Alertmanager, Exposition, WebhookReceiver
 from tests.support.helpers import load_script, wait_for
 from tests.support.prometheus import Prometheus
@@ -410,3 +411,64 @@ def test_every_inhibit_rule_mutes_an_alert_the_rules_raise(tmp_path):
     finally:
         am.stop()
     assert len(pairs) == len(cfg["inhibit_rules"]) == 4
+
+
+# A GB200 NVL72 rack, constructed (not recorded) from NVML's documented fabric info (tests/support/nvl72.py): its 18
+# trays' expositions are gpu_health's real reads of their fake NVML, fabric registered and then gone.
+DOMAIN_DEGRADED, FABRIC = "FleetCanaryNVLinkDomainDegraded", "FleetCanaryGPUFabricNotReady"
+
+
+def test_a_rack_wide_nvlink_fabric_fault_is_one_page_naming_its_18_nodes(tmp_path, monkeypatch):
+    """An NVL72 rack's fabric goes down (every GPU of its 18 trays back in registration): through the shipped rules
+    and the shipped Alertmanager example, ONE notification, grouped by the NVLink domain, to the pager: the domain
+    alert (value 18 nodes) and the 72 GPUs' fabric alerts, which name all 18 nodes; no per-node page."""
+    up = {n: nvl72.exposition(nvl72.gpu_health(f, monkeypatch, tmp_path))
+          for n, f in nvl72.write_rack(tmp_path / "facts").items()}
+    down = {n: nvl72.exposition(nvl72.gpu_health(f, monkeypatch, tmp_path))
+            for n, f in nvl72.write_rack(tmp_path / "facts", fabric_up=False).items()}
+    assert f'nvlink_domain="{nvl72.DOMAIN}"' in up["nvl72-a-00"] and 'fabric_state="in_progress"' in down["nvl72-a-17"]
+    trays = {n: Exposition(text) for n, text in up.items()}
+    started: list = list(trays.values())
+    try:
+        hook = WebhookReceiver()
+        started.append(hook)
+        _, cfg = alertmanager_config(hook.url)
+        am = Alertmanager(tmp_path / "am", cfg)
+        started.append(am)
+        scaled_rules(tmp_path)
+        scrape = [{"job_name": "fleetcanary", "static_configs": [
+            {"targets": [e.address], "labels": {"node": n}} for n, e in trays.items()]}]
+        prom = Prometheus(tmp_path / "prom", [], rule_files=[str(tmp_path / "fleetcanary.rules.yml"),
+                                                             str(tmp_path / "fleetcanary.alerts.yml")],
+                          scrape_configs=scrape, alertmanagers=[am.address])
+        started.append(prom)
+        # the rack registered: each node's NVLink domain is recorded, and nothing fires
+        wait_for(lambda: len(prom.query(f'node:fleetcanary_nvlink_domain:info{{nvlink_domain="{nvl72.DOMAIN}"}}'))
+                 == 18, timeout=DEADLINE, what="the 18 trays' NVLink domain recorded")
+        assert not prom.query('ALERTS{alertname=~"FleetCanary(NVLinkDomain|GPUFabric).*"}')
+        for n, e in trays.items():
+            e.set(down[n])
+
+        def page():
+            for n in hook.notifications():
+                alerts = [a for a in n["payload"]["alerts"] if a["status"] == "firing"]
+                names = [a["labels"]["alertname"] for a in alerts]
+                if names.count(DOMAIN_DEGRADED) == 1 and names.count(FABRIC) == 72:
+                    return n
+            return None
+
+        n = wait_for(page, timeout=DEADLINE, what="one notification with the domain alert and the 72 GPU alerts")
+        assert n["path"] == "/page" and n["payload"]["receiver"] == "gpu-platform-pager"
+        assert n["payload"]["groupLabels"] == {"nvlink_domain": nvl72.DOMAIN}
+        alerts = n["payload"]["alerts"]
+        assert {a["labels"]["nvlink_domain"] for a in alerts} == {nvl72.DOMAIN}
+        assert {a["labels"]["node"] for a in alerts if a["labels"]["alertname"] == FABRIC} == set(trays)
+        [domain] = [a for a in alerts if a["labels"]["alertname"] == DOMAIN_DEGRADED]
+        assert domain["annotations"]["description"].startswith(f"18 nodes of NVLink domain {nvl72.DOMAIN}")
+        assert domain["annotations"]["runbook_url"].endswith("#fleetcanarynvlinkdomaindegraded")
+        # every notification sent is that domain's group: no tray was paged on its own
+        assert {tuple(sorted(x["payload"]["groupLabels"].items())) for x in hook.notifications()} == {
+            (("nvlink_domain", nvl72.DOMAIN),)}
+    finally:
+        for s in reversed(started):
+            s.stop()

@@ -115,6 +115,25 @@ def throttling_delta(before: dict | None, after: dict | None) -> dict[str, Any]:
             "throttled_seconds": (after["throttled_usec"] - before["throttled_usec"]) / 1e6}
 
 
+SYSFS_ENV = "FLEETCANARY_SYSFS_ROOT"   # where sysfs is (tests: a recorded tree), default /sys
+
+
+def hca_firmware(sysfs_root: str | None = None) -> dict[str, str]:
+    """Each RDMA device's firmware version (<sysfs>/class/infiniband/<dev>/fw_ver, e.g. mlx5_0: 28.39.1002); {}
+    on a node without one. The guide freezes it with the NIC: a firmware update changes NCCL's and RDMA's figures."""
+    root = Path(sysfs_root or os.environ.get(SYSFS_ENV) or "/sys") / "class" / "infiniband"
+    out = {}
+    try:
+        devices = sorted(p for p in root.iterdir())[:64]
+    except OSError:
+        return out
+    for dev in devices:
+        fw = _read(str(dev / "fw_ver"))
+        if fw:
+            out[dev.name] = fw[:64]
+    return out
+
+
 def package_versions() -> dict[str, str]:
     out = {}
     for name in PACKAGES:
@@ -144,6 +163,7 @@ def host_facts() -> dict[str, Any]:
         "git_commit": git_commit(),
         "image": image,
         "in_kubernetes": bool(os.environ.get("KUBERNETES_SERVICE_HOST")),
+        "hca_firmware": hca_firmware(),
     }
     facts.update(cgroup_limits())
     return facts

@@ -13,7 +13,9 @@ A fault class is one node condition (node-problem-detector style: True while the
     pcie         GPUPCIeDegraded       width below its maximum, or generation below its maximum while not idle
     nvlink       GPUNVLinkDown         NVLink links present but not active
     fabric       GPUFabricNotReady     a GPU with an NVLink fabric (NVSwitch: HGX, NVL72) whose fabric state
-                                       is completed with an error, or not completed for FABRIC_PENDING_RUNS
+                                       is completed with an error status or an unhealthy health mask, that is
+                                       in another NVLink domain (cluster UUID, clique) than its node's other
+                                       GPUs, or whose state is not completed for FABRIC_PENDING_RUNS
                                        consecutive runs
 
 A fault is set at its first observation (a fabric still registering: at the FABRIC_PENDING_RUNS-th consecutive
@@ -26,6 +28,8 @@ else healthy; one reason, the first of REASONS that applies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from fleetcanary.probes.lib import nvml  # its pure helpers only (fabric_problems, nvlink_domain): NVML is not loaded
 
 KINDS = {   # kind -> (condition type after the prefix, reason while clear)
     "lost": ("GPULost", "NoGPULost"),
@@ -109,20 +113,43 @@ def from_gpu_health(extra: dict, expected: int | None) -> list[Fault]:
             out.append(Fault("nvlink", gi, "NVLinkDown", "nvlink_down",
                              f"{who(g)} has {len(down)} of {len(links)} NVLinks down (links {', '.join(down[:18])})"))
         fab = g.get("fabric") or {}
-        state, status = fab.get("state"), fab.get("status")
-        if state == "completed" and status not in (None, "success"):
+        state = fab.get("state")
+        problems = nvml.fabric_problems(fab)
+        if state == "completed" and problems:
+            # an error status, or a health mask with degraded bandwidth, an unhealthy route, no partition or a
+            # wrong configuration
             out.append(Fault("fabric", gi, "FabricNotReady", "fabric_not_ready",
-                             f"{who(g)} fabric state completed with an error, status {status} "
+                             f"{who(g)} fabric state completed but not healthy: {', '.join(problems)} "
                              f"(clique {fab.get('clique_id', '?')}, cluster {fab.get('cluster_uuid', '?')})"))
         elif state not in (None, "not_supported", "unknown", "completed"):
             # not_started, in_progress: what every such GPU shows for a while after a boot or a driver load
             out.append(Fault("fabric", gi, "FabricNotReady", "fabric_not_ready",
                              f"{who(g)} fabric state {state}, still not completed after {FABRIC_PENDING_RUNS} "
                              "consecutive gpu_health runs", confirm=FABRIC_PENDING_RUNS))
+    out += _clique_split(gpus)
     if expected is not None and len(gpus) < expected:
         out.append(Fault("lost", "", "GPUsMissing", "gpus_missing",
                          f"{len(gpus)} of {expected} expected GPUs visible to NVML"))
     return out
+
+
+def _clique_split(gpus: list[dict]) -> list[Fault]:
+    """The GPUs of one node belong to one NVLink domain (an NVL72 tray's 4 GPUs to their rack's partition): a GPU
+    registered in another domain than most of its node's (another clique or cluster UUID; ties go to the domain of
+    the lowest GPU index) left its clique. Only GPUs whose registration completed count."""
+    domains = {str(g.get("index")): nvml.nvlink_domain(g.get("fabric")) for g in gpus if not g.get("lost")
+               and (g.get("fabric") or {}).get("state") == "completed"}
+    if len(set(domains.values())) < 2:
+        return []
+    counts: dict[str, int] = {}
+    for d in domains.values():
+        counts[d] = counts.get(d, 0) + 1
+    node_domain = max(counts, key=lambda d: counts[d])   # dict order: the lowest GPU index first among ties
+    by_index = {str(g.get("index")): g for g in gpus}
+    return [Fault("fabric", gi, "FabricCliqueMismatch", "fabric_not_ready",
+                  f"{who(by_index[gi])} is in NVLink domain {d or 'none'} (cluster UUID/clique), not in its node's "
+                  f"{node_domain or 'none'}")
+            for gi, d in domains.items() if d != node_domain]
 
 
 def from_xids(recent, info) -> list[Fault]:

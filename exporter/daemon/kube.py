@@ -30,6 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetcanary.core import kube_platform
+
 MERGE_PATCH = "application/merge-patch+json"  # RFC 7386: what the label and quarantine writes send
 log = logging.getLogger("fleetcanary.kube")
 
@@ -128,6 +130,7 @@ class Snapshot:
     errors: Counter = field(default_factory=Counter)            # (operation, reason) -> count
     condition_status: str | None = None                         # "True"/"False" as last patched
     fault_conditions: dict[str, str] = field(default_factory=dict)  # per-fault type -> status as last patched
+    platform: dict[str, Any] = field(default_factory=dict)      # core/kube_platform: nodeInfo, NVIDIA components, image
 
 
 class Kube:
@@ -318,6 +321,8 @@ class Kube:
                 self._snap.labels = new
                 self._snap.gpu_capacity = capacity
                 self._snap.gpu_allocatable = allocatable
+                self._snap.platform = {k: v for k, v in self._snap.platform.items()
+                                       if k not in kube_platform.NODE_KEYS} | kube_platform.from_node(node)
         try:
             pods = self.api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name},status.phase!=Succeeded,status.phase!=Failed",
@@ -340,7 +345,11 @@ class Kube:
             if claimed is not None:
                 requested += len(claimed.devices)
                 gpu_pods |= claimed.pods
+            on_node = kube_platform.from_pods(pods.items or [], kube_platform.own_pod_name(),
+                                              kube_platform.own_namespace())
             with self._lock:
+                self._snap.platform = {k: v for k, v in self._snap.platform.items()
+                                       if k not in kube_platform.POD_KEYS} | on_node
                 self._snap.gpus_requested = requested
                 self._snap.gpus_claimed = len(claimed.devices) if claimed is not None else None
                 self._snap.gpu_pods = sorted(gpu_pods)

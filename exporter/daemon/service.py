@@ -16,7 +16,7 @@ import threading
 import time
 
 from fleetcanary.core import config as configmod
-from fleetcanary.core import environment, statefile
+from fleetcanary.core import environment, kube_platform, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
 from fleetcanary.daemon import dra, hard_faults, phase, pod_resources, webconfig, xid_watch
@@ -470,6 +470,7 @@ class Daemon:
                                            xid_watch_running=self.xid_watch is not None and self.xid_watch.watching())
             job = jobmod.build(name, self.probe_map[name], entry.params.model_dump(mode="json"), context)
             out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
+            self._add_platform(out)
             self._charge(out, window)
         except Exception as exc:  # noqa: BLE001 - a scheduler-side failure is a counted crash, never a silent gap
             out = self._internal_crash(name, exc, started, out)
@@ -488,6 +489,20 @@ class Daemon:
             except Exception:  # the run is recorded; a confirmation is a nicety
                 log.exception("probe %s: planning a confirmation run failed", name)
         return out
+
+    def _add_platform(self, out: RunRecord, own: bool = True) -> None:
+        """The Kubernetes platform of the run into its record (core/kube_platform.py): what the worker cannot
+        know (the Node's nodeInfo, the NVIDIA components on the node, this pod's image digest)."""
+        if self.kube is None or not out.environment:
+            return
+        platform = self.kube.snapshot().platform
+        if platform:
+            fields = kube_platform.record_fields(platform)
+            if not own or out.environment.get("image", environment.UNKNOWN) != environment.UNKNOWN:
+                fields.pop("image", None)        # the deployer named the image; or a claim pod ran its own
+            if not own:
+                fields.pop("image_digest", None)
+            out.environment.update(fields)
 
     def _internal_crash(self, name: str, exc: BaseException, started: float, out: RunRecord | None) -> RunRecord:
         """The crash record of a run the daemon itself failed: spawn_failed when the system is out of
@@ -550,6 +565,7 @@ class Daemon:
         entries = settings.probe_entries()
         charged = False
         for out in records:
+            self._add_platform(out, own=False)
             entry = entries.get(out.probe)   # gone by a reload since the claim asked: the shortest window
             charged |= self._charge(out, budget_window(entry.interval_seconds if entry else 0.0), save=False)
         if charged:

@@ -7,10 +7,12 @@ directory, as the daemon would; without it, `once` leaves the daemon's history a
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
 
+from fleetcanary.core import kube_platform
 from fleetcanary.core.record import RunRecord
 from fleetcanary.core.units import human, text_table
 from fleetcanary.offline import acceptance
@@ -19,9 +21,44 @@ from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import become_subreaper, run_isolated
 
 
+def platform_facts(settings, environ=os.environ, warn=None) -> dict[str, Any]:
+    """In a pod (or with kubernetes.api_url), the Kubernetes platform of this node for the run records, as the
+    daemon records it (core/kube_platform.py): one read of the Node and one list of its pods. {} outside Kubernetes,
+    with kubernetes.mode off or no node_name; a failed read is one warning line and {} (the runs go on)."""
+    cfg = settings.kubernetes
+    node_name = settings.node_name
+    if cfg.mode == "off" or not node_name or not (environ.get("KUBERNETES_SERVICE_HOST") or cfg.api_url):
+        return {}
+    try:
+        from kubernetes import client
+
+        conf = client.Configuration()
+        if cfg.api_url:   # a loopback plain-HTTP server that authenticates for us (config validates it)
+            conf.host = cfg.api_url
+        else:
+            from kubernetes.config.incluster_config import InClusterConfigLoader
+
+            InClusterConfigLoader(environ.get("FLEETCANARY_KUBE_TOKEN_FILE") or kube_platform.TOKEN_FILE,
+                                  environ.get("FLEETCANARY_KUBE_CA_FILE") or kube_platform.CA_FILE,
+                                  environ=environ).load_and_set(conf)
+        conf.retries = False
+        api = client.CoreV1Api(client.ApiClient(conf))
+        node = api.read_node(node_name, _request_timeout=cfg.api_timeout_seconds)
+        pods = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}",
+                                               _request_timeout=cfg.api_timeout_seconds)
+    except Exception as exc:  # noqa: BLE001 - the platform is a nicety of the record, never a reason to stop
+        if warn:
+            warn(f"warning: the Kubernetes platform is not recorded: {type(exc).__name__}: "
+                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}", end=True)
+        return {}
+    return kube_platform.from_node(node) | kube_platform.from_pods(
+        pods.items or [], kube_platform.own_pod_name(environ), kube_platform.own_namespace(environ))
+
+
 def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=None,
-               write_history: bool = False) -> list[RunRecord]:
+               write_history: bool = False, platform: dict[str, Any] | None = None) -> list[RunRecord]:
     become_subreaper(reap_everything=True)
+    fields = kube_platform.record_fields(platform) if platform else {}
     outcomes = []
     total = len(names) * repeat
     history = History(settings.state_dir, settings.history.max_bytes, settings.history.backups) \
@@ -36,6 +73,8 @@ def run_probes(settings, probe_map, names: list[str], repeat: int = 1, progress=
             job = jobmod.build(name, probe_map[name], entry.params.model_dump(mode="json"),
                                jobmod.probe_context(settings))
             out = run_isolated(job, entry.timeout_seconds, settings.worker_kill_grace_seconds)
+            if fields and out.environment:
+                out.environment.update(fields)
             if progress:
                 why = f" ({out.reason})" if out.reason else ""
                 progress(f" {out.outcome}{why} in {out.wall_seconds:.1f}s", end=True)
@@ -117,7 +156,8 @@ def main(settings, probe_map, names: list[str], as_json: bool, repeat: int = 1, 
             sys.stderr.flush()
 
     t0 = time.monotonic()
-    outcomes = run_probes(settings, probe_map, names, repeat, progress, write_history)
+    outcomes = run_probes(settings, probe_map, names, repeat, progress, write_history,
+                          platform=platform_facts(settings, warn=progress))
     rs = rows(outcomes)
     verdict = acceptance.run_checks(expectations, outcomes) if expectations is not None else None
     if as_json:

@@ -61,7 +61,10 @@ def environment_section(runs: list[RunRecord]) -> dict[str, Any]:
         "platform": {"image": env.get("image", full.get("image")), "in_kubernetes": env.get("in_kubernetes"),
                      "cgroup_cpu_limit_cores": env.get("cgroup_cpu_limit_cores"),
                      "hostnames": sorted({r.environment.get("hostname") for r in runs
-                                          if r.environment.get("hostname")})},
+                                          if r.environment.get("hostname")}),
+                     # Kubernetes, runtime and the NVIDIA components (core/kube_platform.py), where recorded
+                     **{k: env[k] for k in (*results.PLATFORM_VERSIONS, "gpu_sharing_strategy") if k in env}},
+        "communication": {k: env[k] for k in ("nccl_version", "hca_firmware") if k in env},
     }
 
 

@@ -22,10 +22,18 @@ from fleetcanary.runner import history
 # "avoid incorrect comparisons": hardware, power caps, CPU limits). Driver, CUDA,
 # kernel, packages and image are what a comparison usually tests, so they may differ
 # and are reported as the change.
+# A GPU shared by time-slicing or MPS against a dedicated one is a different load, not a change to test (the guide:
+# "mark whether the environment is shared"); GPU feature discovery's label on Kubernetes says which.
 FIXED_ENVIRONMENT = ("gpu_model", "gpu_count", "cpu_model", "cpu_cores", "numa_nodes", "memory_bytes",
-                     "cgroup_cpu_limit_cores", "gpu_power_limits_watts", "gpu_mig_modes")
+                     "cgroup_cpu_limit_cores", "gpu_power_limits_watts", "gpu_mig_modes", "gpu_sharing_strategy")
+# What an upgrade gate tests: listed as changes, never a refusal. The platform's (Kubernetes: kubelet, container
+# runtime, the NVIDIA components on the node; core/kube_platform.py) and the HCA firmware included.
+PLATFORM_VERSIONS = ("kubelet_version", "container_runtime", "node_os_image", "gpu_operator_version",
+                     "device_plugin_version", "dra_driver_version", "container_toolkit_version", "gpu_driver_version",
+                     "mig_strategy", "gpu_replicas")
 CHANGE_ENVIRONMENT = ("driver_version", "cuda_driver_version", "kernel", "os", "fleetcanary_version", "git_commit",
-                      "image", "python_version", "torch_version", "in_kubernetes", "hostname")
+                      "image", "image_digest", "python_version", "torch_version", "nccl_version", *PLATFORM_VERSIONS,
+                      "hca_firmware", "in_kubernetes", "hostname")
 
 
 class ResultsError(Exception):
@@ -131,6 +139,9 @@ def environment_summary(runs: list[RunRecord]) -> dict[str, Any]:
         pk = env.get("packages") or {}
         if isinstance(pk, dict) and pk.get("torch"):
             env["torch_version"] = pk["torch"]
+        nccl = nccl_version(r)
+        if nccl is not None:
+            env["nccl_version"] = nccl
         for k in FIXED_ENVIRONMENT + CHANGE_ENVIRONMENT:
             if k in env and env[k] not in seen[k]:
                 seen[k].append(env[k])
@@ -180,13 +191,31 @@ def parameters_by_probe(runs: list[RunRecord]) -> dict[str, list[dict]]:
     return out
 
 
+def nccl_version(run: RunRecord) -> str | None:
+    """The NCCL version a collective run used (the collectives probe records it: torch's NCCL, or nccl-tests'),
+    as a string; None for a run that used no NCCL or did not say."""
+    extra = (run.result or {}).get("extra") if isinstance(run.result, dict) else None
+    v = extra.get("nccl_version") if isinstance(extra, dict) else None
+    return str(v) if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v) else None
+
+
+def _nccl_versions(runs: list[RunRecord]) -> list[str]:
+    return sorted({v for r in runs if r.ok and (v := nccl_version(r)) is not None})
+
+
 def incomparable(base: list[RunRecord], cand: list[RunRecord]) -> list[str]:
-    """Why the two sides must not be compared: differing fixed environment facts and probe parameters."""
+    """Why the two sides must not be compared: differing fixed environment facts and probe parameters, and for
+    collective results a differing NCCL version (the figure measures NCCL's own algorithms and protocols: another
+    version is another implementation, the guide's "vendor-optimized vs reference implementation")."""
     why = []
     eb, ec = environment_summary(base), environment_summary(cand)
     for k in FIXED_ENVIRONMENT:
         if k in eb and k in ec and eb[k] != ec[k]:
             why.append(f"environment.{k}: baseline {eb[k]!r} vs candidate {ec[k]!r}")
+    nb, nc = _nccl_versions(base), _nccl_versions(cand)
+    if nb and nc and nb != nc:
+        fb, fc = nb[0] if len(nb) == 1 else nb, nc[0] if len(nc) == 1 else nc
+        why.append(f"environment.nccl_version: baseline {fb!r} vs candidate {fc!r} (collective results)")
     pb, pc = parameters_by_probe(base), parameters_by_probe(cand)
     for probe in sorted(set(pb) & set(pc)):
         if pb[probe] != pc[probe]:

@@ -50,7 +50,63 @@ NVLINK_MAX_LINKS = 18
 # HGX with the fabric manager, NVL72 with NVLink management); the label vocabulary of the fabric record.
 FABRIC_STATES: dict[int, str] = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 _NVML_ERROR_NOT_SUPPORTED, _NVML_ERROR_FUNCTION_NOT_FOUND = 3, 13
+# What NVML answers for a link index the GPU does not have (NVML_ERROR_INVALID_ARGUMENT past its own link count).
+_NVLINK_ABSENT = (_NVML_ERROR_NOT_SUPPORTED, 2)
 
+
+
+# nvmlGpuFabricInfo_v2_t.healthMask, from nvml.h (NVML_GPU_FABRIC_HEALTH_MASK_*): field -> (shift, width, values);
+# 0 in every field is "not supported" and leaves the field out.
+FABRIC_HEALTH_FIELDS: dict[str, tuple[int, int, dict[int, Any]]] = {
+    "degraded_bandwidth": (0, 0x3, {1: True, 2: False}),
+    "route_recovery": (2, 0x3, {1: True, 2: False}),            # a route recovery is in progress
+    "route_unhealthy": (4, 0x3, {1: True, 2: False}),
+    "access_timeout_recovery": (6, 0x3, {1: True, 2: False}),
+    "incorrect_configuration": (8, 0xF, {1: "none", 2: "incorrect_sysguid", 3: "incorrect_chassis_sn",
+                                         4: "no_partition", 5: "insufficient_nvlinks", 6: "incompatible_gpu_fw",
+                                         7: "invalid_location", 8: "gpu_state_invalid"}),
+    "partition_assigned": (12, 0x3, {1: True, 2: False}),
+    "gfm_connected": (14, 0x3, {1: True, 2: False}),             # the global fabric manager (NVL72: NMX) reaches it
+}
+# Health fields that make a registered fabric unhealthy (value -> not healthy).
+FABRIC_UNHEALTHY = {"degraded_bandwidth": True, "route_unhealthy": True, "partition_assigned": False}
+
+
+def fabric_health(mask: int) -> dict[str, Any]:
+    """The fields of a fabric health mask that the GPU supports (a field that reads 0 is left out)."""
+    out = {}
+    for name, (shift, width, values) in FABRIC_HEALTH_FIELDS.items():
+        v = (mask >> shift) & width
+        if v:
+            out[name] = values.get(v, f"value_{v}")
+    return out
+
+
+def fabric_problems(fabric: dict[str, Any] | None) -> list[str]:
+    """What keeps a GPU's NVLink fabric from being ready, in words; [] for a ready fabric or none at all."""
+    if not fabric or fabric.get("state") in (None, "not_supported", UNKNOWN):
+        return []
+    if fabric.get("state") != "completed":
+        return [f"state {fabric.get('state')}"]
+    out = [] if fabric.get("status") in (None, "success") else [f"status {fabric.get('status')}"]
+    health = fabric.get("health") or {}
+    out += [f"{k} {str(health[k]).lower()}" for k, bad in FABRIC_UNHEALTHY.items() if health.get(k) == bad]
+    cfg = health.get("incorrect_configuration")
+    if cfg not in (None, "none"):
+        out.append(f"configuration {cfg}")
+    return out
+
+
+def nvlink_domain(fabric: dict[str, Any] | None) -> str:
+    """The GPU's NVLink domain, "<cluster UUID>/<clique id>" (what every GPU of one NVL72 rack's NVLink partition
+    shares), or "" for a GPU without a registered fabric (no fabric, not completed, or a zero cluster UUID:
+    an HGX node's own NVSwitches, a domain of one node)."""
+    if not fabric or fabric.get("state") != "completed":
+        return ""
+    cluster = str(fabric.get("cluster_uuid") or "")
+    if not cluster or cluster == str(uuid.UUID(int=0)):
+        return ""
+    return f"{cluster}/{fabric.get('clique_id')}"
 
 
 class NvmlUnavailable(Exception):
@@ -223,13 +279,22 @@ class Session:
                 "failed": int(bool(failed))}
 
     def nvlinks(self, g: GpuHandle) -> list[dict[str, Any]]:
-        """Links that exist on this GPU: state and error counters. Absent links are left out."""
+        """The GPU's NVLink links: state and error counters. A link index NVML answers "not supported" or "invalid
+        argument" for is a link this GPU does not have (PCIe cards, indices past the GPU's own count) and is left
+        out. A link whose state read fails any other way exists and cannot be shown to be active: it reads as down
+        (up 0, the error kept), so a GPU whose every link query fails shows its links down, not no links (the blind
+        spot of leptonai/gpud#1085). gpu_health also marks down a GPU that answers "not supported" on every link
+        while its node's other GPUs of the model have links, or while it has an NVLink fabric (`absent_links`)."""
         lib, h = self.lib, g.handle
         links = []
         for link in range(NVLINK_MAX_LINKS):
             try:
                 state = lib.nvmlDeviceGetNvLinkState(h, link)
-            except lib.NVMLError:
+            except lib.NVMLError as exc:
+                if getattr(exc, "value", None) in _NVLINK_ABSENT:
+                    continue
+                links.append({"link": link, "up": 0, "errors": {}, "remote_pci_bus_id": UNKNOWN,
+                              "error": self._str(exc)})
                 continue
             errors = {}
             for cid, cname in NVLINK_ERROR_COUNTERS.items():
@@ -272,8 +337,11 @@ class Session:
         if state == "completed":
             code = int(info.status)
             status = "success" if code == 0 else f"{self._error_string(code)} ({code})"
-        return {"state": state, "status": status, "clique_id": int(info.cliqueId),
-                "cluster_uuid": str(uuid.UUID(bytes=bytes(info.clusterUuid)))}
+        out = {"state": state, "status": status, "clique_id": int(info.cliqueId),
+               "cluster_uuid": str(uuid.UUID(bytes=bytes(info.clusterUuid)))}
+        if hasattr(info, "healthMask"):  # the V (v2) struct, drivers 550 and later
+            out["health"] = fabric_health(int(info.healthMask))
+        return out
 
     def _error_string(self, code: int) -> str:
         try:

@@ -19,7 +19,8 @@ Facts format (every device field optional; absent means "not supported")::
                   "remapped_rows": [0, 0, false, false],
                   "nvlinks": [{"state": 1, "remote_bus_id": "...", "remote_type": 2,
                                "errors": {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}}],
-                  "fabric": {"state": 3, "status": 0, "clique_id": 1, "cluster_uuid": "8c4d...-..."},
+                  "fabric": {"state": 3, "status": 0, "clique_id": 1, "cluster_uuid": "8c4d...-...",
+                             "health_mask": 0},
                   "lost": false,
                   "power_mw": 650000, "temperature_c": 60,
                   "sequence": [{"sm": 1980, "mem": 2619, "power_mw": 690000, "temperature_c": 61,
@@ -36,7 +37,9 @@ mode, listed by nvmlDeviceGetMigDeviceHandleByIndex; absent: the call is not sup
 (nvmlSystemGetProcessName).
 
 ``fabric`` is nvmlGpuFabricInfo: state as NVML_GPU_FABRIC_STATE_* (0 not supported .. 3 completed), status an
-NVML return code; a device without it answers NVML_ERROR_NOT_SUPPORTED, as GPUs before Hopper do.
+NVML return code, health_mask nvmlGpuFabricInfo_v2_t's healthMask (the V call only); a device without it answers
+NVML_ERROR_NOT_SUPPORTED, as GPUs before Hopper do. A link with ``"error": CODE`` fails every query with that NVML
+return code (999 NVML_ERROR_UNKNOWN, 3 not supported, ...).
 
 ``sequence`` is a load trace: the n-th read of a field (SM clock, memory clock, power,
 temperature, throttle mask) returns the field of the n-th sample, and the last sample
@@ -309,6 +312,8 @@ class FakeNvml:
         links = self._dev(h, "nvlinks")
         if not 0 <= link < len(links) or links[link] is None:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if "error" in links[link]:  # the link's queries fail with this NVML return code
+            raise NVMLError(int(links[link]["error"]))
         return links[link]
 
     def nvmlDeviceGetNvLinkState(self, h, link):
@@ -334,6 +339,8 @@ class FakeNvml:
         info.state, info.status, info.cliqueId = int(f["state"]), int(f.get("status", 0)), int(f.get("clique_id", 0))
         raw = uuid.UUID(f["cluster_uuid"]).bytes if f.get("cluster_uuid") else bytes(16)
         info.clusterUuid[:] = list(raw)
+        if isinstance(info, c_nvmlGpuFabricInfoV_t):
+            info.healthMask = int(f.get("health_mask", 0))
 
     def nvmlDeviceGetGpuFabricInfoV(self, h, ref):
         self._fabric("nvmlDeviceGetGpuFabricInfoV", h, ref)

@@ -37,3 +37,15 @@ def test_stable_labels_are_bounded_to_the_stable_fields():
     labels = environment.stable_labels(environment.collect(with_gpu=False))
     assert set(labels) == set(environment.STABLE_FIELDS)
     assert "hostname" not in labels
+
+
+def test_hca_firmware_comes_from_sysfs_per_rdma_device(monkeypatch):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
+    fw = environment.hca_firmware(str(root / "ndr_node"))
+    assert fw and set(fw) == {p.name for p in (root / "ndr_node/class/infiniband").iterdir()}
+    assert fw["mlx5_0"] == "28.39.1002"
+    assert environment.hca_firmware(str(root / "cpu_node")) == {}
+    monkeypatch.setenv(environment.SYSFS_ENV, str(root / "ndr_node"))
+    assert environment.host_facts()["hca_firmware"] == fw

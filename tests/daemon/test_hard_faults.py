@@ -174,7 +174,7 @@ def test_a_fabric_completed_with_an_error_sets_at_once_and_one_still_registering
     t = hard_faults.FaultTracker(clear_after=3, min_hold=0, clock=Clock())
     cond = hard_faults.conditions("FleetCanary", t.observe(faults))["FleetCanaryGPUFabricNotReady"]
     assert cond[:2] == ("True", "FabricNotReady")
-    assert "GPU 1 (GPU-b2c00001" in cond[2] and "state completed with an error" in cond[2]
+    assert "GPU 1 (GPU-b2c00001" in cond[2] and "state completed but not healthy" in cond[2]
     assert "Insufficient Resources (23)" in cond[2] and "GPU 3" not in cond[2]
     assert t.observe(faults, clean_observation=False) == [faults[0]]    # an XID between runs is not a run
     assert t.observe(faults) == [faults[0]]
@@ -219,3 +219,35 @@ def test_the_daemon_degrades_the_gpus_whose_fabric_is_not_ready(tmp_path, monkey
     assert 'fleetcanary_gpu_health_state{gpu="3",reason="",state="healthy"} 1.0' in first
     assert 'fleetcanary_gpu_health_state{gpu="3",reason="fabric_not_ready",state="degraded"} 1.0' in last
     assert 'fleetcanary_node_health_state{reason="fabric_not_ready",state="degraded"} 1.0' in last
+
+
+def _gb200(**per_gpu) -> dict:
+    """A gpu_health record of a GB200 tray (4 GPUs, registered in cluster C clique 7) with fabric fields changed
+    per GPU index: gpu_1={"clique_id": 8}. Constructed, not recorded."""
+    gpus = []
+    for i in range(4):
+        fab = {"state": "completed", "status": "success", "clique_id": 7,
+               "cluster_uuid": "0b2a0000-0000-4000-8000-000000000001", "health": {}}
+        fab.update(per_gpu.get(f"gpu_{i}", {}))
+        gpus.append({"index": i, "uuid": f"GPU-{i}", "pci_bus_id": f"0000:0{i}:00.0", "nvlinks": [], "fabric": fab})
+    return {"gpus": gpus}
+
+
+def test_a_gpu_in_another_clique_than_its_node_left_its_clique():
+    faults = hard_faults.from_gpu_health(_gb200(gpu_2={"clique_id": 8}), 4)
+    assert [(f.kind, f.gpu, f.reason) for f in faults] == [("fabric", "2", "FabricCliqueMismatch")]
+    assert "GPU 2 (GPU-2" in faults[0].evidence and "/8" in faults[0].evidence and "/7" in faults[0].evidence
+    assert hard_faults.from_gpu_health(_gb200(), 4) == []
+    # a tie goes to the domain of the lowest GPU index; a GPU still registering is not counted
+    tie = hard_faults.from_gpu_health(_gb200(gpu_0={"clique_id": 8}, gpu_1={"clique_id": 8}), 4)
+    assert sorted(f.gpu for f in tie if f.reason == "FabricCliqueMismatch") == ["2", "3"]
+    pending = hard_faults.from_gpu_health(_gb200(gpu_3={"state": "in_progress", "clique_id": 0}), 4)
+    assert [f.reason for f in pending] == ["FabricNotReady"]
+
+
+def test_a_registered_fabric_with_an_unhealthy_health_mask_is_not_ready_at_once():
+    faults = hard_faults.from_gpu_health(_gb200(gpu_1={"health": {"route_unhealthy": True}}), 4)
+    assert [(f.gpu, f.reason, f.confirm) for f in faults] == [("1", "FabricNotReady", 1)]
+    assert "route_unhealthy true" in faults[0].evidence
+    assert hard_faults.from_gpu_health(_gb200(gpu_1={"health": {"route_unhealthy": False,
+                                                                 "incorrect_configuration": "none"}}), 4) == []

@@ -185,21 +185,31 @@ def test_recorded_h200_facts_replay(tmp_path, monkeypatch):
     assert info["power_limit_watts"] == "700"
 
 
-def test_the_nvlink_fabric_is_recorded_per_gpu_and_costs_no_series(tmp_path, monkeypatch):
+def test_the_nvlink_fabric_is_recorded_per_gpu_and_labels_gpu_info_at_no_series_cost(tmp_path, monkeypatch):
     fake(monkeypatch, "gb200_4gpu_fabric_ready")
     ready = run(tmp_path)
     fake(monkeypatch, "gb200_4gpu_fabric_not_ready")
     not_ready = run(tmp_path)
     cluster = "8c4d2f1a-6b3e-4d5f-9a7b-1c2d3e4f5a6b"
     assert [g["fabric"] for g in ready.extra["gpus"]] == [
-        {"state": "completed", "status": "success", "clique_id": 32766, "cluster_uuid": cluster}] * 4
+        {"state": "completed", "status": "success", "clique_id": 32766, "cluster_uuid": cluster, "health": {}}] * 4
     fabric = [g["fabric"] for g in not_ready.extra["gpus"]]
     assert fabric[1] == {"state": "completed", "status": "Insufficient Resources (23)", "clique_id": 32766,
-                         "cluster_uuid": cluster}
+                         "cluster_uuid": cluster, "health": {}}
     assert fabric[3]["state"] == "in_progress" and fabric[3]["status"] is None   # NVML: status only once completed
-    assert set(samples(ready)) == set(samples(not_ready))   # the record and the daemon's health state carry it
+    assert len(samples(ready)) == len(samples(not_ready))   # labels of fleetcanary_gpu_info, no series of their own
+
+    def fabric_labels(r):
+        return [(i["fabric_state"], i["nvlink_domain"]) for i in
+                sorted((dict(k[1]) for k in samples(r) if k[0] == P + "info"), key=lambda i: i["gpu"])]
+    domain = f"{cluster}/32766"
+    assert fabric_labels(ready) == [("completed", domain)] * 4
+    assert fabric_labels(not_ready) == [("completed", domain), ("unhealthy", domain), ("completed", domain),
+                                        ("in_progress", "")]
     fake(monkeypatch, "h100_8gpu_healthy")                   # facts without a fabric: NVML_ERROR_NOT_SUPPORTED
-    assert [g["fabric"] for g in run(tmp_path).extra["gpus"]] == [None] * 8
+    no_fabric = run(tmp_path)
+    assert [g["fabric"] for g in no_fabric.extra["gpus"]] == [None] * 8
+    assert fabric_labels(no_fabric) == [("", "")] * 8
 
 
 @pytest.mark.parametrize("missing, state", [(["nvmlDeviceGetGpuFabricInfoV"], "completed"),
@@ -212,3 +222,130 @@ def test_an_older_driver_reads_the_v1_fabric_call_and_one_without_either_reports
     monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(path))
     fabric = [g["fabric"] for g in run(tmp_path).extra["gpus"]]
     assert [f and f["state"] for f in fabric] == [state] * 4
+
+
+def _variant(tmp_path, monkeypatch, base: str, change) -> None:
+    """Facts `base` changed by `change(facts)`, as the fake NVML's file."""
+    facts = json.loads((FIXTURES / f"{base}.json").read_text())
+    change(facts)
+    path = tmp_path / f"{base}-variant.json"
+    path.write_text(json.dumps(facts))
+    monkeypatch.setenv("FLEETCANARY_FAKE_NVML", str(path))
+
+
+@pytest.mark.parametrize("code", [999, 3])  # NVML_ERROR_UNKNOWN; NOT_SUPPORTED on every link of an NVLink GPU
+def test_a_gpu_whose_every_nvlink_query_fails_reads_as_links_down_not_as_no_links(tmp_path, monkeypatch, code):
+    """leptonai/gpud#1085's blind spot: a GPU that answers no NVLink query had no NVLink series, so the NVLink-down
+    alert could not fire for it. Its links now read as down: as many as its model's other GPUs have."""
+    def fail_gpu_5(facts):
+        facts["devices"][5]["nvlinks"] = [{"error": code}] * 18
+    _variant(tmp_path, monkeypatch, "h100_8gpu_healthy", fail_gpu_5)
+    r = run(tmp_path)
+    assert value(r, P + "nvlink_links_up", gpu="5") == 0 and value(r, P + "nvlink_links_down", gpu="5") == 18
+    assert value(r, P + "nvlink_links_up", gpu="4") == 18 and value(r, P + "nvlink_links_down", gpu="4") is None
+    assert value(r, P + "nvlink_errors_total", gpu="5", link="", counter="replay") is None  # no counter was read
+    g5 = r.extra["gpus"][5]
+    assert len(g5["nvlinks"]) == 18 and not any(link["up"] for link in g5["nvlinks"])
+    assert all(link["error"] for link in g5["nvlinks"])
+    from fleetcanary.daemon import hard_faults
+
+    faults = [f for f in hard_faults.from_gpu_health(r.extra, 8) if f.kind == "nvlink"]
+    assert [(f.gpu, f.reason) for f in faults] == [("5", "NVLinkDown")]
+
+
+def test_a_gpu_without_nvlink_on_a_node_without_nvlink_still_has_no_nvlink_series(tmp_path, monkeypatch):
+    def no_links(facts):
+        for d in facts["devices"]:
+            d["nvlinks"] = [{"error": 3}] * 18   # NVML_ERROR_NOT_SUPPORTED: PCIe cards
+    _variant(tmp_path, monkeypatch, "h100_8gpu_healthy", no_links)
+    r = run(tmp_path)
+    assert not [k for k in samples(r) if "nvlink" in k[0]]
+    assert all(g["nvlinks"] == [] for g in r.extra["gpus"])
+
+
+def test_a_lone_nvl72_gpu_with_a_fabric_and_no_readable_link_has_its_18_links_down(tmp_path, monkeypatch):
+    def one_gpu_no_links(facts):
+        facts["devices"] = facts["devices"][:1]
+        facts["devices"][0]["nvlinks"] = [{"error": 3}] * 18
+    _variant(tmp_path, monkeypatch, "gb200_4gpu_fabric_ready", one_gpu_no_links)
+    r = run(tmp_path)
+    assert value(r, P + "nvlink_links_down", gpu="0") == 18
+
+
+def test_the_fabric_health_mask_is_decoded_and_an_unhealthy_fabric_is_labelled_so(tmp_path, monkeypatch):
+    """nvmlGpuFabricInfo_v2_t.healthMask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*): degraded bandwidth TRUE (1 << 0),
+    route unhealthy FALSE (2 << 4), incorrect configuration NONE (1 << 8), partition assigned TRUE (1 << 12)."""
+    from fleetcanary.probes.lib import nvml
+
+    mask = (1 << 0) | (2 << 4) | (1 << 8) | (1 << 12)
+    assert nvml.fabric_health(mask) == {"degraded_bandwidth": True, "route_unhealthy": False,
+                                        "incorrect_configuration": "none", "partition_assigned": True}
+    assert nvml.fabric_health(0) == {}
+
+    def degrade_gpu_2(facts):
+        facts["devices"][2]["fabric"]["health_mask"] = mask
+    _variant(tmp_path, monkeypatch, "gb200_4gpu_fabric_ready", degrade_gpu_2)
+    r = run(tmp_path)
+    assert r.extra["gpus"][2]["fabric"]["health"]["degraded_bandwidth"] is True
+    assert nvml.fabric_problems(r.extra["gpus"][2]["fabric"]) == ["degraded_bandwidth true"]
+    states = {dict(k[1])["gpu"]: dict(k[1])["fabric_state"] for k in samples(r) if k[0] == P + "info"}
+    assert states == {"0": "completed", "1": "completed", "2": "unhealthy", "3": "completed"}
+
+
+def _proc(root, pid1: str, *comms: str):
+    """A /proc tree: PID 1's comm and one process per `comms` (real files, read as the host's /proc is)."""
+    for pid, comm in enumerate((pid1, *comms), start=1):
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "comm").write_text(comm + "\n")
+    (root / "self").mkdir()   # not a PID: skipped
+    return str(root)
+
+
+def test_fabric_services_are_read_from_the_hosts_proc_and_unknown_from_a_containers_own(tmp_path):
+    from fleetcanary.probes.lib import fabric_services as fs
+
+    host = _proc(tmp_path / "host", "systemd", "sshd", "nv-fabricmanager")
+    assert fs.service_states(host) == {"fabricmanager": "running", "imex": "not_running"}
+    both = _proc(tmp_path / "gb200", "systemd", "nvidia-imex", "nv-fabricmanager")
+    assert fs.service_states(both) == {"fabricmanager": "running", "imex": "running"}
+    # a container's own PID namespace (no hostPID): what is not seen is not known to be stopped
+    own = _proc(tmp_path / "pod", "fleetcanary", "python3")
+    assert fs.service_states(own) == {"fabricmanager": "unknown", "imex": "unknown"}
+    assert fs.service_states(str(tmp_path / "missing")) == {"fabricmanager": "unknown", "imex": "unknown"}
+    cfg = tmp_path / "nodes_config.cfg"
+    cfg.write_text("# IMEX domain\n10.0.0.1\n10.0.0.2\n\n10.0.0.3\n")
+    assert fs.imex_nodes(str(cfg)) == 3 and fs.imex_nodes(str(tmp_path / "none.cfg")) is None
+
+
+def test_gpu_health_publishes_the_fabric_services_on_a_fabric_node_only(tmp_path, monkeypatch):
+    proc = _proc(tmp_path / "proc", "systemd", "nvidia-imex")
+    fake(monkeypatch, "gb200_4gpu_fabric_ready")
+    r = run(tmp_path, host_proc_path=proc, imex_nodes_config=str(tmp_path / "absent.cfg"))
+    assert value(r, "fleetcanary_nvlink_fabric_services_info", fabricmanager="not_running", imex="running") == 1
+    assert r.extra["fabric_services"] == {"fabricmanager": "not_running", "imex": "running", "imex_nodes": None}
+    fake(monkeypatch, "h100_8gpu_healthy")   # no fabric in these facts: nothing to say, no series
+    r = run(tmp_path, host_proc_path=proc)
+    assert not [k for k in samples(r) if k[0] == "fleetcanary_nvlink_fabric_services_info"]
+    assert r.extra["fabric_services"] is None
+
+
+def test_an_nvl72_racks_72_gpus_read_as_one_nvlink_domain(tmp_path, monkeypatch):
+    """gpu_health on the constructed NVL72 rack (tests/support/nvl72.py: 18 trays x 4 GPUs, one cluster UUID and
+    clique): every GPU's fleetcanary_gpu_info says completed in the one domain, with a healthy decoded health mask;
+    with the fabric gone, every GPU is in_progress with no domain."""
+    from tests.support import nvl72
+
+    infos, health = [], []
+    for facts in nvl72.write_rack(tmp_path / "up").values():
+        r = nvl72.gpu_health(facts, monkeypatch, tmp_path)
+        infos += [dict(k[1]) for k in samples(r) if k[0] == P + "info"]
+        health += [g["fabric"]["health"] for g in r.extra["gpus"]]
+    assert len(infos) == 72 and len({i["uuid"] for i in infos}) == 72
+    assert {(i["fabric_state"], i["nvlink_domain"]) for i in infos} == {("completed", nvl72.DOMAIN)}
+    assert health[0] == {"degraded_bandwidth": False, "route_recovery": False, "route_unhealthy": False,
+                         "access_timeout_recovery": False, "incorrect_configuration": "none",
+                         "partition_assigned": True}
+    down = nvl72.gpu_health(nvl72.write_rack(tmp_path / "down", fabric_up=False)["nvl72-a-05"], monkeypatch,
+                            tmp_path)
+    assert {(dict(k[1])["fabric_state"], dict(k[1])["nvlink_domain"]) for k in samples(down) if k[0] == P + "info"} \
+        == {("in_progress", "")}

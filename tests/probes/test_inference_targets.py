@@ -36,8 +36,10 @@ def run(config, context):
 
 
 def test_a_thousand_targets_are_tried_not_starved(tmp_path, fast_sim):
-    config = Config(targets=targets(fast_sim))  # min_target_seconds: 1 s, the default
-    context = ctx(tmp_path, seconds=5.0)
+    # 2 s a target (the default is 1 s): one request to the local simulator took over a second once, on a machine
+    # the suite's workers shared at load 10; what is tested is the sharing of the deadline, not its size
+    config = Config(targets=targets(fast_sim), min_target_seconds=2.0)
+    context = ctx(tmp_path, seconds=10.0)
     r = run(config, context)
     assert time.monotonic() < context.deadline_monotonic
     per = r.extra["targets"]
@@ -48,15 +50,15 @@ def test_a_thousand_targets_are_tried_not_starved(tmp_path, fast_sim):
     # every share at least min_target_seconds; only the run's first target may get less, when less than that was
     # left once the run had set up (a loaded machine), and then it is the only one tried
     first, *rest = per.values()
-    assert all(v["budget_seconds"] >= 1.0 for v in rest)
-    assert first["budget_seconds"] >= 1.0 or not rest, first
+    assert all(v["budget_seconds"] >= 2.0 for v in rest)
+    assert first["budget_seconds"] >= 2.0 or not rest, first
     assert all(value(r, P + "success", target=t) == 1 for t in tried)
     # the rest are deferred and counted, with their reason; none is both
     deferred = r.extra["not_tried"]
     assert deferred["reason"] == "deadline" and deferred["count"] == N - len(tried) > 0
     assert not set(deferred["targets"]) & set(tried)
     # the next run starts where this one stopped: the first deferred target is tried first
-    r2 = run(config, ctx(tmp_path, seconds=5.0))
+    r2 = run(config, ctx(tmp_path, seconds=10.0))
     assert next(iter(r2.extra["targets"])) == deferred["targets"][0]
     assert not set(r2.extra["targets"]) & set(tried)  # two short runs do not reach round to the first again
 

@@ -72,7 +72,9 @@ def settings(**over) -> config.Settings:
 
 def controller(api, clock, identity: str = "replica-a", **over) -> Controller:
     s = settings(**over)
-    return Controller(s, Client.in_cluster(2.0, environ=environ(api)), identity, clock=clock,
+    # 10 s: the decisions are on a fake clock; a real call on a machine shared by the suite's workers can take
+    # seconds (a create_event read timed out at 2 s once under load), and no test here waits out a timeout
+    return Controller(s, Client.in_cluster(10.0, environ=environ(api)), identity, clock=clock,
                       namespace="fleetcanary")
 
 
