@@ -249,6 +249,7 @@ def values_schema() -> str:
             "config": {"$ref": "#/$defs/config"},
             "gpuAllocation": _obj({"enabled": BOOL}),
             "xidWatch": _obj({"enabled": BOOL}),
+            "nvlinkServices": _obj({"enabled": BOOL}),
             "hostState": _obj({"enabled": BOOL, "path": STR}),
             "scheduledRuns": _obj({"enabled": BOOL, "afterSeconds": {"type": "integer", "minimum": 1},
                                    "inboxHostPath": STR, "priorityClassValue": INT,

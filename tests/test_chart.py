@@ -50,6 +50,7 @@ COMBINATIONS = {
     "gpu-access-volume-mounts": {"gpuAccess": {"mode": "volumeMounts"}},
     "gpu-access-privileged": {"gpuAccess": {"mode": "privileged"}},
     "gke": {"gpuAccess": {"mode": "gke"}, "runtimeClassName": ""},
+    "nvlink-services": {"nvlinkServices": {"enabled": True}},
     "namespace": {"namespace": {"create": True}},
     "all": {**ALL, "monitor": {"kind": "ServiceMonitor"}, "namespace": {"create": True}},
 }
@@ -217,6 +218,17 @@ def test_each_gpu_access_mode_reaches_the_gpus_without_requesting_one():
         "/home/kubernetes/bin/nvidia"
     spec, c, env = container({**COMBINATIONS["gke"], "cpuOnly": {"enabled": True}})  # no GPUs: none of it
     assert c["securityContext"]["privileged"] is False and "LD_LIBRARY_PATH" not in env
+
+
+def test_nvlink_services_read_the_hosts_processes_read_only():
+    docs = render(COMBINATIONS["nvlink-services"])
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts["/host/proc"]["readOnly"] is True and mounts["/host/etc/nvidia-imex"]["readOnly"] is True
+    assert "hostPID" not in spec  # the host's /proc read-only, not its PID namespace
+    params = config_of(docs)["probes"]["gpu_health"]["params"]
+    assert params["host_proc_path"] == "/host/proc"
+    assert params["imex_nodes_config"] == "/host/etc/nvidia-imex/nodes_config.cfg"
 
 
 def test_runtime_class_priority_image_and_resources_are_values():

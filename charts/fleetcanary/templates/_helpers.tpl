@@ -57,7 +57,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The Pod Security level the enabled features need: a host path is beyond baseline. */}}
 {{- define "fleetcanary.podSecurityLevel" -}}
-{{- if or .Values.gpuAllocation.enabled .Values.xidWatch.enabled .Values.hostState.enabled .Values.scheduledRuns.enabled (and .Values.fabric.enabled .Values.fabric.rdma) (and (ne .Values.gpuAccess.mode "runtime") (not .Values.cpuOnly.enabled)) -}}
+{{- if or .Values.gpuAllocation.enabled .Values.xidWatch.enabled .Values.hostState.enabled .Values.scheduledRuns.enabled (and .Values.fabric.enabled .Values.fabric.rdma) (and (ne .Values.gpuAccess.mode "runtime") (not .Values.cpuOnly.enabled)) (and .Values.nvlinkServices.enabled (not .Values.cpuOnly.enabled)) -}}
 privileged
 {{- else -}}
 restricted
@@ -86,6 +86,9 @@ restricted
 {{- $_ := set $probes "collectives" (dict "params" (dict "backend" "gloo" "cpu_ranks" 2)) -}}
 {{- else -}}
 {{- $_ := set $c "gpu" (dict "budget_ratio" 0.005) -}}
+{{- end -}}
+{{- if and .Values.nvlinkServices.enabled (not .Values.cpuOnly.enabled) -}}
+{{- $_ := set $probes "gpu_health" (dict "params" (dict "host_proc_path" "/host/proc" "imex_nodes_config" "/host/etc/nvidia-imex/nodes_config.cfg")) -}}
 {{- end -}}
 {{- $_ := set $c "kubernetes" $kube -}}
 {{- $_ := set $c "probes" $probes -}}
