@@ -189,8 +189,8 @@ HARD = {
         "`curl -s localhost:9835/results`, which names the CUDA torch needs; the driver and GPU matrix in "
         "docs/image.md.",
         "The cuda image (torch for CUDA 13.0, R580 or newer) on a node with an R535, R550 or R570 driver: run the "
-        "cuda12 image there (tag <version>-cuda12, torch for CUDA 12.8, drivers from R525; a Helm value or a "
-        "kustomize image override per node pool), or upgrade the driver. A driver older than R525 runs neither "
+        "cuda12 image there (tag <version>-cuda12, torch for CUDA 12.8, drivers from R525; a kustomize `images:` "
+        "override for those nodes, docs/image.md), or upgrade the driver. A driver older than R525 runs neither "
         "image."),
     "FleetCanaryExporterDown": ("Prometheus cannot scrape fleetcanary on the node.",
                                 "`kubectl -n fleetcanary get pods -o wide`; the pod's logs and events.",
