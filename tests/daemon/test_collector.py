@@ -60,6 +60,19 @@ def test_reasons_appear_once_they_happen_and_the_rules_reasons_start_at_zero():
         assert f"# TYPE {name} counter" in text
 
 
+def test_a_driver_too_old_skip_is_counted_per_probe_from_the_first_one():
+    """No zero for it (the alert reads it as counted() does): the series is born at 1 with the first skip."""
+    store = ResultStore(dict(PROBES), list(PROBES))
+    store.rerender()
+    assert ("gpu_bandwidth", "driver_too_old") not in reasons(store, "fleetcanary_probe_skips_total")
+    store.apply(RunRecord("gpu_bandwidth", "skipped", "driver_too_old"))
+    store.apply(RunRecord("gpu_compute", "skipped", "driver_too_old"))
+    store.apply(RunRecord("gpu_bandwidth", "skipped", "driver_too_old"))
+    skips = reasons(store, "fleetcanary_probe_skips_total")
+    assert {k: v for k, v in skips.items() if k[1] == "driver_too_old"} == {("gpu_bandwidth", "driver_too_old"): 2,
+                                                                           ("gpu_compute", "driver_too_old"): 1}
+
+
 def test_kubernetes_api_errors_appear_once_they_happen():
     store = ResultStore(dict(PROBES), list(PROBES))
     snap = Snapshot(last_success=1000.0, gpus_requested=0)
