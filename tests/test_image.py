@@ -189,6 +189,7 @@ def test_the_image_is_a_valid_oci_image_of_this_version(cpu_image):
     assert labels["org.opencontainers.image.version"] == VERSION == record["version"]
     assert labels["org.opencontainers.image.revision"] == record["revision"] != "unknown"
     assert labels["org.opencontainers.image.source"].startswith("https://")
+    assert labels["io.fleetcanary.flavour"] == "cpu" and labels["io.fleetcanary.cuda"] == "none"
     r = subprocess.run([skopeo, "inspect", "--config", ref], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     config = json.loads(r.stdout)["config"]
