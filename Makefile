@@ -16,7 +16,7 @@ XDIST  ?= -n 4 --dist loadscope
 PYTEST_ARGS ?=
 
 # `make image`: the OCI images (scripts/build-image, docs/image.md), without a Docker engine; root.
-FLAVOURS ?= cpu cuda
+FLAVOURS ?= cpu cuda12 cuda
 
 .PHONY: tools run test quick lint lint-imports soak bench generate dashboards demo venv os-deps dist release image \
 	image-lock \
@@ -32,7 +32,7 @@ help:
 	@echo "make generate - regenerate rules, rule tests, runbooks, dashboards, deploy manifests and docs"
 	@echo "make dist   - build the wheel and the sdist into dist/"
 	@echo "make release - a release into dist/: wheel, sdist, chart, image archives, SHA256SUMS (root; docs/release.md)"
-	@echo "make image  - the OCI images into build/image/oci (FLAVOURS=\"cpu cuda\"; root; docs/image.md)"
+	@echo "make image  - the OCI images into build/image/oci (FLAVOURS=\"cpu cuda12 cuda\"; root; docs/image.md)"
 	@echo "make image-lock - refresh the images' lock files image/requirements-*.txt"
 	@echo "make demo   - a simulated 6-node fleet with one failing GPU, its alerts as they fire (docs/demo.md)"
 

@@ -617,6 +617,18 @@ def hard_alerts(s: Settings, c: Ctx) -> list[dict]:
         a("FleetCanaryInferenceOutputChanged", "fleetcanary_inference_output_stable == 0", "30m", "info",
           "Greedy output changed", "The temperature-0 output of {{ $labels.target }} differs from the first one seen "
           "for this model (a quantization, kernel or sampling change?)."),
+        # torch's CUDA needs a newer driver than the node's (the cuda image: CUDA 13.0, R580+): every CUDA probe
+        # skips driver_too_old. Any probe's skip counts, a series born counting too (counted()): no zero per probe.
+        a("FleetCanaryCUDAProbesDriverTooOld",
+          "max by (node) ("
+          + counted('fleetcanary_probe_skips_total{reason="driver_too_old"}', "2h")
+          + ") * on(node) group_left(driver_version, cuda_driver_version) "
+          "max by (node, driver_version, cuda_driver_version) (fleetcanary_node_info)",
+          "0m", "warning", "The GPU probes cannot run: the driver is older than the image's CUDA",
+          "The CUDA probes on {{ $labels.node }} skip (driver_too_old): its driver {{ $labels.driver_version }} runs "
+          "CUDA {{ $labels.cuda_driver_version }}, older than the torch of its image needs. Run the cuda12 image "
+          "(tag <version>-cuda12: drivers from R525) on this node, or upgrade the driver to R580 or newer for the "
+          "cuda image (docs/image.md)."),
         a("FleetCanaryExporterDown", "up{" + (s.selector or 'job="fleetcanary"') + "} == 0",
           "5m", "warning", "fleetcanary is not scraped",
           "Prometheus cannot scrape fleetcanary on {{ $labels.node }}."),

@@ -626,11 +626,27 @@ def hard_cases() -> list[dict]:
              "9m", "11m", {"node": "n1", "target": "llm", "check": "arithmetic"}, "0"),
         case("FleetCanaryInferenceOutputChanged", [(f'fleetcanary_inference_output_stable{{{n}, target="llm"}}',
                                                     "0x40")], "29m", "31m", {"node": "n1", "target": "llm"}, "0"),
+        # a node whose driver (R550: CUDA 12.4) is older than the image's torch needs: the first skip fires (a series
+        # born counting); a node that skipped so once, 3 hours ago, before its driver upgrade, and one whose GPU
+        # probes skip for a busy GPU do not
+        case("FleetCanaryCUDAProbesDriverTooOld", _driver_skips("_x9 1x60"), "5m", "12m",
+             {"node": "n1", "driver_version": "550.90.07", "cuda_driver_version": "12.4"}, "1"),
+        silent("FleetCanaryCUDAProbesDriverTooOld", _driver_skips("1x240"), "3h"),
+        silent("FleetCanaryCUDAProbesDriverTooOld", _driver_skips("_x9 1x60", reason="gpu_busy"), "30m"),
         case("FleetCanaryExporterDown", [(f'up{{{n}, job="fleetcanary", instance="10.0.0.1:9835"}}', "0x30")],
              "4m", "6m", {"node": "n1", "job": "fleetcanary", "instance": "10.0.0.1:9835"}, "0"),
         case("FleetCanaryConfigReloadFailed", [(f"fleetcanary_config_last_reload_successful{{{n}}}", "0x30")],
              "4m", "6m", {"node": "n1"}, "0"),
     ]
+
+
+def _driver_skips(values: str, reason: str = "driver_too_old") -> list[tuple[str, str]]:
+    """Node n1 (driver 550.90.07, CUDA 12.4): gpu_bandwidth's skips for ``reason`` as ``values``; gpu_health runs."""
+    n = 'node="n1"'
+    return [(f'fleetcanary_probe_skips_total{{{n}, probe="gpu_bandwidth", reason="{reason}"}}', values),
+            (f'fleetcanary_probe_runs_total{{{n}, probe="gpu_health", outcome="success"}}', "0+1x240"),
+            (f'fleetcanary_node_info{{{n}, pool="pool-a", driver_version="550.90.07", cuda_driver_version="12.4"}}',
+             "1x240")]
 
 
 def _ttft_fleet(nodes: int = 6, within_bucket: bool = False) -> list[tuple[str, str]]:

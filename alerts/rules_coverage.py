@@ -79,8 +79,10 @@ RUNBOOKS: dict[str, tuple[str, str, str]] = {
         "deploy/overlays/scheduled-runs asks "
         "the scheduler for GPU time with a lowest-priority claim pod). `budget`: the GPU-time budget is spent "
         "(`gpu.budget_ratio`). `dependency_missing` on GPU nodes: the image has a CPU build of torch (run the CUDA "
-        "image, docs/image.md); `unsupported`: torch's CUDA cannot start on this driver (the record's detail "
-        "quotes torch; the CUDA image needs driver 580+). Other reasons, or none: the probe fails or does not run; see "
+        "image, docs/image.md); `driver_too_old`: the node's driver is older than the image's torch CUDA needs (the "
+        "cuda image R580+, the cuda12 image R525+; FleetCanaryCUDAProbesDriverTooOld names the nodes and their "
+        "driver); `unsupported`: torch's CUDA cannot start for another cause (the record's detail quotes torch). "
+        "Other reasons, or none: the probe fails or does not run; see "
         "FleetCanaryProbeFailing and the exporter-health dashboard. Per GPU: "
         "`time() - fleetcanary_gpu_last_measured_timestamp_seconds{probe=\"...\"}`; the pool's share over time: "
         "`pool:fleetcanary_gpu_measured:ratio_1d` (fleet-overview dashboard, Coverage).",

@@ -224,6 +224,18 @@ HARD = {
                                           "What changed in the deployment: engine version, kernels, quantization, "
                                           "batching settings.", "An intended upgrade (then ignore), or numerics "
                                           "changed by a kernel or quantization change."),
+    "FleetCanaryCUDAProbesDriverTooOld": (
+        "torch in the node's image needs a newer NVIDIA driver than the node runs, so every CUDA probe skips "
+        "(reason driver_too_old): the node's GPUs go unmeasured. The exporter, its NVML readings and the hard-failure "
+        "alerts still work.",
+        "The alert's driver_version and cuda_driver_version (`nvidia-smi`: Driver Version, CUDA Version); the image "
+        "the pod runs (`kubectl -n fleetcanary get pod -o wide`, its tag) and the skip's detail in "
+        "`curl -s localhost:9835/results`, which names the CUDA torch needs; the driver and GPU matrix in "
+        "docs/image.md.",
+        "The cuda image (torch for CUDA 13.0, R580 or newer) on a node with an R535, R550 or R570 driver: run the "
+        "cuda12 image there (tag <version>-cuda12, torch for CUDA 12.8, drivers from R525; a kustomize `images:` "
+        "override for those nodes, docs/image.md), or upgrade the driver. A driver older than R525 runs neither "
+        "image."),
     "FleetCanaryExporterDown": ("Prometheus cannot scrape fleetcanary on the node.",
                                 "`kubectl -n fleetcanary get pods -o wide`; the pod's logs and events.",
                                 "The pod crashed or was evicted, a network policy, the node is down."),

@@ -4,7 +4,7 @@ compressed size (the layer blobs a registry stores and a node pulls), the unpack
 the container's start-to-first-scrape time: from `crun run` of the unpacked bundle to the first 200 of
 /metrics on a loopback port (median of --starts runs; the bundle is unpacked once, outside the timing).
 
-    python benchmarks/image.py [--flavour cpu --flavour cuda] [--no-build] [--out build/image]
+    python benchmarks/image.py [--flavour cpu --flavour cuda12 --flavour cuda] [--no-build] [--out build/image]
                                [--starts 3] [--result benchmarks/results/image.json]
 
 Builds each flavour first (one `scripts/build-image` run, so the Debian layer is built once and its time
@@ -71,13 +71,13 @@ def mib(n: float) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--flavour", action="append", help="cpu, cuda (repeat; default: both)")
+    p.add_argument("--flavour", action="append", help="cpu, cuda12, cuda (repeat; default: all three)")
     p.add_argument("--out", type=Path, default=ROOT / "build/image")
     p.add_argument("--no-build", action="store_true", help="measure the images an earlier build left in --out")
     p.add_argument("--starts", type=int, default=3)
     p.add_argument("--result", default=str(ROOT / "benchmarks/results/image.json"))
     args = p.parse_args()
-    flavours = args.flavour or ["cpu", "cuda"]
+    flavours = args.flavour or ["cpu", "cuda12", "cuda"]
     if os.geteuid() != 0:
         raise SystemExit("benchmark: needs root (mmdebstrap, chroot, crun)")
     for tool in ("mmdebstrap", "umoci", "crun"):

@@ -34,7 +34,8 @@ SKIP_REASONS: tuple[str, ...] = (
     "budget",            # the GPU-time budget over the probe's window (its interval, 1 h to 1 day) is spent
     "dependency_missing",  # an optional package (torch, or torch with CUDA on a GPU node) is not installed
     "low_disk_space",    # free space under the configured floor
-    "unsupported",       # the hardware or platform lacks the feature (a driver older than torch's CUDA needs)
+    "unsupported",       # the hardware or platform lacks the feature (a CUDA torch that cannot start for another cause)
+    "driver_too_old",    # the node's NVIDIA driver is older than the image's torch CUDA needs (docs/image.md)
     "peer_unavailable",  # a cross-node probe's partner of the slot did not meet it in time (absent, busy, late)
     "not_assigned",      # other nodes probe the targets (the inference canary's k probers per endpoint)
     "preempted",         # a scheduled claim pod (overlays/scheduled-runs) was preempted mid-run

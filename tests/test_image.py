@@ -67,6 +67,32 @@ def test_the_lock_files_pin_every_package_with_a_hash(flavour):
     assert "fleetcanary" not in pins and "pytest" not in pins  # its own wheel is built; no test extras
 
 
+CUDA_FLAVOURS = [f for f, v in build_image.FLAVOURS.items() if v["cuda"]]
+
+
+@pytest.mark.parametrize("flavour", CUDA_FLAVOURS)
+def test_a_cuda_flavours_lock_file_holds_one_cuda_major_the_one_its_torch_is_built_for(flavour):
+    """cuda12's torch is PyPI's CUDA 12.8 build (drivers R525+), cuda's the CUDA 13.0 one (R580+): the runtime
+    wheel the lock file pins is that version, and no wheel of the other CUDA major slips in."""
+    pins = lock_pins(build_image.lock_file(flavour))
+    cuda = build_image.FLAVOURS[flavour]["cuda"]
+    major = cuda.split(".")[0]
+    runtime = pins.get(f"nvidia-cuda-runtime-cu{major}") or pins.get("nvidia-cuda-runtime")
+    assert runtime is not None and runtime.startswith(cuda + "."), (flavour, runtime)
+    others = [n for n in pins if re.search(r"-cu(\d+)$", n) and not n.endswith(f"-cu{major}")]
+    assert others == [], (flavour, others)
+    assert build_image.FLAVOURS["cuda12"]["cuda"].startswith("12.") and build_image.FLAVOURS["cuda"]["cuda"] == "13.0"
+
+
+def test_every_flavour_has_its_own_tags_and_make_image_builds_them_all():
+    tags = [t for f in build_image.FLAVOURS for t in build_image.tags(f)]
+    assert len(tags) == len(set(tags))
+    assert build_image.tags("cuda12") == [f"{VERSION}-cuda12"]
+    assert build_image.tags("cuda") == [VERSION, f"{VERSION}-cuda"]  # what deploy/base runs, unchanged
+    default = re.search(r"^FLAVOURS\s*\?=\s*(.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1).split()
+    assert sorted(default) == sorted(build_image.FLAVOURS)
+
+
 def test_the_cpu_image_runs_the_torch_the_tests_run():
     """The Makefile's TORCH_PIN (what `make test` installs) is the CPU image's torch."""
     pin = re.search(r"^TORCH_PIN\s*\?=\s*torch==(\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1)
@@ -77,6 +103,9 @@ def test_the_dockerfile_installs_the_same_lock_files():
     text = (ROOT / "Dockerfile").read_text()
     assert "image/requirements-${FLAVOUR}.txt" in text and "--require-hashes" in text
     assert re.search(r"^ARG FLAVOUR=(\w+)", text, re.MULTILINE).group(1) in build_image.FLAVOURS
+    # each CUDA flavour's build-arg is shown in the header, with the index its torch comes from
+    for flavour in CUDA_FLAVOURS:
+        assert f"--build-arg FLAVOUR={flavour} " in text, flavour
 
 
 def test_the_manifests_name_the_repository_the_images_are_built_for():
@@ -160,6 +189,7 @@ def test_the_image_is_a_valid_oci_image_of_this_version(cpu_image):
     assert labels["org.opencontainers.image.version"] == VERSION == record["version"]
     assert labels["org.opencontainers.image.revision"] == record["revision"] != "unknown"
     assert labels["org.opencontainers.image.source"].startswith("https://")
+    assert labels["io.fleetcanary.flavour"] == "cpu" and labels["io.fleetcanary.cuda"] == "none"
     r = subprocess.run([skopeo, "inspect", "--config", ref], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     config = json.loads(r.stdout)["config"]

@@ -80,6 +80,7 @@ class GpuAccess:
     gate: gpu_gate.Gate | None = None
     facts: Any = None
     ordinals: dict[int, int] = field(default_factory=dict)  # NVML index -> CUDA ordinal
+    driver: tuple[str, str] | None = None  # NVML's driver version and the CUDA version it runs ("12.4")
 
     @property
     def indices(self) -> list[int]:
@@ -120,7 +121,8 @@ def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMiss
     is gated: NVML per ``nvml_missing``; ``select(handles)`` picks the GPUs (it may raise a
     skip, or return None: no GPU to use, the run goes on without, kind "cpu");
     fewer than ``min_gpus`` GPUs on the node skips single_gpu, fewer usable after the gate
-    skips ``too_few``; then torch must see CUDA (skip dependency_missing, or unsupported: torch_util.why_no_cuda).
+    skips ``too_few``; then torch must see CUDA (skip dependency_missing, driver_too_old or unsupported:
+    torch_util.why_no_cuda).
     ``inspect(session, handles)`` runs while the session is open, on the GPUs the run uses.
     """
     on_cpu = getattr(config, "device", "auto") == "cpu"
@@ -131,6 +133,8 @@ def acquire(config: GpuProbeConfig, ctx: ProbeContext, *, nvml_missing: NvmlMiss
         return _with_torch(GpuAccess("cpu")) if on_cpu else GpuAccess("cpu")
     access = GpuAccess("cpu" if on_cpu else "cuda", session)
     try:
+        if not on_cpu:  # for a torch that cannot use the GPUs: is the driver too old for its CUDA?
+            access.driver = (session.driver_version(), session.cuda_driver_version())
         handles = session.handles()
         if not on_cpu and not os.environ.get(nvml.FAKE_ENV):  # recorded facts name no device of this machine
             handles = visible(session, handles)
@@ -270,7 +274,8 @@ def _open(nvml_missing: NvmlMissing) -> nvml.Session | None:
 
 def _with_torch(access: GpuAccess) -> GpuAccess:
     """Skip dependency_missing without torch; where NVML sees GPUs and torch cannot use them, dependency_missing
-    (a CPU build of torch) or unsupported (torch_util.why_no_cuda)."""
+    (a CPU build of torch), driver_too_old (the driver is older than torch's CUDA needs) or unsupported
+    (torch_util.why_no_cuda)."""
     from fleetcanary.probes.lib import torch_util
 
     try:
@@ -278,7 +283,7 @@ def _with_torch(access: GpuAccess) -> GpuAccess:
     except ProbeSkipped as e:
         if access.gate is not None:  # which GPUs the run would have measured: NVML sees GPUs, torch no CUDA
             reason, detail = (e.reason, e.detail) if e.reason != "no_gpu" else \
-                torch_util.why_no_cuda(torch_util.import_torch())
+                torch_util.why_no_cuda(torch_util.import_torch(), access.driver)
             gate = access.gate.record()
             mig = f", MIG devices {gate['measured_mig_devices']}" if gate.get("measured_mig_devices") else ""
             raise ProbeSkipped(reason, f"{detail}; the gate left GPUs {gate['measured_gpus']}{mig}"

@@ -46,10 +46,24 @@ def resolve_device_kind(requested: str) -> str:
     raise ProbeSkipped("no_gpu", "torch sees no CUDA device")
 
 
-def why_no_cuda(torch) -> tuple[str, str]:
+# The oldest driver each CUDA major version runs on (NVIDIA's CUDA compatibility guide: minor version
+# compatibility for 12.x from 525.60.13; CUDA 13.0 needs the R580 branch). docs/image.md has the matrix.
+MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
+# torch's words for cudaErrorInsufficientDriver (35) and for its own check of the driver's CUDA version
+DRIVER_TOO_OLD_WORDS = ("driver version is insufficient", "driver on your system is too old")
+
+
+def _major(version: object) -> int | None:
+    head = str(version).split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def why_no_cuda(torch, driver: tuple[str, str] | None = None) -> tuple[str, str]:
     """Where NVML sees GPUs and torch does not: the skip reason and torch's own words. A CPU build of torch is a
-    missing dependency (a GPU node needs the CUDA image); a CUDA build that cannot start (the driver is older
-    than its CUDA needs, a device node missing) is unsupported here."""
+    missing dependency (a GPU node needs the CUDA image); a CUDA build the node's driver is too old for
+    (``driver``: NVML's driver version and the CUDA version it supports, "13.0", when the caller read them; or
+    torch's error says so) is driver_too_old, with the image to run instead; any other cause (a device node
+    missing) is unsupported here."""
     if torch.version.cuda is None:
         return "dependency_missing", (f"torch {torch.__version__} is a CPU build and NVML sees GPUs: a GPU node "
                                       "needs torch with CUDA (the CUDA image, docs/image.md)")
@@ -58,6 +72,15 @@ def why_no_cuda(torch) -> tuple[str, str]:
         why = "torch sees no CUDA device"
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError or AssertionError, with its reason
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    driver_version, driver_cuda = driver or ("unknown", "unknown")
+    needs, has = _major(torch.version.cuda), _major(driver_cuda)
+    if (needs is not None and has is not None and has < needs) or any(w in why.lower()
+                                                                      for w in DRIVER_TOO_OLD_WORDS):
+        floor = f" (driver {MIN_DRIVER[needs]} or newer)" if needs in MIN_DRIVER else ""
+        advice = ("run the cuda12 image (tag <version>-cuda12) or upgrade the driver" if has == 12 and needs != 12
+                  else "upgrade the driver")
+        return "driver_too_old", (f"driver {driver_version} runs CUDA {driver_cuda}, torch {torch.__version__} "
+                                  f"needs CUDA {torch.version.cuda}{floor}: {advice} (docs/image.md); torch: {why}")
     return "unsupported", (f"NVML sees GPUs, torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use "
                            f"them: {why}")
 

@@ -93,20 +93,66 @@ def test_idle_healthy_node_passes_the_gate_then_torch_finds_no_cuda(tmp_path, mo
         "dependency_missing", f"{CPU_TORCH}; the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7] (skipped: {{}})")
 
 
-def test_a_cuda_torch_that_cannot_start_says_why(monkeypatch):
-    """A CUDA build of torch on a driver older than its CUDA: unsupported, in torch's own words."""
+def stub_torch(version: str, cuda: str, error: str | None):
+    """A torch module's CUDA face (the CUDA boundary): its build and what cuda.init() raises."""
     import types
 
-    from fleetcanary.probes.lib import torch_util
-
     def init():
-        raise RuntimeError("The NVIDIA driver on your system is too old (found version 12040).\nPlease update")
+        if error is not None:
+            raise RuntimeError(error)
 
-    torch = types.SimpleNamespace(__version__="2.14.1+cu130", version=types.SimpleNamespace(cuda="13.0"),
-                                  cuda=types.SimpleNamespace(init=init))
-    assert torch_util.why_no_cuda(torch) == (
-        "unsupported", "NVML sees GPUs, torch 2.14.1+cu130 (CUDA 13.0) cannot use them: The NVIDIA driver on your "
-        "system is too old (found version 12040).")
+    return types.SimpleNamespace(__version__=version, version=types.SimpleNamespace(cuda=cuda),
+                                 cuda=types.SimpleNamespace(init=init))
+
+
+TOO_OLD = "The NVIDIA driver on your system is too old (found version 12040).\nPlease update your GPU driver"
+
+
+def test_a_cuda_13_torch_on_an_r550_driver_is_driver_too_old_and_names_the_image_to_run():
+    torch = stub_torch("2.14.1+cu130", "13.0", TOO_OLD)
+    assert torch_util.why_no_cuda(torch, ("550.90.07", "12.4")) == (
+        "driver_too_old", "driver 550.90.07 runs CUDA 12.4, torch 2.14.1+cu130 needs CUDA 13.0 (driver 580.65.06 or "
+        "newer): run the cuda12 image (tag <version>-cuda12) or upgrade the driver (docs/image.md); torch: The NVIDIA "
+        "driver on your system is too old (found version 12040).")
+
+
+def test_the_driver_version_alone_decides_even_when_torch_words_it_otherwise():
+    reason, detail = torch_util.why_no_cuda(stub_torch("2.10.0+cu128", "12.8", "no CUDA-capable device is detected"),
+                                            ("520.61.05", "11.8"))
+    assert reason == "driver_too_old"
+    assert "needs CUDA 12.8 (driver 525.60.13 or newer): upgrade the driver" in detail  # no image runs on R520
+
+
+def test_cuda_error_35_is_driver_too_old_where_nvml_gave_no_cuda_version():
+    torch = stub_torch("2.14.1+cu130", "13.0", "CUDA driver version is insufficient for CUDA runtime version")
+    reason, detail = torch_util.why_no_cuda(torch, ("unknown", "unknown"))
+    assert reason == "driver_too_old" and detail.startswith("driver unknown runs CUDA unknown")
+
+
+def test_a_cuda_12_8_torch_on_a_cuda_12_4_driver_is_not_too_old():
+    """CUDA minor version compatibility: a 12.8 runtime runs on any 12.x driver from 525.60.13, so another cause
+    that stops it is unsupported, in torch's own words."""
+    torch = stub_torch("2.10.0+cu128", "12.8", "no CUDA-capable device is detected")
+    assert torch_util.why_no_cuda(torch, ("550.90.07", "12.4")) == (
+        "unsupported", "NVML sees GPUs, torch 2.10.0+cu128 (CUDA 12.8) cannot use them: no CUDA-capable device is "
+        "detected")
+
+
+def test_the_gpu_probe_on_a_node_whose_driver_is_too_old_skips_driver_too_old(tmp_path, monkeypatch):
+    """Fake NVML (eight H100s, driver 550.90.07: CUDA 12.4) and torch's CUDA face saying what a CUDA 13.0 build says
+    there: the run skips driver_too_old, naming the driver, the CUDA both sides have and the image to run."""
+    import torch
+
+    fake(monkeypatch, "h100_8gpu_healthy")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch, "__version__", "2.14.1+cu130")
+    monkeypatch.setattr(torch.cuda, "init", stub_torch("", "", TOO_OLD).cuda.init)
+    with pytest.raises(ProbeSkipped) as ei:
+        GpuBandwidth().run(Config(), ctx(tmp_path))
+    assert ei.value.reason == "driver_too_old"
+    assert ei.value.detail.startswith("driver 550.90.07 runs CUDA 12.4, torch 2.14.1+cu130 needs CUDA 13.0 (driver "
+                                      "580.65.06 or newer): run the cuda12 image")
+    assert ei.value.detail.endswith("the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7] (skipped: {})")
 
 
 def test_gpu_policy_measures_only_the_idle_gpus(monkeypatch):
