@@ -233,7 +233,7 @@ def values_schema() -> str:
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "fleetcanary chart values",
         **_obj({
-            "image": _obj({"repository": STR, "tag": STR, "digest": STR,
+            "image": _obj({"repository": STR, "flavour": {"enum": ["cuda", "cuda12", "cpu"]}, "tag": STR, "digest": STR,
                            "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}),
             "imagePullSecrets": K8S_LIST,
             "runtimeClassName": STR,

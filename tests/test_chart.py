@@ -220,6 +220,16 @@ def test_each_gpu_access_mode_reaches_the_gpus_without_requesting_one():
     assert c["securityContext"]["privileged"] is False and "LD_LIBRARY_PATH" not in env
 
 
+def test_the_image_flavour_picks_the_tag_of_the_driver_the_nodes_run():
+    def image(values):
+        return one(render(values), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
+    repo, version = "ghcr.io/fleetcanary/fleetcanary", _chart()["appVersion"]
+    assert image({}) == f"{repo}:{version}"
+    assert image({"image": {"flavour": "cuda12"}}) == f"{repo}:{version}-cuda12"  # R535/R550/R570 nodes
+    assert image({"cpuOnly": {"enabled": True}}) == f"{repo}:{version}-cpu"
+    assert image({"image": {"tag": "mine"}}) == f"{repo}:mine"
+
+
 def test_nvlink_services_read_the_hosts_processes_read_only():
     docs = render(COMBINATIONS["nvlink-services"])
     spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]

@@ -38,7 +38,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $flavour := ternary "cpu" .Values.image.flavour (and .Values.cpuOnly.enabled (eq .Values.image.flavour "cuda")) -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default (ternary .Chart.AppVersion (printf "%s-%s" .Chart.AppVersion $flavour) (eq $flavour "cuda")) }}
 {{- end -}}
 {{- end -}}
 
