@@ -86,3 +86,10 @@ def test_a_release_stops_with_one_line_on_a_failed_check(tmp_path):
     assert r.returncode == 1 and r.stderr.startswith("release: ") and len(r.stderr.strip().splitlines()) == 1, \
         r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "dist").exists()
+
+
+def test_an_images_python_packages_are_listed_with_their_hashes():
+    pins = {p["name"]: p for p in release.lock_pins((ROOT / "image" / "requirements-cuda12.txt").read_text())}
+    assert pins["torch"]["version"] == "2.10.0" and pins["torch"]["hashes"]
+    assert all(p["hashes"] and all(h.startswith("sha256:") for h in p["hashes"]) for p in pins.values())
+    assert len(pins) > 40
