@@ -543,18 +543,6 @@ def settings_model(probe_map: dict[str, type[Probe]] | None = None) -> type[Base
     return _settings_model(tuple((probe_map or PROBES).items()))
 
 
-def _set_path(data: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    cur = data
-    for k in keys[:-1]:
-        nxt = cur.get(k)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            cur[k] = nxt
-        cur = nxt
-    cur[keys[-1]] = value
-
-
 def _format_errors(exc: ValidationError, source: str) -> list[str]:
     lines = []
     for err in exc.errors():
@@ -718,7 +706,7 @@ def _load(path, env, probe_map, source: str, check_files: bool):
         raise ConfigError([f"{source}: {p}" for p in renamed])
     for var, dotted in ENV_OVERRIDES.items():
         if env.get(var):
-            _set_path(data, dotted, env[var])
+            config_keys.set_path(data, dotted, env[var])
     model = settings_model(probe_map)
     problems: list[str] = []
     _bool_numbers(model, data, "", problems)

@@ -79,12 +79,17 @@ def _has(data: dict, dotted: str) -> bool:
     return True
 
 
-def _put(data: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-    node[parts[-1]] = value
+def set_path(data: dict, dotted: str, value: Any) -> None:
+    """data's value at a dotted key, set; a missing (or non-mapping) level on the way becomes a mapping."""
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        nxt = cur.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[k] = nxt
+        cur = nxt
+    cur[keys[-1]] = value
 
 
 def apply_renames(data: dict, source: str, renamed: tuple[Renamed, ...] | None = None) -> list[str]:
@@ -98,7 +103,7 @@ def apply_renames(data: dict, source: str, renamed: tuple[Renamed, ...] | None =
             problems.append(f"{r.old}: renamed {r.new} in {r.deprecated_in}, and both are given; keep {r.new}")
             continue
         _, value = _pop(data, r.old)
-        _put(data, r.new, value)
+        set_path(data, r.new, value)
         log.warning("%s: config key %s is deprecated since %s and goes in %s: read as %s; rename it", source,
                     r.old, r.deprecated_in, r.removed_in, r.new)
     return problems
