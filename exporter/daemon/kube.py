@@ -153,6 +153,10 @@ class Kube:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rng = random.Random()
+        from fleetcanary.daemon.pod_resources import DEFAULT_GPU_RESOURCES, resource_matcher
+
+        # the GPU resource names' pattern, compiled once (the config does not change under a Kube)
+        self._gpu_resources = resource_matcher(getattr(cfg, "gpu_resource_names", None) or DEFAULT_GPU_RESOURCES)
         self._node_read_at: float | None = None  # monotonic time of the last successful Node read
         self._dra = None
         self._dra_skip = 0  # syncs left before resource.k8s.io is asked again (not served)
@@ -332,10 +336,7 @@ class Kube:
             self.count_error("list_pods", exc)
             ok = False
         else:
-            from fleetcanary.daemon.pod_resources import DEFAULT_GPU_RESOURCES, resource_matcher
-
-            match = resource_matcher(getattr(self.cfg, "gpu_resource_names", None) or DEFAULT_GPU_RESOURCES)
-            holding = [(p, gpus_requested(p, match)) for p in pods.items or []]
+            holding = [(p, gpus_requested(p, self._gpu_resources)) for p in pods.items or []]
             holding = [(p, n) for p, n in holding if n > 0]
             requested = sum(n for _, n in holding)
             gpu_pods = {f"{p.metadata.namespace}/{p.metadata.name}" for p, _ in holding}
