@@ -95,21 +95,27 @@ def test_a_node_without_nvidia_pods_or_node_info_records_only_what_it_has():
                                                                                    "sha256:ff")
 
 
-def test_every_run_record_of_the_daemon_carries_the_platform(api, tmp_path, monkeypatch):
+def daemon_on(api, tmp_path):
+    """A daemon (no API of its own) whose Kubernetes view is the stand-in's, synced once."""
     from fleetcanary.core import config as configmod
     from fleetcanary.daemon.service import Daemon
 
-    monkeypatch.setenv("POD_NAME", "fleetcanary-abcde")
-    monkeypatch.setenv("POD_NAMESPACE", "fleetcanary")
     cfg = {"node_name": NODE, "state_dir": str(tmp_path / "state"),
            "server": {"listen_address": f"127.0.0.1:{free_port()}"}, "gpu": {"xid_watch": "off"},
            "kubernetes": {"mode": "off"}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     d = Daemon(configmod.load(path, env={}), config_path=str(path))
+    d.kube = kube(api, tmp_path)
+    assert d.kube.sync()
+    return d
+
+
+def test_every_run_record_of_the_daemon_carries_the_platform(api, tmp_path, monkeypatch):
+    monkeypatch.setenv("POD_NAME", "fleetcanary-abcde")
+    monkeypatch.setenv("POD_NAMESPACE", "fleetcanary")
+    d = daemon_on(api, tmp_path)
     try:
-        d.kube = kube(api, tmp_path)
-        assert d.kube.sync()
         out = d.run_probe("host_memory_bandwidth")
         assert out is not None and out.environment
         env = out.environment
@@ -134,20 +140,11 @@ def test_a_label_removed_from_the_node_leaves_the_platform_at_the_next_node_read
 
 
 def test_a_claim_pods_records_get_the_nodes_platform_but_not_this_pods_image(api, tmp_path, monkeypatch):
-    from fleetcanary.core import config as configmod
     from fleetcanary.core.record import RunRecord
-    from fleetcanary.daemon.service import Daemon
 
     monkeypatch.setenv("POD_NAME", "fleetcanary-abcde")
-    cfg = {"node_name": NODE, "state_dir": str(tmp_path / "state"),
-           "server": {"listen_address": f"127.0.0.1:{free_port()}"}, "gpu": {"xid_watch": "off"},
-           "kubernetes": {"mode": "off"}}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    d = Daemon(configmod.load(path, env={}), config_path=str(path))
+    d = daemon_on(api, tmp_path)
     try:
-        d.kube = kube(api, tmp_path)
-        assert d.kube.sync()
         claimed = RunRecord("host_memory_bandwidth", "success", node=NODE, started_at=1000.0, wall_seconds=1,
                             environment={"image": "unknown", "hostname": "claim-pod"})
         own = RunRecord("host_memory_bandwidth", "success", node=NODE, started_at=1000.0, wall_seconds=1,
