@@ -58,7 +58,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The Pod Security level the enabled features need: a host path is beyond baseline. */}}
 {{- define "fleetcanary.podSecurityLevel" -}}
-{{- if or .Values.gpuAllocation.enabled .Values.xidWatch.enabled .Values.hostState.enabled .Values.scheduledRuns.enabled (and .Values.fabric.enabled .Values.fabric.rdma) (and (ne .Values.gpuAccess.mode "runtime") (not .Values.cpuOnly.enabled)) (and .Values.nvlinkServices.enabled (not .Values.cpuOnly.enabled)) -}}
+{{- if or .Values.gpuAllocation.enabled .Values.xidWatch.enabled .Values.hostState.enabled .Values.scheduledRuns.enabled (and .Values.fabric.enabled .Values.fabric.rdma) (not (has (include "fleetcanary.gpuAccess" .) (list "runtime" "none"))) (include "fleetcanary.nvlinkServices" .) -}}
 privileged
 {{- else -}}
 restricted
@@ -88,7 +88,7 @@ restricted
 {{- else -}}
 {{- $_ := set $c "gpu" (dict "budget_ratio" 0.005) -}}
 {{- end -}}
-{{- if and .Values.nvlinkServices.enabled (not .Values.cpuOnly.enabled) -}}
+{{- if include "fleetcanary.nvlinkServices" . -}}
 {{- $_ := set $probes "gpu_health" (dict "params" (dict "host_proc_path" "/host/proc" "imex_nodes_config" "/host/etc/nvidia-imex/nodes_config.cfg")) -}}
 {{- end -}}
 {{- $_ := set $c "kubernetes" $kube -}}
@@ -98,5 +98,15 @@ restricted
 
 {{/* Privileged: the GPU access modes that need it (a runtime that honours NVIDIA_VISIBLE_DEVICES only then). */}}
 {{- define "fleetcanary.gpuPrivileged" -}}
-{{- if and (not .Values.cpuOnly.enabled) (has .Values.gpuAccess.mode (list "privileged" "gke")) }}true{{ end -}}
+{{- if has (include "fleetcanary.gpuAccess" .) (list "privileged" "gke") }}true{{ end -}}
+{{- end -}}
+
+{{/* How the GPUs are reached: gpuAccess.mode, or "none" on CPU-only nodes (no GPU, nothing to reach). */}}
+{{- define "fleetcanary.gpuAccess" -}}
+{{- ternary "none" .Values.gpuAccess.mode .Values.cpuOnly.enabled -}}
+{{- end -}}
+
+{{/* The host's processes and IMEX list for NVLink fabric services: asked for, on GPU nodes. */}}
+{{- define "fleetcanary.nvlinkServices" -}}
+{{- if and .Values.nvlinkServices.enabled (not .Values.cpuOnly.enabled) }}true{{ end -}}
 {{- end -}}
