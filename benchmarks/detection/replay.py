@@ -225,13 +225,17 @@ def _add_matchers(braces: str | None, extra: list[str]) -> str:
 
 
 def substitute(expr: str, recs: dict[str, list[Record]], group: str, interval: int, offset: int,
-               shift: int = 0, used: set | None = None) -> str:
+               shift: int = 0, used: set | None = None, within: frozenset = frozenset()) -> str:
     """expr with every recorded series replaced by its rule's expression, evaluated as a live server's
     rule in `group` (its interval and offset) would read it: the same evaluation when the rule is in the
     same group, else the recording group's latest evaluation (an `offset` on its selectors). `shift`:
-    an offset already applied to this expression's selectors (nested substitutions)."""
+    an offset already applied to this expression's selectors (nested substitutions). A rule that reads its own
+    past (node:fleetcanary_nvlink_domain:info keeps a node's domain for a day) is left reading the recorded
+    name, which the replay never writes: the rule as a server runs it where the series never had a value."""
     def one(m: re.Match) -> str:
         name, braces = m.group(1), m.group(2)
+        if name in within:
+            return m.group(0)
         if name not in recs:
             if shift:
                 return f"{name}{braces or ''} offset {shift}s"
@@ -258,7 +262,7 @@ def substitute(expr: str, recs: dict[str, list[Record]], group: str, interval: i
                                  "the replay needs the reader's interval to be a multiple of the recorder's")
             d = shift + (offset - r.offset) % r.interval
         inner = SELECTOR.sub(lambda mm: f"{mm.group(1)}{_add_matchers(mm.group(2), extra)}", r.expr)
-        return "(" + substitute(inner, recs, r.group, r.interval, r.offset, d, used) + ")"
+        return "(" + substitute(inner, recs, r.group, r.interval, r.offset, d, used, within | {name}) + ")"
 
     return SELECTOR.sub(one, expr)
 
