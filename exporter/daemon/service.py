@@ -20,6 +20,7 @@ from fleetcanary.core import environment, kube_platform, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
 from fleetcanary.daemon import dra, hard_faults, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import due as duemod
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import requests as requestsmod
 from fleetcanary.daemon.confirm import Confirmer
@@ -299,33 +300,29 @@ class Daemon:
                    if isinstance(g, dict) and "index" in g and g.get("uuid")}
         return {by_uuid[d.split("::", 1)[0]] for d in devices if d.split("::", 1)[0] in by_uuid}
 
-    def invasive_where(self, due) -> list[str]:
-        """The enabled invasive GPU probes for which ``due(name, entry, state)`` holds, cheapest first (their
-        expected GPU seconds a run)."""
+    def invasive_candidates(self) -> list[duemod.Candidate]:
+        """The enabled invasive GPU probes as daemon/due.py's rules see them: interval, expected GPU seconds a run
+        (the order), coverage, newest success and whether the newest run skipped for a tenant."""
         with self._settings_lock:
             entries = self.settings.probe_entries()
             enabled = self._enabled(self.settings)
         out = []
         for name in enabled:
-            entry = entries[name]
-            if self.probe_map[name].exclusive == "gpu" and due(name, entry, self.store.state.get(name)):
-                out.append((getattr(entry.params, "expected_gpu_seconds", entry.timeout_seconds), name))
-        return [n for _, n in sorted(out)]
+            cls, entry = self.probe_map[name], entries[name]
+            if cls.exclusive != "gpu":
+                continue
+            st = self.store.state.get(name)
+            out.append(duemod.Candidate(name, entry.interval_seconds,
+                                        getattr(entry.params, "expected_gpu_seconds", entry.timeout_seconds),
+                                        per_gpu=cls.coverage == "gpu",
+                                        last_success=st.last_success_ts if st else None,
+                                        skipped_for_tenant=st is not None and st.skipped_for_tenant))
+        return out
 
     def due_invasive(self, now: float | None = None, freed: set[str] | None = None) -> list[str]:
-        """Invasive GPU probes that are due, shortest first (their GPU seconds per run): the last run skipped for
-        a tenant (gpu_allocated, gpu_busy), no success within the interval, or (``freed``: GPU indices a pod
-        just let go of) a freed GPU the probe has not measured within its interval (its runs measured the
-        others while a tenant held it)."""
+        """Invasive GPU probes that are due, shortest first (their GPU seconds per run): daemon/due.py."""
         now = time.time() if now is None else now
-
-        def due(name, entry, st) -> bool:
-            ok_at = st.last_success_ts if st else None
-            stale = ok_at is None or now - ok_at >= entry.interval_seconds
-            unmeasured = bool(freed) and self.probe_map[name].coverage == "gpu" and any(
-                now - self.store.last_measured.get((g, name), 0.0) >= entry.interval_seconds for g in freed)
-            return (st is not None and st.skipped_for_tenant) or stale or unmeasured
-        return self.invasive_where(due)
+        return duemod.due(self.invasive_candidates(), now, self.store.last_measured, freed)
 
     def run_opportunistic(self, freed: set[str] | None = None) -> list[str]:
         """Queue one run of each due invasive probe within seconds, shortest first (staggered a second apart;
