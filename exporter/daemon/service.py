@@ -7,7 +7,6 @@ own threads. This process never imports torch and never calls NVML.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import math
 import os
@@ -27,6 +26,7 @@ from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
+from fleetcanary.daemon.state_files import StateFiles
 from fleetcanary.daemon.xid_ledger import XidLedger
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
@@ -42,8 +42,6 @@ from fleetcanary.runner.isolation import (
     track_workers,
 )
 
-BUDGET_FILE = "gpu-budget.json"  # the GPU-time charges of the last day, kept across restarts
-COVERAGE_FILE = "coverage.json"   # when each GPU was last measured by each invasive probe
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
 
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"  # present while NVIDIA's kernel driver is loaded
@@ -69,8 +67,9 @@ class Daemon:
         self.config_path = config_path
         self.probe_map = dict(probe_map or PROBES)
         self.clock = clock or Clock()
+        self.state_files = StateFiles(settings.state_dir)  # gpu-budget.json, coverage.json
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
-        self._restore_budget()
+        self.state_files.restore_budget(self.budget)
         self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir,
                                                                                        clock=self.clock))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
@@ -78,7 +77,7 @@ class Daemon:
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
         # exporter restart must not look like a driver change to the fleet's rules).
         self.store.set_environment({**environment.collect(with_gpu=False), **self.store.judge.facts})
-        self._restore_coverage()
+        self.state_files.restore_coverage(self.store)
         self.kube = self._kube(settings)
         self.claimer = self._claimer(settings)
         self.pod_resources = self._pod_resources(settings)
@@ -365,46 +364,8 @@ class Daemon:
         self.scheduler.aligned = {n for n in jobs if getattr(self.probe_map[n], "slot_aligned", False)}
         return jobs
 
-    def _read_state(self, name: str, what: str, lost: str) -> list:
-        """A JSON list the daemon keeps in its state directory; [] when absent or set aside (core/statefile:
-        counted in fleetcanary_state_errors_total, one line). Never raises."""
-        data = statefile.read_json(os.path.join(self.settings.state_dir, name), name, f"{what}: {lost}", expect=list)
-        return data if data is not None else []
-
-    def _dropper(self, name: str, what: str):
-        """drop(kind, detail) for a restore: each entry refused is counted; one line for the file."""
-        seen = [0]
-
-        def drop(kind: str, detail: str) -> None:
-            statefile.ERRORS.count(name, kind)
-            seen[0] += 1
-            if seen[0] == 1:
-                log.warning("state %s: %s set aside (%s: %s; more are counted, not logged); %s",
-                            name, what, kind, detail, "the rest is restored")
-        return drop
-
-    def _keep_state(self, name: str, what: str, data: list) -> None:
-        path = os.path.join(self.settings.state_dir, name)
-        try:
-            statefile.write_atomic(path, json.dumps(data, allow_nan=False))
-        except (OSError, ValueError) as e:
-            log.warning("%s: cannot keep it in %s: %s", what, path, getattr(e, "strerror", None) or e)
-
-    def _restore_budget(self) -> None:
-        charges = self._read_state(BUDGET_FILE, "GPU budget", "starting from nothing spent")
-        kept = self.budget.restore(charges, time.time(), drop=self._dropper(BUDGET_FILE, "a GPU budget charge"))
-        log.info("GPU budget: %d charges of the last day restored", kept)
-
     def _save_budget(self) -> None:
-        self._keep_state(BUDGET_FILE, "GPU budget", self.budget.dump(time.time()))
-
-    def _restore_coverage(self) -> None:
-        self.store.restore_coverage(self._read_state(COVERAGE_FILE, "coverage",
-                                                     "every GPU counts as unmeasured until its next run"),
-                                    drop=self._dropper(COVERAGE_FILE, "a coverage entry"))
-
-    def _save_coverage(self) -> None:
-        self._keep_state(COVERAGE_FILE, "coverage", self.store.dump_coverage())
+        self.state_files.save_budget(self.budget)
 
     def first_delays(self, jobs: dict, now: float | None = None) -> dict[str, float | None]:
         """Invasive GPU probes start at the node's slot of their interval (daemon/phase.py: no herd after a
@@ -438,6 +399,7 @@ class Daemon:
             if new.server.listen_address != self.settings.server.listen_address:
                 log.warning("server.listen_address changed; it takes effect at the next restart")
             self.settings = new
+            self.state_files.dir = new.state_dir
             self.budget.ratio = new.gpu.budget_ratio
             if self.kube is not None:
                 self.kube.cfg = new.kubernetes
@@ -529,7 +491,7 @@ class Daemon:
         measured = self.store.apply(out)
         counted.append(True)  # the metrics have the run: a later failure must not count it again
         if measured:  # it measured GPUs: the coverage kept across restarts moved
-            self._save_coverage()
+            self.state_files.save_coverage(self.store)
         if self._pending_xids:
             self._flush_pending_xids()
         if name == "gpu_health":
