@@ -45,7 +45,6 @@ from fleetcanary.runner.isolation import (
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
 
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"  # present while NVIDIA's kernel driver is loaded
-PENDING_XIDS = 256  # XIDs read before the GPU facts are known, kept until they are (the rest are dropped)
 log = logging.getLogger("fleetcanary.daemon")
 
 
@@ -81,8 +80,8 @@ class Daemon:
         self.kube = self._kube(settings)
         self.claimer = self._claimer(settings)
         self.pod_resources = self._pod_resources(settings)
-        self._xid_lock = threading.Lock()
-        self._pending_xids: list[tuple[str, int, str]] = []
+        # XIDs of the watch wait here for the GPU facts (daemon/xid_watch.py), then go to the ledger and counters
+        self.xid_buffer = xid_watch.XidBuffer(lambda: self.store.node_environment, self._classify_xid)
         self.xid_ledger = XidLedger(settings.xid, self.clock.monotonic)
         nc = settings.kubernetes.node_condition
         self.faults = hard_faults.FaultTracker(nc.clear_after_observations, nc.min_hold_seconds, self.clock.monotonic)
@@ -167,37 +166,7 @@ class Daemon:
             (log.error if g.xid_watch == "on" else log.info)(
                 "xid watch: %s is not readable here; watching NVML's XID events instead", source)
             source = "nvml"
-        return xid_watch.XidWatch(source, self._xid, self._xid_watched, on_sxid=self._sxid)
-
-    def _xid(self, pci: str, code: int, message: str) -> None:
-        """An Xid from the watch: its GPU by PCI bus ID (the GPU facts the workers reported). One read before
-        any worker has reported them (the reader starts with the daemon, and replays what the kernel log
-        holds) waits for them, so that its GPU label is an index like every other GPU series'."""
-        with self._xid_lock:
-            if not self._gpu_facts_known():
-                if len(self._pending_xids) < PENDING_XIDS:
-                    self._pending_xids.append((pci, code, message))
-                return
-        self._count_xid(pci, code, message)
-
-    def _gpu_facts_known(self) -> bool:
-        env = self.store.node_environment
-        return bool(env.get("gpus")) or env.get("gpu_count", environment.UNKNOWN) != environment.UNKNOWN
-
-    def _flush_pending_xids(self) -> None:
-        with self._xid_lock:
-            if not self._gpu_facts_known():
-                return
-            pending, self._pending_xids = self._pending_xids, []
-        for xid in pending:
-            self._count_xid(*xid)
-
-    def _count_xid(self, pci: str, code: int, message: str) -> None:
-        gpus = self.store.node_environment.get("gpus") or []
-        index = next((str(g.get("index")) for g in gpus if isinstance(g, dict) and g.get("pci_bus_id")
-                      and xid_watch.pci_key(str(g["pci_bus_id"])) == xid_watch.pci_key(pci)), None)
-        gpu = index if index is not None else f"pci:{pci}"
-        self._classify_xid(gpu, code, message, f" ({pci})")
+        return xid_watch.XidWatch(source, self.xid_buffer, self._xid_watched, on_sxid=self._sxid)
 
     def _classify_xid(self, gpu: str, code: int, message: str, where: str = "") -> None:
         """One XID into the ledger (daemon/xid_ledger.py), its counter with the catalogue's class and severity,
@@ -492,8 +461,8 @@ class Daemon:
         counted.append(True)  # the metrics have the run: a later failure must not count it again
         if measured:  # it measured GPUs: the coverage kept across restarts moved
             self.state_files.save_coverage(self.store)
-        if self._pending_xids:
-            self._flush_pending_xids()
+        if self.xid_buffer.pending:
+            self.xid_buffer.flush()
         if name == "gpu_health":
             self._observe_gpu_health(out)
         self._evaluate_faults(clean=name == "gpu_health" and out.outcome == "success")
