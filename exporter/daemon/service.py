@@ -18,20 +18,19 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment, kube_platform, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
-from fleetcanary.daemon import dra, hard_faults, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import dra, phase, pod_resources, webconfig, xid_watch
 from fleetcanary.daemon import due as duemod
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import requests as requestsmod
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
+from fleetcanary.daemon.node_health import NodeHealth
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.daemon.state_files import StateFiles
-from fleetcanary.daemon.xid_ledger import XidLedger
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
-from fleetcanary.probes.lib import xids
 from fleetcanary.runner import job as jobmod
 from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import (
@@ -80,14 +79,10 @@ class Daemon:
         self.kube = self._kube(settings)
         self.claimer = self._claimer(settings)
         self.pod_resources = self._pod_resources(settings)
-        # XIDs of the watch wait here for the GPU facts (daemon/xid_watch.py), then go to the ledger and counters
-        self.xid_buffer = xid_watch.XidBuffer(lambda: self.store.node_environment, self._classify_xid)
-        self.xid_ledger = XidLedger(settings.xid, self.clock.monotonic)
-        nc = settings.kubernetes.node_condition
-        self.faults = hard_faults.FaultTracker(nc.clear_after_observations, nc.min_hold_seconds, self.clock.monotonic)
-        self._faults_lock = threading.Lock()
-        self._hw_faults: list[hard_faults.Fault] = []   # what the newest successful gpu_health run showed
-        self._health_gpus: list[str] = []               # the GPU indices it read
+        # hard faults at the edge: gpu_health's reads and the XIDs, held and published (daemon/node_health.py)
+        self.health = NodeHealth(self._current_settings, self.store, lambda: self.kube, self.clock.monotonic)
+        # XIDs of the watch wait here for the GPU facts (daemon/xid_watch.py), then go to the node's health
+        self.xid_buffer = xid_watch.XidBuffer(lambda: self.store.node_environment, self.health.xid)
         self.xid_watch = self._xid_watch(settings)
         if self.kube is not None:
             self._kube_changed()
@@ -105,6 +100,10 @@ class Daemon:
         self._stopping = threading.Event()
 
     # --- settings -------------------------------------------------------------
+    def _current_settings(self):
+        with self._settings_lock:
+            return self.settings
+
     @staticmethod
     def _enabled(settings) -> list[str]:
         return [n for n, e in settings.probe_entries().items() if e.enabled]
@@ -166,72 +165,7 @@ class Daemon:
             (log.error if g.xid_watch == "on" else log.info)(
                 "xid watch: %s is not readable here; watching NVML's XID events instead", source)
             source = "nvml"
-        return xid_watch.XidWatch(source, self.xid_buffer, self._xid_watched, on_sxid=self._sxid)
-
-    def _classify_xid(self, gpu: str, code: int, message: str, where: str = "") -> None:
-        """One XID into the ledger (daemon/xid_ledger.py), its counter with the catalogue's class and severity,
-        an escalation's counter, and the node's faults evaluated again."""
-        ev, escalated = self.xid_ledger.record(gpu, code, message)
-        self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_errors_total",
-                               {"gpu": gpu, "xid": str(code), "class": ev.cls, "severity": ev.severity}, 1)
-        info = self.xid_ledger.info(code)
-        line = f"XID {code} on GPU {gpu}{where}: {ev.describe(info)} | kernel: {message[:200]}"
-        (log.warning if ev.severity in ("critical", "warning") else log.info)("%s", line)
-        if escalated:
-            self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_escalations_total",
-                                   {"gpu": gpu, "xid": str(code)}, 1)
-            log.warning("XID %d on GPU %s came from %d different processes within %.0f s: the GPU is the common "
-                        "factor", code, gpu, self.settings.xid.escalate_processes,
-                        self.settings.xid.escalate_window_seconds)
-        self._evaluate_faults(clean=False)
-
-    def _sxid(self, pci: str, code: int, message: str) -> None:
-        sev = xids.sxid_severity(message)
-        self.store.add_counter("gpu_health", "fleetcanary_nvswitch_sxid_errors_total",
-                               {"switch": xid_watch.pci_key(pci), "sxid": str(code), "severity": sev}, 1)
-        (log.warning if sev == "critical" else log.info)("NVSwitch SXid %d on %s: %s", code, pci, message[:200])
-
-    # --- hard faults at the edge (daemon/hard_faults.py) ---------------------------------------------------------
-    def _gpu_health_fresh(self) -> bool:
-        st = self.store.state.get("gpu_health")
-        interval = self.store.intervals.get("gpu_health")
-        if st is None or st.last_success_ts is None or not interval:
-            return False
-        return time.time() - st.last_success_ts <= 3 * interval + self.store.timeouts.get("gpu_health", 0.0)
-
-    def _observe_gpu_health(self, out: RunRecord) -> None:
-        """A gpu_health run: its faults (a successful one's), and the XIDs of its own NVML event wait."""
-        extra = out.result.get("extra") or {}
-        for e in extra.get("xid_events") or []:
-            if isinstance(e, dict) and "gpu" in e and "xid" in e:
-                self.xid_ledger.record(str(e["gpu"]), int(e["xid"]))
-        if out.outcome != "success":
-            return
-        expected = (out.result.get("parameters") or {}).get("expected_gpus")
-        with self._faults_lock:
-            self._hw_faults = hard_faults.from_gpu_health(extra, expected if isinstance(expected, int) else None)
-            self._health_gpus = [str(g.get("index")) for g in extra.get("gpus") or [] if isinstance(g, dict)]
-
-    def _evaluate_faults(self, clean: bool) -> None:
-        """The node's hard faults now: held with hysteresis, published as health states and, with
-        node_condition.per_fault, as node conditions. ``clean``: a gpu_health observation (counts toward
-        clearing); an XID between runs only sets."""
-        with self._settings_lock:
-            nc = self.settings.kubernetes.node_condition
-        measured = self._gpu_health_fresh()
-        with self._faults_lock:
-            self.faults.clear_after, self.faults.min_hold = nc.clear_after_observations, nc.min_hold_seconds
-            xid_faults = hard_faults.from_xids(self.xid_ledger.recent(), self.xid_ledger.info)
-            held = self.faults.observe(self._hw_faults + xid_faults, clean_observation=clean)
-            gpus = sorted(set(self._health_gpus) | {f.gpu for f in held + xid_faults if f.gpu.isdigit()}, key=int)
-            states = hard_faults.gpu_states(gpus, held, [f for f in xid_faults if not f.kind], measured)
-            node = hard_faults.node_state(states, held, measured)
-        self.store.set_health(states, node)
-        if self.kube is not None:
-            self.kube.set_faults(hard_faults.conditions(nc.per_fault_prefix, held))
-
-    def _xid_watched(self, seconds: float) -> None:
-        self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_watch_seconds_total", {}, seconds)
+        return xid_watch.XidWatch(source, self.xid_buffer, self.health.watched, on_sxid=self.health.sxid)
 
     def _pod_resources(self, settings):
         """The kubelet's per-GPU allocation, where the socket is configured and Kubernetes is not off."""
@@ -463,9 +397,7 @@ class Daemon:
             self.state_files.save_coverage(self.store)
         if self.xid_buffer.pending:
             self.xid_buffer.flush()
-        if name == "gpu_health":
-            self._observe_gpu_health(out)
-        self._evaluate_faults(clean=name == "gpu_health" and out.outcome == "success")
+        self.health.observe(name, out)
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)
         if out.outcome in ("success", "skipped"):
