@@ -212,7 +212,7 @@ def steady_judge(node: dict[str, list[dict[str, str]]], days: float = STEADY_DAY
     from fleetcanary.core.record import RunRecord
     from fleetcanary.judge import figures as figmod
     from fleetcanary.judge.exposition import families as judge_families
-    from fleetcanary.judge.exposition import hold_for
+    from fleetcanary.judge.freshness import hold_for
     from fleetcanary.judge.store import FigureStore
     from fleetcanary.probes import PROBES
 

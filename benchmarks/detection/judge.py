@@ -11,7 +11,7 @@ their arithmetic:
   stats.Series the statistics;
 * at every scrape while the exporter is up, ``exposition.families`` renders what the exporter would
   publish at that moment (``fleetcanary_judge_median``, ``_newest``, ``_change{baseline,
-  baseline_driver}``, ``_drift``), with the exporter's hold (``exposition.hold_for``: a series' statistics stay
+  baseline_driver}``, ``_drift``), with the exporter's hold (``freshness.hold_for``: a series' statistics stay
   published for a day after its newest run, so a GPU that is busy keeps them); the scrape adds
   ``job`` and ``node`` (``instance`` is left out, as for the other series, to keep the backfill small);
 * during an exporter outage nothing is published; the exporter restarts by building a new
@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks.detection.fleet import BW, COLL, DRIVER_NEW, DRIVER_OLD, Fleet, Node
 from fleetcanary.core.environment import UNKNOWN
 from fleetcanary.core.record import RunRecord
-from fleetcanary.judge import exposition
+from fleetcanary.judge import exposition, freshness
 from fleetcanary.judge.store import FigureStore
 
 STAT_FAMILIES = ("fleetcanary_judge_median", "fleetcanary_judge_newest", "fleetcanary_judge_change",
@@ -80,7 +80,7 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
                  "collectives": (p.coll_interval_s, p.coll_timeout_s)}
 
     def hold(probe: str) -> float:
-        return exposition.hold_for(*intervals[probe])
+        return freshness.hold_for(*intervals[probe])
 
     # the node's runs of both probes, in time order: (finish, probe, outcome, figures)
     runs = []

@@ -94,7 +94,7 @@ def parse() -> argparse.Namespace:
                          "`python alerts/build.py --settings FILE --out DIR` wrote)")
     ap.add_argument("--judge-set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="override a constant of the exporter's judge for this run (stats.MEDIAN_RUNS=7, "
-                         "exposition.HOLD_SECONDS=43200): an experiment, recorded in the JSON")
+                         "freshness.HOLD_SECONDS=43200): an experiment, recorded in the JSON")
     ap.add_argument("--judge-variant", default="", choices=("", "confirm-median3"),
                     help="an experimental change to the judge's statistics (experiments.py): confirm-median3 "
                          "takes the median of the newest 3 runs, not their best, for the change's figure")

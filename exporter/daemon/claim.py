@@ -38,6 +38,7 @@ from typing import Any
 
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim_dra, claim_inbox, phase
+from fleetcanary.daemon import due as duemod
 from fleetcanary.daemon.claim_label import TestingLabel
 from fleetcanary.daemon.scheduler import budget_window
 from fleetcanary.runner import job as jobmod
@@ -133,17 +134,13 @@ class Claimer:
         """Invasive probes a tenant has kept off this node for `after_seconds`, cheapest first: the last run
         skipped for a tenant, and no success (nor a GPU measured, nor this exporter started) since then."""
         now = self.clock() if now is None else now
-        store = self.daemon.store
+        last_measured = self.daemon.store.last_measured
+        wait = self.cfg.after_seconds * (1 + self.cfg.spread_ratio * self.phase)
 
-        def held(name, entry, st) -> bool:
-            if st is None or not st.skipped_for_tenant:
-                return False
-            if self.daemon.requests.pending_since(name) is not None:  # a POST /confirm waits on it: now
-                return True
-            measured = [ts for (_, p), ts in store.last_measured.items() if p == name]
-            wait = self.cfg.after_seconds * (1 + self.cfg.spread_ratio * self.phase)
-            return now - max([self.started, st.last_success_ts or 0.0, *measured]) >= wait
-        return self.daemon.invasive_where(held)
+        def asked(name: str) -> bool:  # a POST /confirm waits on it: now
+            return self.daemon.requests.pending_since(name) is not None
+        return duemod.cheapest_first(self.daemon.invasive_candidates(),
+                                     lambda c: duemod.held(c, now, last_measured, self.started, wait, asked))
 
     def spec(self, names: list[str]) -> dict:
         """The jobs the claim pod runs, built as the daemon builds its own (no tenant allocation: the pod's

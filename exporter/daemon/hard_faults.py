@@ -51,6 +51,9 @@ STATES = ("failed", "degraded", "unmeasured", "healthy")
 # fabric manager restart, and the exporter often starts in that window; it becomes a fault once this many
 # consecutive gpu_health runs (60 s apart by default) show it. Completed with an error is set at once.
 FABRIC_PENDING_RUNS = 3
+# gpu_health's newest success measures the node for this many of its intervals plus its timeout; after that
+# every GPU is unmeasured (no_recent_run)
+RECENT_INTERVALS = 3
 _RANK = {r: i for i, (r, _) in enumerate(REASONS)}
 _STATE = dict(REASONS)
 
@@ -214,6 +217,14 @@ class FaultTracker:
 
     def faults(self) -> list[Fault]:
         return [h["fault"] for _, h in sorted(self.held.items())]
+
+
+def recent(last_success: float | None, interval: float | None, timeout: float | None, now: float) -> bool:
+    """gpu_health measured the node recently: a success within RECENT_INTERVALS of its interval plus its timeout
+    (``measured`` below). Never without a success or a known interval."""
+    if last_success is None or not interval:
+        return False
+    return now - last_success <= RECENT_INTERVALS * interval + (timeout or 0.0)
 
 
 def gpu_states(gpus: list[str], held: list[Fault], warnings: list[Fault], measured: bool) -> dict[str, tuple]:

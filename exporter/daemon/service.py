@@ -7,7 +7,6 @@ own threads. This process never imports torch and never calls NVML.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import math
 import os
@@ -19,18 +18,19 @@ from fleetcanary.core import config as configmod
 from fleetcanary.core import environment, kube_platform, statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon import claim as claimmod
-from fleetcanary.daemon import dra, hard_faults, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import dra, phase, pod_resources, webconfig, xid_watch
+from fleetcanary.daemon import due as duemod
 from fleetcanary.daemon import kube as kubemod
 from fleetcanary.daemon import requests as requestsmod
 from fleetcanary.daemon.confirm import Confirmer
 from fleetcanary.daemon.http import MetricsServer
+from fleetcanary.daemon.node_health import NodeHealth
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
-from fleetcanary.daemon.xid_ledger import XidLedger
+from fleetcanary.daemon.state_files import StateFiles
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
-from fleetcanary.probes.lib import xids
 from fleetcanary.runner import job as jobmod
 from fleetcanary.runner.history import History, HistoryError
 from fleetcanary.runner.isolation import (
@@ -41,12 +41,9 @@ from fleetcanary.runner.isolation import (
     track_workers,
 )
 
-BUDGET_FILE = "gpu-budget.json"  # the GPU-time charges of the last day, kept across restarts
-COVERAGE_FILE = "coverage.json"   # when each GPU was last measured by each invasive probe
 OPPORTUNISTIC_DELAY_SECONDS = 2.0   # after a GPU is freed: its tenant's processes have exited by then
 
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"  # present while NVIDIA's kernel driver is loaded
-PENDING_XIDS = 256  # XIDs read before the GPU facts are known, kept until they are (the rest are dropped)
 log = logging.getLogger("fleetcanary.daemon")
 
 
@@ -68,8 +65,9 @@ class Daemon:
         self.config_path = config_path
         self.probe_map = dict(probe_map or PROBES)
         self.clock = clock or Clock()
+        self.state_files = StateFiles(settings.state_dir)  # gpu-budget.json, coverage.json
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
-        self._restore_budget()
+        self.state_files.restore_budget(self.budget)
         self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir,
                                                                                        clock=self.clock))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
@@ -77,18 +75,14 @@ class Daemon:
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
         # exporter restart must not look like a driver change to the fleet's rules).
         self.store.set_environment({**environment.collect(with_gpu=False), **self.store.judge.facts})
-        self._restore_coverage()
+        self.state_files.restore_coverage(self.store)
         self.kube = self._kube(settings)
         self.claimer = self._claimer(settings)
         self.pod_resources = self._pod_resources(settings)
-        self._xid_lock = threading.Lock()
-        self._pending_xids: list[tuple[str, int, str]] = []
-        self.xid_ledger = XidLedger(settings.xid, self.clock.monotonic)
-        nc = settings.kubernetes.node_condition
-        self.faults = hard_faults.FaultTracker(nc.clear_after_observations, nc.min_hold_seconds, self.clock.monotonic)
-        self._faults_lock = threading.Lock()
-        self._hw_faults: list[hard_faults.Fault] = []   # what the newest successful gpu_health run showed
-        self._health_gpus: list[str] = []               # the GPU indices it read
+        # hard faults at the edge: gpu_health's reads and the XIDs, held and published (daemon/node_health.py)
+        self.health = NodeHealth(self._current_settings, self.store, lambda: self.kube, self.clock.monotonic)
+        # XIDs of the watch wait here for the GPU facts (daemon/xid_watch.py), then go to the node's health
+        self.xid_buffer = xid_watch.XidBuffer(lambda: self.store.node_environment, self.health.xid)
         self.xid_watch = self._xid_watch(settings)
         if self.kube is not None:
             self._kube_changed()
@@ -106,6 +100,10 @@ class Daemon:
         self._stopping = threading.Event()
 
     # --- settings -------------------------------------------------------------
+    def _current_settings(self):
+        with self._settings_lock:
+            return self.settings
+
     @staticmethod
     def _enabled(settings) -> list[str]:
         return [n for n, e in settings.probe_entries().items() if e.enabled]
@@ -167,102 +165,7 @@ class Daemon:
             (log.error if g.xid_watch == "on" else log.info)(
                 "xid watch: %s is not readable here; watching NVML's XID events instead", source)
             source = "nvml"
-        return xid_watch.XidWatch(source, self._xid, self._xid_watched, on_sxid=self._sxid)
-
-    def _xid(self, pci: str, code: int, message: str) -> None:
-        """An Xid from the watch: its GPU by PCI bus ID (the GPU facts the workers reported). One read before
-        any worker has reported them (the reader starts with the daemon, and replays what the kernel log
-        holds) waits for them, so that its GPU label is an index like every other GPU series'."""
-        with self._xid_lock:
-            if not self._gpu_facts_known():
-                if len(self._pending_xids) < PENDING_XIDS:
-                    self._pending_xids.append((pci, code, message))
-                return
-        self._count_xid(pci, code, message)
-
-    def _gpu_facts_known(self) -> bool:
-        env = self.store.node_environment
-        return bool(env.get("gpus")) or env.get("gpu_count", environment.UNKNOWN) != environment.UNKNOWN
-
-    def _flush_pending_xids(self) -> None:
-        with self._xid_lock:
-            if not self._gpu_facts_known():
-                return
-            pending, self._pending_xids = self._pending_xids, []
-        for xid in pending:
-            self._count_xid(*xid)
-
-    def _count_xid(self, pci: str, code: int, message: str) -> None:
-        gpus = self.store.node_environment.get("gpus") or []
-        index = next((str(g.get("index")) for g in gpus if isinstance(g, dict) and g.get("pci_bus_id")
-                      and xid_watch.pci_key(str(g["pci_bus_id"])) == xid_watch.pci_key(pci)), None)
-        gpu = index if index is not None else f"pci:{pci}"
-        self._classify_xid(gpu, code, message, f" ({pci})")
-
-    def _classify_xid(self, gpu: str, code: int, message: str, where: str = "") -> None:
-        """One XID into the ledger (daemon/xid_ledger.py), its counter with the catalogue's class and severity,
-        an escalation's counter, and the node's faults evaluated again."""
-        ev, escalated = self.xid_ledger.record(gpu, code, message)
-        self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_errors_total",
-                               {"gpu": gpu, "xid": str(code), "class": ev.cls, "severity": ev.severity}, 1)
-        info = self.xid_ledger.info(code)
-        line = f"XID {code} on GPU {gpu}{where}: {ev.describe(info)} | kernel: {message[:200]}"
-        (log.warning if ev.severity in ("critical", "warning") else log.info)("%s", line)
-        if escalated:
-            self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_escalations_total",
-                                   {"gpu": gpu, "xid": str(code)}, 1)
-            log.warning("XID %d on GPU %s came from %d different processes within %.0f s: the GPU is the common "
-                        "factor", code, gpu, self.settings.xid.escalate_processes,
-                        self.settings.xid.escalate_window_seconds)
-        self._evaluate_faults(clean=False)
-
-    def _sxid(self, pci: str, code: int, message: str) -> None:
-        sev = xids.sxid_severity(message)
-        self.store.add_counter("gpu_health", "fleetcanary_nvswitch_sxid_errors_total",
-                               {"switch": xid_watch.pci_key(pci), "sxid": str(code), "severity": sev}, 1)
-        (log.warning if sev == "critical" else log.info)("NVSwitch SXid %d on %s: %s", code, pci, message[:200])
-
-    # --- hard faults at the edge (daemon/hard_faults.py) ---------------------------------------------------------
-    def _gpu_health_fresh(self) -> bool:
-        st = self.store.state.get("gpu_health")
-        interval = self.store.intervals.get("gpu_health")
-        if st is None or st.last_success_ts is None or not interval:
-            return False
-        return time.time() - st.last_success_ts <= 3 * interval + self.store.timeouts.get("gpu_health", 0.0)
-
-    def _observe_gpu_health(self, out: RunRecord) -> None:
-        """A gpu_health run: its faults (a successful one's), and the XIDs of its own NVML event wait."""
-        extra = out.result.get("extra") or {}
-        for e in extra.get("xid_events") or []:
-            if isinstance(e, dict) and "gpu" in e and "xid" in e:
-                self.xid_ledger.record(str(e["gpu"]), int(e["xid"]))
-        if out.outcome != "success":
-            return
-        expected = (out.result.get("parameters") or {}).get("expected_gpus")
-        with self._faults_lock:
-            self._hw_faults = hard_faults.from_gpu_health(extra, expected if isinstance(expected, int) else None)
-            self._health_gpus = [str(g.get("index")) for g in extra.get("gpus") or [] if isinstance(g, dict)]
-
-    def _evaluate_faults(self, clean: bool) -> None:
-        """The node's hard faults now: held with hysteresis, published as health states and, with
-        node_condition.per_fault, as node conditions. ``clean``: a gpu_health observation (counts toward
-        clearing); an XID between runs only sets."""
-        with self._settings_lock:
-            nc = self.settings.kubernetes.node_condition
-        measured = self._gpu_health_fresh()
-        with self._faults_lock:
-            self.faults.clear_after, self.faults.min_hold = nc.clear_after_observations, nc.min_hold_seconds
-            xid_faults = hard_faults.from_xids(self.xid_ledger.recent(), self.xid_ledger.info)
-            held = self.faults.observe(self._hw_faults + xid_faults, clean_observation=clean)
-            gpus = sorted(set(self._health_gpus) | {f.gpu for f in held + xid_faults if f.gpu.isdigit()}, key=int)
-            states = hard_faults.gpu_states(gpus, held, [f for f in xid_faults if not f.kind], measured)
-            node = hard_faults.node_state(states, held, measured)
-        self.store.set_health(states, node)
-        if self.kube is not None:
-            self.kube.set_faults(hard_faults.conditions(nc.per_fault_prefix, held))
-
-    def _xid_watched(self, seconds: float) -> None:
-        self.store.add_counter("gpu_health", "fleetcanary_gpu_xid_watch_seconds_total", {}, seconds)
+        return xid_watch.XidWatch(source, self.xid_buffer, self.health.watched, on_sxid=self.health.sxid)
 
     def _pod_resources(self, settings):
         """The kubelet's per-GPU allocation, where the socket is configured and Kubernetes is not off."""
@@ -299,33 +202,29 @@ class Daemon:
                    if isinstance(g, dict) and "index" in g and g.get("uuid")}
         return {by_uuid[d.split("::", 1)[0]] for d in devices if d.split("::", 1)[0] in by_uuid}
 
-    def invasive_where(self, due) -> list[str]:
-        """The enabled invasive GPU probes for which ``due(name, entry, state)`` holds, cheapest first (their
-        expected GPU seconds a run)."""
+    def invasive_candidates(self) -> list[duemod.Candidate]:
+        """The enabled invasive GPU probes as daemon/due.py's rules see them: interval, expected GPU seconds a run
+        (the order), coverage, newest success and whether the newest run skipped for a tenant."""
         with self._settings_lock:
             entries = self.settings.probe_entries()
             enabled = self._enabled(self.settings)
         out = []
         for name in enabled:
-            entry = entries[name]
-            if self.probe_map[name].exclusive == "gpu" and due(name, entry, self.store.state.get(name)):
-                out.append((getattr(entry.params, "expected_gpu_seconds", entry.timeout_seconds), name))
-        return [n for _, n in sorted(out)]
+            cls, entry = self.probe_map[name], entries[name]
+            if cls.exclusive != "gpu":
+                continue
+            st = self.store.state.get(name)
+            out.append(duemod.Candidate(name, entry.interval_seconds,
+                                        getattr(entry.params, "expected_gpu_seconds", entry.timeout_seconds),
+                                        per_gpu=cls.coverage == "gpu",
+                                        last_success=st.last_success_ts if st else None,
+                                        skipped_for_tenant=st is not None and st.skipped_for_tenant))
+        return out
 
     def due_invasive(self, now: float | None = None, freed: set[str] | None = None) -> list[str]:
-        """Invasive GPU probes that are due, shortest first (their GPU seconds per run): the last run skipped for
-        a tenant (gpu_allocated, gpu_busy), no success within the interval, or (``freed``: GPU indices a pod
-        just let go of) a freed GPU the probe has not measured within its interval (its runs measured the
-        others while a tenant held it)."""
+        """Invasive GPU probes that are due, shortest first (their GPU seconds per run): daemon/due.py."""
         now = time.time() if now is None else now
-
-        def due(name, entry, st) -> bool:
-            ok_at = st.last_success_ts if st else None
-            stale = ok_at is None or now - ok_at >= entry.interval_seconds
-            unmeasured = bool(freed) and self.probe_map[name].coverage == "gpu" and any(
-                now - self.store.last_measured.get((g, name), 0.0) >= entry.interval_seconds for g in freed)
-            return (st is not None and st.skipped_for_tenant) or stale or unmeasured
-        return self.invasive_where(due)
+        return duemod.due(self.invasive_candidates(), now, self.store.last_measured, freed)
 
     def run_opportunistic(self, freed: set[str] | None = None) -> list[str]:
         """Queue one run of each due invasive probe within seconds, shortest first (staggered a second apart;
@@ -368,46 +267,8 @@ class Daemon:
         self.scheduler.aligned = {n for n in jobs if getattr(self.probe_map[n], "slot_aligned", False)}
         return jobs
 
-    def _read_state(self, name: str, what: str, lost: str) -> list:
-        """A JSON list the daemon keeps in its state directory; [] when absent or set aside (core/statefile:
-        counted in fleetcanary_state_errors_total, one line). Never raises."""
-        data = statefile.read_json(os.path.join(self.settings.state_dir, name), name, f"{what}: {lost}", expect=list)
-        return data if data is not None else []
-
-    def _dropper(self, name: str, what: str):
-        """drop(kind, detail) for a restore: each entry refused is counted; one line for the file."""
-        seen = [0]
-
-        def drop(kind: str, detail: str) -> None:
-            statefile.ERRORS.count(name, kind)
-            seen[0] += 1
-            if seen[0] == 1:
-                log.warning("state %s: %s set aside (%s: %s; more are counted, not logged); %s",
-                            name, what, kind, detail, "the rest is restored")
-        return drop
-
-    def _keep_state(self, name: str, what: str, data: list) -> None:
-        path = os.path.join(self.settings.state_dir, name)
-        try:
-            statefile.write_atomic(path, json.dumps(data, allow_nan=False))
-        except (OSError, ValueError) as e:
-            log.warning("%s: cannot keep it in %s: %s", what, path, getattr(e, "strerror", None) or e)
-
-    def _restore_budget(self) -> None:
-        charges = self._read_state(BUDGET_FILE, "GPU budget", "starting from nothing spent")
-        kept = self.budget.restore(charges, time.time(), drop=self._dropper(BUDGET_FILE, "a GPU budget charge"))
-        log.info("GPU budget: %d charges of the last day restored", kept)
-
     def _save_budget(self) -> None:
-        self._keep_state(BUDGET_FILE, "GPU budget", self.budget.dump(time.time()))
-
-    def _restore_coverage(self) -> None:
-        self.store.restore_coverage(self._read_state(COVERAGE_FILE, "coverage",
-                                                     "every GPU counts as unmeasured until its next run"),
-                                    drop=self._dropper(COVERAGE_FILE, "a coverage entry"))
-
-    def _save_coverage(self) -> None:
-        self._keep_state(COVERAGE_FILE, "coverage", self.store.dump_coverage())
+        self.state_files.save_budget(self.budget)
 
     def first_delays(self, jobs: dict, now: float | None = None) -> dict[str, float | None]:
         """Invasive GPU probes start at the node's slot of their interval (daemon/phase.py: no herd after a
@@ -441,6 +302,7 @@ class Daemon:
             if new.server.listen_address != self.settings.server.listen_address:
                 log.warning("server.listen_address changed; it takes effect at the next restart")
             self.settings = new
+            self.state_files.dir = new.state_dir
             self.budget.ratio = new.gpu.budget_ratio
             if self.kube is not None:
                 self.kube.cfg = new.kubernetes
@@ -532,12 +394,10 @@ class Daemon:
         measured = self.store.apply(out)
         counted.append(True)  # the metrics have the run: a later failure must not count it again
         if measured:  # it measured GPUs: the coverage kept across restarts moved
-            self._save_coverage()
-        if self._pending_xids:
-            self._flush_pending_xids()
-        if name == "gpu_health":
-            self._observe_gpu_health(out)
-        self._evaluate_faults(clean=name == "gpu_health" and out.outcome == "success")
+            self.state_files.save_coverage(self.store)
+        if self.xid_buffer.pending:
+            self.xid_buffer.flush()
+        self.health.observe(name, out)
         if self.kube is not None:
             self.kube.observe(name, out.outcome, out.detail)
         if out.outcome in ("success", "skipped"):

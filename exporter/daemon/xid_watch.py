@@ -10,6 +10,10 @@ severity} (the counter gpu_health feeds, so the alerts read both); NVSwitch SXid
 fleetcanary_nvswitch_sxid_errors_total, and adds the seconds it watched to
 fleetcanary_gpu_xid_watch_seconds_total, whose rate is the watched share of time. A reader that dies is
 restarted with a backoff, and goes on after the last record it read.
+
+The reader starts with the daemon and replays what the kernel log holds, often before any worker has reported
+the GPU facts: XidBuffer holds those XIDs (up to PENDING_XIDS) until the facts are known, so that every XID's
+gpu label is an index like every other GPU series', and hands each on once.
 """
 from __future__ import annotations
 
@@ -20,11 +24,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from fleetcanary.core import environment as envmod
 
 log = logging.getLogger("fleetcanary.xid_watch")
 BACKOFF = (1.0, 30.0)   # seconds before a restart: doubling from the first to the second
 FLUSH_SECONDS = 15.0     # watched seconds are added to the counter this often
 UNAVAILABLE = 3          # the reader's exit status when its source cannot work here (xid_reader.UNAVAILABLE)
+PENDING_XIDS = 256  # XIDs read before the GPU facts are known, kept until they are (the rest are dropped)
 
 
 def pci_key(bus_id: str) -> str:
@@ -34,6 +42,53 @@ def pci_key(bus_id: str) -> str:
     if len(parts) != 3:
         return b
     return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+
+
+def facts_known(environment: dict[str, Any]) -> bool:
+    """The node's environment record (the workers' GPU facts) says which GPUs the node has."""
+    return bool(environment.get("gpus")) or environment.get("gpu_count", envmod.UNKNOWN) != envmod.UNKNOWN
+
+
+def gpu_of(pci: str, environment: dict[str, Any]) -> str:
+    """An Xid's gpu label: the index of the GPU at that PCI bus ID in the node's GPU facts, or "pci:<id>"."""
+    gpus = environment.get("gpus") or []
+    index = next((str(g.get("index")) for g in gpus if isinstance(g, dict) and g.get("pci_bus_id")
+                  and pci_key(str(g["pci_bus_id"])) == pci_key(pci)), None)
+    return index if index is not None else f"pci:{pci}"
+
+
+class XidBuffer:
+    """The watch's on_xid: an Xid by PCI bus ID, passed to ``count(gpu, code, message, where)`` with its GPU
+    index (``environment()``: the node's environment record). One read before the GPU facts are known waits
+    in the buffer (PENDING_XIDS at most; the rest are dropped) until ``flush`` finds them known."""
+
+    def __init__(self, environment: Callable[[], dict[str, Any]], count: Callable[[str, int, str, str], None],
+                 limit: int = PENDING_XIDS) -> None:
+        self.environment = environment
+        self.count = count
+        self.limit = limit
+        self.pending: list[tuple[str, int, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, pci: str, code: int, message: str) -> None:
+        with self._lock:
+            if not facts_known(self.environment()):
+                if len(self.pending) < self.limit:
+                    self.pending.append((pci, code, message))
+                return
+        self._count(pci, code, message)
+
+    def flush(self) -> None:
+        """Count what waits, once the GPU facts are known (each once)."""
+        with self._lock:
+            if not facts_known(self.environment()):
+                return
+            pending, self.pending = self.pending, []
+        for xid in pending:
+            self._count(*xid)
+
+    def _count(self, pci: str, code: int, message: str) -> None:
+        self.count(gpu_of(pci, self.environment()), code, message, f" ({pci})")
 
 
 class XidWatch:

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fleetcanary.judge import figures as figmod
+from fleetcanary.judge import freshness
 from fleetcanary.judge import stats as statsmod
 from fleetcanary.judge.store import FigureStore
 
-HOLD_SECONDS = 86400.0  # statistics stay published this long after the series' newest run
 LABELS = ["figure", "series", "gpu", "pool", "model", "driver_version"]
 BURN_RUNS = statsmod.median_runs(figmod.BY_KEY["gpu_sustained_ratio"])  # the daily burn's median
 QUIET = (f"{statsmod.QUIET_MEDIAN_RUNS} for a quiet series: one whose run-to-run noise, measured over its complete "
@@ -63,14 +63,11 @@ METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 _HELP = {m[0]: m[2] for m in METRICS}
 
 
-def hold_for(interval: float | None, timeout: float | None) -> float:
-    return max(HOLD_SECONDS, 1.5 * (interval or 0.0) + (timeout or 0.0))
-
-
 def families(store: FigureStore, node_labels: dict[str, str], now: float,
              hold: Callable[[str], float], fresh: Callable[[str], float] | None = None) -> Iterator:
     """hold(probe): how long a series' statistics stay published after its newest run; fresh(probe): how
-    long its newest run counts as fresh (after that, until the hold ends, the series is "held")."""
+    long its newest run counts as fresh (after that, until the hold ends, the series is "held"; the rules:
+    judge/freshness.py)."""
     pool = node_labels.get("pool", "")
     med = GaugeMetricFamily("fleetcanary_judge_median", HELP["median"], labels=LABELS)
     new = GaugeMetricFamily("fleetcanary_judge_newest", HELP["newest"], labels=LABELS)
@@ -80,11 +77,8 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
     states: dict[tuple[str, str], int] = {}
     for (figure, series, gpu), st, model in sorted(store.snapshot(), key=lambda x: x[0]):
         fig = figmod.BY_KEY[figure]
-        state = st.state
-        if now - st.last > hold(fig.probe):
-            state = "stale"
-        elif fresh is not None and now - st.last > fresh(fig.probe):
-            state = "held"
+        state = freshness.series_state(st.state, now - st.last, hold(fig.probe),
+                                       fresh(fig.probe) if fresh is not None else float("inf"))
         states[(figure, state)] = states.get((figure, state), 0) + 1
         if state == "stale":
             continue

@@ -94,6 +94,15 @@ def test_an_xid_sets_the_hardware_condition_with_its_class_and_first_action_and_
     assert hard_faults.from_xids(ledger.recent(), ledger.info) == []
 
 
+def test_gpu_health_measures_the_node_for_three_intervals_plus_its_timeout():
+    assert hard_faults.RECENT_INTERVALS == 3
+    assert hard_faults.recent(1000.0, 60.0, 30.0, now=1000.0 + 210.0)
+    assert not hard_faults.recent(1000.0, 60.0, 30.0, now=1000.0 + 210.5)
+    assert hard_faults.recent(1000.0, 60.0, None, now=1180.0) and not hard_faults.recent(1000.0, 60.0, None, 1181.0)
+    assert not hard_faults.recent(None, 60.0, 30.0, now=1000.0)     # never succeeded
+    assert not hard_faults.recent(1000.0, None, 30.0, now=1000.0)   # no interval: off, or not known yet
+
+
 def test_escalation_needs_distinct_processes_within_the_window_and_honours_overrides():
     from fleetcanary.core import config as configmod
 

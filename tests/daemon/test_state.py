@@ -93,7 +93,7 @@ def test_a_failed_run_publishes_the_evidence_it_carries():
 def test_figures_stop_being_exported_once_older_than_the_freshness_bound():
     """A skipped run keeps the last figures only for FRESH_INTERVALS x the interval; after that the
     series leave the exposition (Prometheus marks them stale), while counters and timestamps stay."""
-    from fleetcanary.daemon.state import FRESH_INTERVALS
+    from fleetcanary.judge.freshness import FRESH_INTERVALS
 
     probes = {"ok": FAULT_PROBES["ok"]}
     store = ResultStore(probes, ["ok"])

@@ -87,6 +87,31 @@ def test_the_watcher_catches_every_xid_exactly_once_across_restarts(tmp_path, se
     assert sum(watched) > 0
 
 
+def test_xids_read_before_the_gpu_facts_wait_in_the_buffer_and_are_counted_once_by_index():
+    env: dict = {"gpu_count": "unknown"}
+    counted: list[tuple[str, int, str, str]] = []
+    buf = xid_watch.XidBuffer(lambda: env, lambda *a: counted.append(a), limit=3)
+    for code in (79, 48, 13, 94):                      # the fourth is past the limit: dropped
+        buf("0000:18:00", code, f"Xid {code}")
+    buf.flush()
+    assert counted == [] and len(buf.pending) == 3     # no facts yet: nothing counted, nothing lost
+    env = {"gpus": GPUS}
+    buf.flush()
+    buf.flush()
+    assert [(g, c) for g, c, _, _ in counted] == [("0", 79), ("0", 48), ("0", 13)] and buf.pending == []
+    assert counted[0][3] == " (0000:18:00)"
+    buf("0000:99:00", 63, "Xid 63")                     # facts known: at once; a PCI ID no GPU has keeps it
+    assert counted[-1][:2] == ("pci:0000:99:00", 63)
+
+
+def test_an_xid_bus_id_maps_to_its_gpu_index_in_either_form():
+    env = {"gpus": GPUS}
+    nvml = GPUS[3]["pci_bus_id"]                       # "00000000:xx:00.0" as NVML writes it
+    assert xid_watch.gpu_of(nvml, env) == "3"
+    assert xid_watch.gpu_of(xid_watch.pci_key(nvml), env) == "3"   # the kernel log's "0000:xx:00"
+    assert not xid_watch.facts_known({}) and xid_watch.facts_known({"gpu_count": 0})
+
+
 def test_the_daemon_counts_critical_xids_per_gpu_and_its_watched_time(tmp_path):
     log = tmp_path / "kmsg.log"
     log.write_text("")

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from fleetcanary.core.record import RunRecord
-from fleetcanary.judge.exposition import families, hold_for
+from fleetcanary.judge.exposition import families
+from fleetcanary.judge.freshness import hold_for
 from fleetcanary.judge.stats import DAY
 from fleetcanary.judge.store import FILENAME, RETAIN_DAYS, FigureStore
 

@@ -333,16 +333,41 @@ def test_a_judge_directory_planted_as_a_link_is_never_written_through(tmp_path):
     assert statefile.ERRORS.snapshot().get(("judge/figures.jsonl", "symlink")) == 1
 
 
+def test_the_budget_and_the_coverage_come_back_from_their_files_and_a_failed_write_is_one_line(tmp_path, caplog):
+    """daemon/state_files.py: what one process keeps, the next restores; a write that fails is one line and
+    nothing else (the daemon goes on with what it holds in memory)."""
+    from fleetcanary.daemon.state_files import BUDGET_FILE, COVERAGE_FILE, StateFiles
+
+
+    files = StateFiles(str(tmp_path))
+    budget, store = GpuBudget(0.1), ResultStore(PROBES, ["gpu_bandwidth"])
+    budget.add("0", 12.5, window=3600.0, probe="gpu_bandwidth")
+    store.apply(RunRecord("gpu_bandwidth", "success", started_at=time.time() - 30, wall_seconds=20,
+                          result={"gpu_seconds": {"0": 12.5, "3": 12.5}}))
+    files.save_budget(budget)
+    files.save_coverage(store)
+    assert [c[0] for c in json.loads((tmp_path / BUDGET_FILE).read_text())] == ["0"]
+    assert sorted(g for g, _, _ in json.loads((tmp_path / COVERAGE_FILE).read_text())) == ["0", "3"]
+    again_budget, again = GpuBudget(0.1), ResultStore(PROBES, ["gpu_bandwidth"])
+    files.restore_budget(again_budget)
+    files.restore_coverage(again)
+    assert again_budget.left(window=3600.0)["0"] == pytest.approx(360.0 - 12.5)
+    assert again.last_measured == store.last_measured and set(again.last_measured) == {("0", "gpu_bandwidth"),
+                                                                                          ("3", "gpu_bandwidth")}
+    files.dir = str(tmp_path / "absent")  # a directory that is not there: the write fails
+    with caplog.at_level("WARNING", logger="fleetcanary.daemon"):
+        files.save_coverage(store)
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["coverage"]
+    assert statefile.ERRORS.snapshot() == {}
+
+
 @pytest.mark.parametrize("name", ["gpu-budget.json", "coverage.json"])
 def test_a_state_file_of_the_wrong_type_is_dropped_with_one_line_and_counted(tmp_path, caplog, name):
     """Before: an object where a list belongs was dropped without a word."""
-    from types import SimpleNamespace
-
-    from fleetcanary.daemon.service import Daemon as InProcess
+    from fleetcanary.daemon.state_files import StateFiles
     (tmp_path / name).write_text('{"0": [1, 2, 3]}')
-    fake = SimpleNamespace(settings=SimpleNamespace(state_dir=str(tmp_path)))
     with caplog.at_level("INFO"):
-        assert InProcess._read_state(fake, name, "what", "starting from nothing") == []
+        assert StateFiles(str(tmp_path)).read(name, "what", "starting from nothing") == []
     lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]
     assert len(lines) == 1 and "wrong_shape" in lines[0], lines
     assert statefile.ERRORS.snapshot() == {(name, "wrong_shape"): 1}
