@@ -36,7 +36,7 @@ the duty cycle at the default schedule.
 Loopback only (the inference canary probes the built-in reference server, storage a temp
 directory). Prints tables and writes benchmarks/results/overhead.json.
 
-    python benchmarks/overhead.py [--runs 3] [--idle 30] [--busy 30] [--gpu-budget-only]
+    python -m benchmarks.overhead [--runs 3] [--idle 30] [--busy 30] [--gpu-budget-only]
                                   [--cuda-context-mib 600] [--gpus 8] [--no-cgroup]
 """
 from __future__ import annotations
@@ -53,15 +53,14 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-
-from benchmarks.common import free_port, get, proc_stats, write_result
+from benchmarks.common import get, proc_stats, write_result
 from fleetcanary.core import config as configmod
 from fleetcanary.daemon.scheduler import budget_window
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from fleetcanary.probes import PROBES
 from fleetcanary.runner import job
 from fleetcanary.runner.isolation import become_subreaper, run_isolated
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

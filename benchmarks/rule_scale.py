@@ -35,9 +35,9 @@ head series and memory, on a real Prometheus evaluating the shipped rule files l
 Loopback only. Prints a per-group table and the before (v2: benchmarks/results/rule_scale-200.json)
 and after table, writes benchmarks/results/rule_scale-v3-<nodes>-<state>[-sharded<N>].json.
 
-    python benchmarks/rule_scale.py --nodes 100 --state fresh --cycles 1   # a few minutes
-    python benchmarks/rule_scale.py --nodes 1000 --state steady             # ~40 min
-    python benchmarks/rule_scale.py --table                                 # the tables from the JSON on disk
+    python -m benchmarks.rule_scale --nodes 100 --state fresh --cycles 1   # a few minutes
+    python -m benchmarks.rule_scale --nodes 1000 --state steady             # ~40 min
+    python -m benchmarks.rule_scale --table                                 # the tables from the JSON on disk
 """
 from __future__ import annotations
 
@@ -63,9 +63,10 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-from alerts.backfill import binary, create_blocks
-from benchmarks.common import free_port, proc_stats, wait_http, write_result
+from benchmarks.common import proc_stats, write_result
+from harness.backfill import binary, create_blocks
+from harness.poll import wait_http
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks/results"
@@ -255,7 +256,7 @@ def budget() -> dict:
     """The series budget's per-family counts of one 8-GPU node (benchmarks/series_budget.py's result)."""
     if not BUDGET_JSON.exists():
         raise SystemExit(f"rule_scale: {BUDGET_JSON.relative_to(ROOT)} is missing; run "
-                         "python benchmarks/series_budget.py first")
+                         "python -m benchmarks.series_budget first")
     data = json.loads(BUDGET_JSON.read_text())
     return {"file": str(BUDGET_JSON.relative_to(ROOT)), "series_without_judge": data["series_without_judge"],
             "judge_series_on_the_cpu_run": data.get("judge_series"),

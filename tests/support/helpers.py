@@ -1,21 +1,16 @@
-"""Test helpers: polling with a deadline, free ports, required binaries, HTTP."""
+"""Test helpers: required binaries (a skip, or a failure under CI=true), HTTP, probe jobs; polling with a
+deadline and free ports are harness/'s, re-exported here."""
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import urllib.request
 from typing import NoReturn
 
 import pytest
 
 from harness.poll import StopWaiting, wait_for  # noqa: F401 - the tests' way to wait, shared with benchmarks/
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness.ports import free_port  # noqa: F401 - the tests' free port, shared with benchmarks/
 
 
 def require_binary(name: str) -> str:
@@ -79,22 +74,6 @@ def pid_alive(pid: int) -> bool:
         return state not in ("Z", "X")
     except (OSError, IndexError):
         return False
-
-
-def load_script(path, name: str):
-    """Import a script (alerts/build.py, dashboards/build.py, ...) under its own module name: several are
-    called build.py, and a plain `import build` would hand every test the first one imported."""
-    import importlib.machinery
-    import importlib.util
-    import sys
-
-    # An explicit loader: scripts/ holds executables without a .py suffix.
-    spec = importlib.util.spec_from_file_location(name, str(path),
-                                                  loader=importlib.machinery.SourceFileLoader(name, str(path)))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def probe_ctx(state_dir, node_name: str = "t") -> dict:
