@@ -64,16 +64,18 @@ from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The probes this benchmark gives a loopback target or a CPU path (probe_config below): they run in the busy window.
 CPU_PROBES = ("host_memory_bandwidth", "storage", "collectives", "inference")
-# The other probes enabled by default: they run here too (skipping where their hardware or targets are
-# missing), and count in the duty cycle and the concurrent worker set.
-OTHER_PROBES = ("nic_health", "object_storage", "gpu_health", "gpu_bandwidth", "gpu_p2p", "gpu_compute",
-                "gpu_sustained", "train_step")
+# The other probes the map (fleetcanary.probes.PROBES) enables by default: they run here too (skipping where their
+# hardware or targets are missing), and count in the duty cycle and the concurrent worker set. Read from the map,
+# so a new probe is measured without a line here.
+OTHER_PROBES = tuple(n for n, cls in PROBES.items() if cls.default_enabled and n not in CPU_PROBES)
 SAMPLE_SECONDS = 0.05
 MiB = 2**20
-# GPU probes that create a CUDA context on a GPU node, and in how many processes (None: one per GPU).
-CUDA_CONTEXTS = {"gpu_bandwidth": 1, "gpu_p2p": 1, "gpu_compute": 1, "gpu_sustained": 1, "train_step": 1,
-                 "collectives": None}
+# GPU probes that create a CUDA context on a GPU node, and in how many processes, from their config models: a
+# `device` (cuda or cpu) is one process with a context; `cpu_ranks` (a rank program) is one rank per GPU (None).
+CUDA_CONTEXTS = {n: None if "cpu_ranks" in cls.Config.model_fields else 1 for n, cls in PROBES.items()
+                 if {"device", "cpu_ranks"} & set(cls.Config.model_fields)}
 
 
 # ---------------------------------------------------------------------- memory of a process tree
