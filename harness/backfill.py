@@ -20,17 +20,11 @@ from pathlib import Path
 import yaml
 
 from harness.ports import free_port
+from harness.prometheus import binary
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts/fleetcanary.rules.yml"
 RECORD_NAME = re.compile(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+")
-
-
-def binary(name: str) -> str:
-    path = shutil.which(name)
-    if not path:
-        raise RuntimeError(f"{name} is not installed (apt-get install prometheus)")
-    return path
 
 
 PROMTOOL_BLOCK_S = 7200  # promtool's block duration for `create-blocks-from rules`

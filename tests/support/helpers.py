@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import urllib.request
 from typing import NoReturn
 
 import pytest
 
+from harness.http import http_get  # noqa: F401 - the tests' HTTP GET, shared with harness's servers
 from harness.poll import StopWaiting, wait_for  # noqa: F401 - the tests' way to wait, shared with benchmarks/
 from harness.ports import free_port  # noqa: F401 - the tests' free port, shared with benchmarks/
 
@@ -41,18 +41,6 @@ def unavailable(msg: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(msg, pytrace=False)
     pytest.skip(msg, allow_module_level=True)
-
-
-def http_get(url: str, timeout: float = 10.0, headers: dict | None = None,
-             context=None) -> tuple[int, dict, bytes]:
-    """(status, headers, body) of a GET; an HTTP error status is returned, not raised. ``context``: an
-    ssl.SSLContext for https."""
-    req = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 def metric_value(text: str, name: str, **labels) -> float | None:
