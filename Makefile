@@ -98,9 +98,9 @@ soak: $(STAMP) os-deps
 	FLEETCANARY_SOAK=full $(PY) -m pytest -q -m slow tests/reliability
 
 bench: $(STAMP) os-deps
-	$(PY) benchmarks/scrape.py
-	$(PY) benchmarks/scrape.py --connections 200 --duration 60 --probes --out benchmarks/results/scrape-200.json
-	$(PY) benchmarks/overhead.py
+	$(PY) -m benchmarks.scrape
+	$(PY) -m benchmarks.scrape --connections 200 --duration 60 --probes --out benchmarks/results/scrape-200.json
+	$(PY) -m benchmarks.overhead
 
 # Every generated file, in dependency order (scripts/generate); tests/test_generated.py fails when one is stale.
 generate: $(STAMP)
@@ -124,7 +124,7 @@ image-lock: $(STAMP)
 
 # Build time, sizes and start-to-first-scrape of each flavour -> benchmarks/results/image.json
 bench-image: $(STAMP) os-deps
-	$(PY) benchmarks/image.py $(foreach f,$(FLAVOURS),--flavour $(f))
+	$(PY) -m benchmarks.image $(foreach f,$(FLAVOURS),--flavour $(f))
 
 # A simulated fleet with one failing GPU, Prometheus with the rules, Alertmanager (docs/demo.md); Ctrl-C stops it.
 demo: $(STAMP) os-deps

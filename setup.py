@@ -4,7 +4,7 @@
    FLEETCANARY_GIT_COMMIT when set (the image build passes it), else `git rev-parse HEAD` of
    this checkout, else (building from an sdist) the file the sdist already carries.
 2. The rules and dashboards packages ship their data only: the generator scripts beside
-   the data (dashboards/*.dashboard.py, alerts/build_tests.py, ...) are development tools. The rule
+   the data (dashboards/boards/*.py, alerts/build_tests.py, ...) are development tools. The rule
    generator alerts/build.py (with rules_*.py, matchers.py and prometheusrule.py) ships, for `fleetcanary rules`.
 """
 import json

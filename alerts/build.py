@@ -15,7 +15,7 @@ no joins and no time windows over raw runs:
   path (the newest runs far below the peers), the own-history paths (regression, drift, the drop
   after a driver change) and the hard failures.
 
-Settings: SETTINGS below, overridden by a YAML file (`python alerts/build.py --settings FILE
+Settings: SETTINGS below, overridden by a YAML file (`python -m alerts.build --settings FILE
 --out DIR`, or `fleetcanary rules --settings FILE --out DIR` from an installed package, no
 repository needed): label matchers added to every selector (job, cluster), extra labels peers
 share, thresholds per figure, the runbook URL pattern, the evaluation interval, and pools that get
@@ -45,19 +45,12 @@ from pathlib import Path
 
 import yaml
 
-try:  # installed: fleetcanary.rules; run as a script from a checkout: the modules beside this file
-    from fleetcanary.rules import matchers, prometheusrule, rules_coverage, rules_fabric, rules_nic
-except ImportError:  # pragma: no cover - a checkout without the editable install
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import matchers
-    import prometheusrule
-    import rules_coverage
-    import rules_fabric
-    import rules_nic
-
 from fleetcanary.judge import figures as judged
 from fleetcanary.judge import stats as judge_stats
 from fleetcanary.probes.inference import TTFT_BUCKETS
+
+# installed: fleetcanary.rules; in a checkout: `python -m alerts.build`, the modules beside this file either way
+from . import matchers, prometheusrule, rules_coverage, rules_fabric, rules_nic
 
 HERE = Path(__file__).resolve().parent
 RATIO = 'printf "%.3f"'  # template format of a ratio (change): 0.943, not humanize's 943m
@@ -879,7 +872,7 @@ def promtool_check(texts: dict[str, str], promtool: str) -> str | None:
 
 
 def main(args: argparse.Namespace | list[str] | None = None) -> int:
-    """`python alerts/build.py [--settings FILE] [--out DIR]`, or `fleetcanary rules ...` when installed."""
+    """`python -m alerts.build [--settings FILE] [--out DIR]`, or `fleetcanary rules ...` when installed."""
     if not isinstance(args, argparse.Namespace):
         ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
         add_arguments(ap)
@@ -917,8 +910,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         print(f"fleetcanary rules: cannot write to {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if checkout and fmt == "rules" and out.resolve() == HERE.resolve() and not args.settings:
-        sys.path.insert(0, str(HERE))
-        import runbooks
+        from . import runbooks
 
         (HERE.parent / "docs/runbooks.md").write_text(runbooks.markdown(build()[1], FIGURES))
         print("wrote docs/runbooks.md")

@@ -32,7 +32,6 @@ files. The hard failures have hand-written cases at the end.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import re
@@ -43,15 +42,9 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-# Loaded by path under its own name: other scripts in this repository are called build.py too.
-_spec = importlib.util.spec_from_file_location("fleetcanary_alerts_build", Path(__file__).resolve().parent / "build.py")
-build = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
-if _spec.name not in sys.modules:
-    sys.modules[_spec.name] = build
-    _spec.loader.exec_module(build)
+from fleetcanary.judge import figures as judged
 
-from fleetcanary.judge import figures as judged  # noqa: E402 - after the build module, as the tests load it
+from . import build
 
 HERE = Path(__file__).resolve().parent
 STEP = 5  # minutes between samples and between evaluations in the figure files

@@ -333,12 +333,7 @@ def driver_text(title: str, key: str, lower: bool = False) -> tuple[str, str, st
 
 
 def _texts(name: str, labels: dict, figures: dict):
-    try:
-        from fleetcanary.rules import rules_coverage, rules_fabric, rules_nic
-    except ImportError:  # pragma: no cover - a checkout without the editable install
-        import rules_coverage
-        import rules_fabric
-        import rules_nic
+    from . import rules_coverage, rules_fabric, rules_nic
 
     if name in HARD:
         return HARD[name]

@@ -12,13 +12,12 @@ requests; each is matched to the server's record by response id:
 Targets here: p99 TTFT error <= 2 ms, p99 ITL error <= 0.5 ms.
 Writes benchmarks/results/canary_accuracy.json.
 
-    python benchmarks/canary_accuracy.py [--requests 300] [--concurrency 4] [--ttft-ms 50] [--itl-ms 10] [--tokens 32]
+    python -m benchmarks.canary_accuracy [--requests 300] [--concurrency 4] [--ttft-ms 50] [--itl-ms 10] [--tokens 32]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,9 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-
 from fleetcanary.probes.lib import llm_client
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,9 +48,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/canary_accuracy.json"))
     args = ap.parse_args()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     sim = subprocess.Popen([sys.executable, "-m", "fleetcanary", "simulate-llm", "--listen", f"127.0.0.1:{port}",
                             "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms), "--jitter-ms",
                             str(args.jitter_ms), "--batch-size", "1000"], cwd=ROOT, stdout=subprocess.PIPE,

@@ -8,7 +8,7 @@ Two ways, on a real daemon (no probes run, no Kubernetes) with a real state dire
   and the budget file written once), so N records cost O(N).
 Each record charges 8 GPUs. Prints a table and writes benchmarks/results/claim_flood.json.
 
-    python benchmarks/claim_flood.py [--sizes 500,1000,2000,4000] [--modes per_record,batch]
+    python -m benchmarks.claim_flood [--sizes 500,1000,2000,4000] [--modes per_record,batch]
 """
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-
 import yaml
 
-from benchmarks.common import free_port, write_result
+from benchmarks.common import write_result
 from fleetcanary.core import config as configmod
 from fleetcanary.core.record import RunRecord
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "bench-node"

@@ -4,7 +4,7 @@ plus the sweep's total wall time and GPU time. Runs the probe through `fleetcana
 once` (a real worker, real ranks): NCCL with one rank per GPU where GPUs exist, gloo
 with CPU ranks elsewhere. Writes benchmarks/results/collectives.json.
 
-    python benchmarks/collectives.py [--backend auto|gloo|nccl] [--ranks 4] [--min-gpus 1]
+    python -m benchmarks.collectives [--backend auto|gloo|nccl] [--ranks 4] [--min-gpus 1]
 """
 from __future__ import annotations
 

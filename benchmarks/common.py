@@ -1,37 +1,17 @@
-"""What the benchmark scripts share: loopback ports, plain HTTP gets, a process's CPU and RSS from
-/proc, and writing the JSON result beside the printed table."""
+"""What only the benchmarks share: plain HTTP gets, a process's CPU and RSS from /proc, and writing the
+JSON result beside the printed table. Ports, polling with a deadline, servers and backfill are harness/'s
+(the one library of tests and benchmarks)."""
 from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 import urllib.request
 from pathlib import Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read()
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"benchmark: {url} did not come up within {timeout}s")
 
 
 def proc_stats(pid: int) -> tuple[float, int]:

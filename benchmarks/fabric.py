@@ -24,7 +24,7 @@ TCP before and after each probe run (the reference is their mean), so two measur
 share the CPU. Prints tables and writes benchmarks/results/fabric.json. Needs root and
 iproute2 (ip, tc).
 
-    python benchmarks/fabric.py [--nodes 4] [--rate-mbit 200] [--seconds 3] [--rounds 3]
+    python -m benchmarks.fabric [--nodes 4] [--rate-mbit 200] [--seconds 3] [--rounds 3]
                                 [--message-bytes 16777216] [--tcp-only]
 """
 from __future__ import annotations
@@ -40,8 +40,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
 from benchmarks.common import write_result
 

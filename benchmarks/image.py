@@ -4,7 +4,7 @@ compressed size (the layer blobs a registry stores and a node pulls), the unpack
 the container's start-to-first-scrape time: from `crun run` of the unpacked bundle to the first 200 of
 /metrics on a loopback port (median of --starts runs; the bundle is unpacked once, outside the timing).
 
-    python benchmarks/image.py [--flavour cpu --flavour cuda12 --flavour cuda] [--no-build] [--out build/image]
+    python -m benchmarks.image [--flavour cpu --flavour cuda12 --flavour cuda] [--no-build] [--out build/image]
                                [--starts 3] [--result benchmarks/results/image.json]
 
 Builds each flavour first (one `scripts/build-image` run, so the Debian layer is built once and its time
@@ -26,11 +26,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-
-from benchmarks.common import free_port, write_result
+from benchmarks.common import write_result
 from harness.container import Container
 from harness.poll import StopWaiting, wait_for
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts/build-image"

@@ -9,7 +9,7 @@ instead of 300 s, so a minute here is six minutes of a fleet; the rates are give
 served from the watch cache (resourceVersion=0; the rest are quorum reads of etcd), and how evenly they come: the
 busiest second against the mean, over the run after the first (start-up) period.
 
-    python benchmarks/kube_api_load.py [--nodes 500] [--duration 60] [--out FILE]
+    python -m benchmarks.kube_api_load [--nodes 500] [--duration 60] [--out FILE]
 
 Run it at two commits to compare; `--label` names the row.
 """
@@ -27,12 +27,11 @@ import urllib.parse
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from fleetcanary.core import config as configmod
+from fleetcanary.daemon.kube import Kube
+from harness.kube_api import KubeAPI, node, pod
 
-from fleetcanary.core import config as configmod  # noqa: E402
-from fleetcanary.daemon.kube import Kube  # noqa: E402
-from harness.kube_api import KubeAPI, node, pod  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_REFRESH, DEFAULT_NODE_REFRESH = 60.0, 300.0
 

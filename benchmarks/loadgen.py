@@ -15,7 +15,7 @@ true TTFT is the injected one at every load), it runs closed-loop steps at concu
 Targets: TTFT p50 error under 2 ms and req/s within 2% of the simulator's completions,
 at every concurrency the simulator can serve. Writes benchmarks/results/loadgen.json.
 
-    python benchmarks/loadgen.py [--ttft-ms 50] [--itl-ms 10] [--tokens 16] [--step-seconds 4]
+    python -m benchmarks.loadgen [--ttft-ms 50] [--itl-ms 10] [--tokens 16] [--step-seconds 4]
                                  [--levels 1,64,256,1024] [--sim-processes 2] [--no-locust]
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-
-from benchmarks.common import free_port, get, wait_http, write_result
+from benchmarks.common import get, write_result
+from harness.poll import wait_http
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -36,7 +36,7 @@ the duty cycle at the default schedule.
 Loopback only (the inference canary probes the built-in reference server, storage a temp
 directory). Prints tables and writes benchmarks/results/overhead.json.
 
-    python benchmarks/overhead.py [--runs 3] [--idle 30] [--busy 30] [--gpu-budget-only]
+    python -m benchmarks.overhead [--runs 3] [--idle 30] [--busy 30] [--gpu-budget-only]
                                   [--cuda-context-mib 600] [--gpus 8] [--no-cgroup]
 """
 from __future__ import annotations
@@ -53,28 +53,29 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-
-from benchmarks.common import free_port, get, proc_stats, write_result
+from benchmarks.common import get, proc_stats, write_result
 from fleetcanary.core import config as configmod
 from fleetcanary.daemon.scheduler import budget_window
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from fleetcanary.probes import PROBES
 from fleetcanary.runner import job
 from fleetcanary.runner.isolation import become_subreaper, run_isolated
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The probes this benchmark gives a loopback target or a CPU path (probe_config below): they run in the busy window.
 CPU_PROBES = ("host_memory_bandwidth", "storage", "collectives", "inference")
-# The other probes enabled by default: they run here too (skipping where their hardware or targets are
-# missing), and count in the duty cycle and the concurrent worker set.
-OTHER_PROBES = ("nic_health", "object_storage", "gpu_health", "gpu_bandwidth", "gpu_p2p", "gpu_compute",
-                "gpu_sustained", "train_step")
+# The other probes the map (fleetcanary.probes.PROBES) enables by default: they run here too (skipping where their
+# hardware or targets are missing), and count in the duty cycle and the concurrent worker set. Read from the map,
+# so a new probe is measured without a line here.
+OTHER_PROBES = tuple(n for n, cls in PROBES.items() if cls.default_enabled and n not in CPU_PROBES)
 SAMPLE_SECONDS = 0.05
 MiB = 2**20
-# GPU probes that create a CUDA context on a GPU node, and in how many processes (None: one per GPU).
-CUDA_CONTEXTS = {"gpu_bandwidth": 1, "gpu_p2p": 1, "gpu_compute": 1, "gpu_sustained": 1, "train_step": 1,
-                 "collectives": None}
+# GPU probes that create a CUDA context on a GPU node, and in how many processes, from their config models: a
+# `device` (cuda or cpu) is one process with a context; `cpu_ranks` (a rank program) is one rank per GPU (None).
+CUDA_CONTEXTS = {n: None if "cpu_ranks" in cls.Config.model_fields else 1 for n, cls in PROBES.items()
+                 if {"device", "cpu_ranks"} & set(cls.Config.model_fields)}
 
 
 # ---------------------------------------------------------------------- memory of a process tree

@@ -20,7 +20,7 @@ judges it, starting the quarantine or joining one under way); a fault's start, n
 ramp counts from where it began. Flap: a quarantine released before the fault that justified
 it ended (a fault to the fleet's end counts as lasting).
 
-    python benchmarks/remediation_replay.py EPISODES.json [EPISODES-2.json ...] [--out FILE]
+    python -m benchmarks.remediation_replay EPISODES.json [EPISODES-2.json ...] [--out FILE]
 """
 from __future__ import annotations
 
@@ -34,8 +34,6 @@ import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
 import yaml
 

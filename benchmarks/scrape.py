@@ -9,7 +9,7 @@ quiet window. Prints a table and writes benchmarks/results/scrape.json.
 
 Loopback only; every loop is bounded by its duration.
 
-    python benchmarks/scrape.py [--connections 50] [--duration 30] [--idle 30]
+    python -m benchmarks.scrape [--connections 50] [--duration 30] [--idle 30]
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-
-from benchmarks.common import free_port, get, proc_stats, wait_http, write_result
+from benchmarks.common import get, proc_stats, write_result
+from harness.poll import wait_http
+from harness.ports import free_port
 from harness.wrk import wrk
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ them (the harness says how). The whole node adds the judge's statistics at stead
 series fed to a figure store at the default intervals until each has a baseline) and the series the shipped
 recording rules add per node (peer records shared by a pool of 10 alike nodes); the harness says how.
 
-    python benchmarks/series_budget.py [--params '{"gpu_health": {"per_link": true}}'] [--out FILE]
-    python benchmarks/series_budget.py --docs    # docs/metrics.md's "Series per node" from the JSON
+    python -m benchmarks.series_budget [--params '{"gpu_health": {"per_link": true}}'] [--out FILE]
+    python -m benchmarks.series_budget --docs    # docs/metrics.md's "Series per node" from the JSON
 
 Prints a table and writes benchmarks/results/series_budget.json (--out elsewhere for other --params); exits 1
 when the exposition without the judge's statistics is over its budget (400). tests/test_series_budget.py builds
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
-from benchmarks.common import free_port, get, write_result
+from benchmarks.common import get, write_result
+from harness.ports import free_port
 from harness.series_budget import (
     BUDGET,
     DOC,

@@ -11,7 +11,7 @@ both alike, --rounds times each:
 The probe side calls the same functions the storage probe runs. Prints medians and
 the ratio probe/fio (target: within 10%), writes benchmarks/results/storage.json.
 
-    python benchmarks/storage.py [--dir DIR] [--size-mib 1024] [--rounds 3] [--random-reads 2000]
+    python -m benchmarks.storage [--dir DIR] [--size-mib 1024] [--rounds 3] [--random-reads 2000]
 """
 from __future__ import annotations
 
@@ -24,8 +24,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repo root, for the imports below
 
 from benchmarks.common import write_result
 from fleetcanary.probes import storage

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Render dashboards/*.dashboard.py (grafanalib) to dashboards/json/*.json with sorted keys.
+"""Render dashboards/boards/*.py (grafanalib) to dashboards/json/*.json with sorted keys.
 
-    python dashboards/build.py          write the JSON
-    python dashboards/build.py --check  exit 1 if the committed JSON is stale
+    python -m dashboards.build          write the JSON
+    python -m dashboards.build --check  exit 1 if the committed JSON is stale
 """
 from __future__ import annotations
 
+import importlib
 import json
-import runpy
 import sys
 from pathlib import Path
 
@@ -17,17 +17,23 @@ HERE = Path(__file__).resolve().parent
 
 
 def sources() -> list[Path]:
-    return sorted(HERE.glob("*.dashboard.py"))
+    """The board modules, one per board, each defining `dashboard`. boards/ has no __init__.py: a namespace
+    package of development sources, which the wheel leaves out (tests/test_lists.py)."""
+    return sorted(p for p in (HERE / "boards").glob("*.py") if p.name != "__init__.py")
+
+
+def json_name(src: Path) -> str:
+    """The board's file under json/: boards/node_detail.py -> node-detail.json."""
+    return src.stem.replace("_", "-") + ".json"
 
 
 def render() -> dict[str, str]:
     """File name under json/ -> JSON text."""
-    sys.path.insert(0, str(HERE))
     out = {}
     for src in sources():
-        board = runpy.run_path(str(src))["dashboard"]
+        board = importlib.import_module(f"dashboards.boards.{src.stem}").dashboard
         data = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))
-        out[src.name.replace(".dashboard.py", ".json")] = json.dumps(data, sort_keys=True, indent=2) + "\n"
+        out[json_name(src)] = json.dumps(data, sort_keys=True, indent=2) + "\n"
     return out
 
 

@@ -4,8 +4,8 @@ the chart's copies (charts/fleetcanary/files/): one rule group per file (the cha
 group, so no object nears the 262,144-byte limit of kubectl's last-applied annotation) and one dashboard per file
 (one ConfigMap each).
 
-    python deploy/build.py          write them
-    python deploy/build.py --check  exit 1 if one is stale
+    python -m deploy.build          write them
+    python -m deploy.build --check  exit 1 if one is stale
 """
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def main() -> int:
         present = {p for sub in ("rules", "dashboards", "remediate") for p in (CHART_FILES / sub).glob("*")}
         stale = [p for p, t in outs.items() if not p.exists() or p.read_text() != t] + sorted(present - set(outs))
         for p in stale:
-            print(f"{p.relative_to(ROOT)} is stale: run python deploy/build.py", file=sys.stderr)
+            print(f"{p.relative_to(ROOT)} is stale: run python -m deploy.build", file=sys.stderr)
         return 1 if stale else 0
     for sub in ("rules", "dashboards", "remediate"):  # a group or dashboard that is gone leaves no file behind
         for p in (CHART_FILES / sub).glob("*"):

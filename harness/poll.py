@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 
 
 class StopWaiting(AssertionError):
@@ -26,3 +27,15 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}"
                          + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    """Poll ``url`` until it answers 200; past the deadline a benchmark stops (SystemExit naming the URL)."""
+    def ok() -> bool:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+
+    try:
+        wait_for(ok, timeout=timeout, interval=0.1, what=url)
+    except AssertionError:
+        raise SystemExit(f"benchmark: {url} did not come up within {timeout}s") from None

@@ -36,11 +36,12 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import socket
 import time
 from pathlib import Path
 
 import yaml
+
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_NVML = ROOT / "probes/testing/nvml_facts/h100_8gpu_healthy.json"
@@ -82,12 +83,6 @@ MATMUL = "fleetcanary_gpu_matmul_flops_per_second"
 COLLECTIVE_FAMILIES = ("fleetcanary_collective_bus_bandwidth_bytes_per_second",
                        "fleetcanary_collective_algorithm_bandwidth_bytes_per_second",
                        "fleetcanary_collective_latency_seconds")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_ib_sysfs(root: Path, ports: int = IB_PORTS) -> Path:
@@ -351,7 +346,7 @@ def doc_section(result: dict) -> str:
     out = [SECTION, "",
            f"What one node costs Prometheus at the default config: {result['node']}, every probe enabled by "
            "default run once (storage, object_storage and inference have no targets by default and skip; fabric "
-           "is off). Measured by `python benchmarks/series_budget.py` (benchmarks/results/series_budget.json), "
+           "is off). Measured by `python -m benchmarks.series_budget` (benchmarks/results/series_budget.json), "
            "which writes this section with `--docs`; `tests/test_series_budget.py` measures it again and fails "
            "when a family's count differs from this table.", "",
            f"The budget: at most {result['node_budget']} series per node in Prometheus, scraped and recorded. Of "

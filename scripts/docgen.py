@@ -2,7 +2,7 @@
 
 The metrics reference comes from the probes' declared specs and the exporter's own
 metrics; the configuration reference from the pydantic models (defaults, bounds,
-descriptions). `python scripts/docgen.py` (part of `make generate`) rewrites both; a test fails
+descriptions). `python -m scripts.docgen` (part of `make generate`) rewrites both; a test fails
 when they are stale. A development script: it is not shipped in the wheel.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ def metrics_markdown() -> str:
             "5 minutes apart after a run whose figure jumped, `confirm_change`; a few percent of runs) is charged "
             "to the GPUs it used like any run, and is held to the same rule, so it never makes the next scheduled "
             "run skip. A probe skips with reason `budget` when what is left on a GPU is less than its "
-            "`expected_gpu_seconds`. `python benchmarks/overhead.py --gpu-budget-only` sums every GPU probe's "
+            "`expected_gpu_seconds`. `python -m benchmarks.overhead --gpu-budget-only` sums every GPU probe's "
             "default per-hour share and fails over the budget.", ""]
     out += kept_section(ROOT / "docs/metrics.md", "## Series per node", SERIES_END)
     return "\n".join(out)

@@ -22,16 +22,16 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from alerts import build
 from fleetcanary.judge import exposition as judge
 from fleetcanary.probes.gpu_health import GpuHealth
 from tests.support import nvl72
 from tests.support.alertmanager import Alertmanager, Exposition, WebhookReceiver
-from tests.support.helpers import load_script, wait_for
+from tests.support.helpers import wait_for
 from tests.support.prometheus import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
-build = load_script(ALERTS / "build.py", "fleetcanary_alerts_build")
 # A minute of the shipped group intervals and `for` becomes a second here.
 TIME_SCALE = 1 / 60
 # Each wait is for a state (an alert held, a notification delivered) and only a hang reaches DEADLINE: a

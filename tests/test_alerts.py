@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.helpers import load_script, require_binary
+from alerts import build, build_tests
+from tests.support.helpers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
-sys.path.insert(0, str(ALERTS))
 
-build = load_script(ALERTS / "build.py", "fleetcanary_alerts_build")
-build_tests = load_script(ALERTS / "build_tests.py", "fleetcanary_alerts_build_tests")
 
 # The issue's override: a job matcher on every selector, peers also sharing the cluster, two pools sharded.
 # "train-b.1": a pool name with regex metacharacters (escaped in the other-pools matcher, valid PromQL)
@@ -47,8 +45,8 @@ def render_with(tmp_path: Path, settings: dict | str) -> subprocess.CompletedPro
     """`alerts/build.py --settings FILE --out tmp_path`, FILE holding `settings` (a mapping, or YAML text)."""
     f = tmp_path / "settings.yml"
     f.write_text(settings if isinstance(settings, str) else yaml.safe_dump(settings))
-    return subprocess.run([sys.executable, str(ALERTS / "build.py"), "--settings", str(f), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "alerts.build", "--settings", str(f), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +238,8 @@ def test_a_bad_settings_file_exits_non_zero_with_one_line(tmp_path, text, words)
 
 
 def test_a_missing_settings_file_exits_non_zero_with_one_line(tmp_path):
-    r = subprocess.run([sys.executable, str(ALERTS / "build.py"), "--settings", str(tmp_path / "none.yml"), "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "alerts.build", "--settings", str(tmp_path / "none.yml"), "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "none.yml" in r.stderr, r.stderr
 
 

@@ -24,13 +24,12 @@ from pathlib import Path
 
 import yaml
 
+from alerts import build
 from tests.support.fleet_exporter import FleetExporter, Member, build_tests, judged_pages
-from tests.support.helpers import load_script
 from tests.support.prometheus import Prometheus
 from tests.support.vmalert import alerts, evaluations
 
 ROOT = Path(__file__).resolve().parent.parent
-build = load_script(ROOT / "alerts" / "build.py", "fleetcanary_alerts_build")
 
 SCALE = 1 / 300
 SETTINGS = replace(build.SETTINGS, hard_interval=build.SETTINGS.interval)

@@ -15,16 +15,15 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from alerts import build
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.probes import PROBES
 from tests.support.fleet_exporter import FleetExporter
-from tests.support.helpers import load_script
 from tests.support.prometheus import Prometheus
 from tests.support.vmalert import alerts, evaluations
 
 ROOT = Path(__file__).resolve().parent.parent
-build = load_script(ROOT / "alerts" / "build.py", "fleetcanary_alerts_build")
 SCALE = 1 / 300
 SETTINGS = replace(build.SETTINGS, hard_interval=build.SETTINGS.interval)
 NODES = {"a1": "pool-a", "a2": "pool-a", "a3": "pool-a", "b1": "pool-b", "b2": "pool-b", "b3": "pool-b"}

@@ -16,7 +16,7 @@ import yaml
 from fleetcanary.core import config as configmod
 from harness.kube_api import K8S_VERSION
 from tests.support import prometheus_operator
-from tests.support.helpers import load_script, require_binary
+from tests.support.helpers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -29,7 +29,6 @@ FEATURES = {"deploy": set(), **{f"deploy/overlays/{c}": {c} for c in (
     PRODUCTION: {"host-state", "gpu-allocation", "xid-watch", "scheduled-runs", "fabric", "node-conditions",
                  "remediate"}}
 VARIANTS = list(FEATURES)
-build = load_script(DEPLOY / "build.py", "fleetcanary_deploy_build")
 
 
 def kustomize(path: str) -> list[dict]:

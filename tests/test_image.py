@@ -18,11 +18,11 @@ import tomllib
 import yaml
 
 from harness.container import Container, is_root, uid_of
-from tests.support.helpers import StopWaiting, free_port, http_get, load_script, require_binary, unavailable, wait_for
+from scripts import build_image
+from tests.support.helpers import StopWaiting, free_port, http_get, require_binary, unavailable, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts/build-image"
-build_image = load_script(SCRIPT, "fleetcanary_scripts_build_image")
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import load_script
-
 ROOT = Path(__file__).resolve().parent.parent
 LINT = ROOT / "scripts/lint-imports"
 
@@ -57,7 +55,8 @@ def test_a_broken_import_in_a_scratch_copy_fails_them(tmp_path, file, line, cont
 
 
 def test_no_module_imports_itself_in_a_circle(tmp_path):
-    stage = load_script(LINT, "fleetcanary_lint_imports").stage
+    from scripts.stage_package import stage
+
     stage(ROOT, tmp_path)
     code = """
 import json, grimp

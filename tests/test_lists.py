@@ -2,7 +2,7 @@
 
 The truths: the probe map (probes/__init__.py PROBES), the CLI's subcommands (build_parser in
 exporter/cli/__init__.py), the judged figures (exporter/judge/figures.py FIGURES, which alerts/build.py
-FIGURES follows), the dashboard sources (dashboards/*.dashboard.py), the package folders, the kustomize
+FIGURES follows), the dashboard sources (dashboards/boards/*.py), the package folders, the kustomize
 overlays and the generators of scripts/generate. Each failure names the file that fell behind and the entry it
 lacks; CONTRIBUTING.md says what goes where. Files a generator writes (docs/metrics.md,
 docs/configuration.md, the rules, rule tests, runbooks, dashboard JSON, deploy manifests) are
@@ -27,7 +27,6 @@ from setuptools.command.egg_info import FileList
 
 from fleetcanary.cli import TOOLS, build_parser
 from fleetcanary.probes import PROBES
-from tests.support.helpers import load_script
 
 try:
     import tomllib
@@ -225,7 +224,7 @@ def test_every_offline_tool_module_has_its_subcommand():
     problems += [f"exporter/cli/__init__.py TOOLS: {m} has no add_arguments() and main()"
                  for m in sorted(wired - set(tools))]
     assert_no_problems(problems)
-    rules = load_script(ROOT / "alerts/build.py", "fleetcanary_alerts_build")
+    from alerts import build as rules
     assert TOOLS["rules"][0] == "fleetcanary.rules.build" and callable(rules.add_arguments) and callable(rules.main)
 
 
@@ -235,11 +234,8 @@ def test_every_judged_figure_has_its_alerts_runbook_text_and_test_values():
     """fleetcanary.judge.figures FIGURES (what the exporter judges) and alerts/build.py FIGURES (what the rules
     alert on) name the same figures in the same order and agree on direction, history, fast path and driver; every
     figure has its runbook text and the healthy value and series labels of its promtool tests."""
+    from alerts import build, build_tests, runbooks
     from fleetcanary.judge.figures import FIGURES as JUDGED
-
-    build = load_script(ROOT / "alerts/build.py", "fleetcanary_alerts_build")
-    build_tests = load_script(ROOT / "alerts/build_tests.py", "fleetcanary_alerts_build_tests")
-    runbooks = load_script(ROOT / "alerts/runbooks.py", "fleetcanary_alerts_runbooks")
     judged = {f.key: f for f in JUDGED}
     rules = {f.key: f for f in build.FIGURES}
     assert len(judged) >= 9, sorted(judged)
@@ -278,14 +274,14 @@ NUMBERS = {"Two": 2, "Three": 3, "Four": 4, "Five": 5, "Six": 6, "Seven": 7, "Ei
 
 def test_the_readme_names_every_dashboard():
     text = " ".join(section(ROOT / "README.md", "Dashboards").split())
-    sources = sorted((ROOT / "dashboards").glob("*.dashboard.py"))
+    sources = sorted(p for p in (ROOT / "dashboards/boards").glob("*.py") if p.name != "__init__.py")
     problems = []
     m = re.search(r"(\w+) Grafana dashboards", text)
     if not m or NUMBERS.get(m.group(1)) != len(sources):
         problems.append(f"README.md, ## Dashboards: says '{m.group(0) if m else '(no count)'}', "
                         f"dashboards/ has {len(sources)} sources")
     for src in sources:
-        board = ROOT / "dashboards/json" / src.name.replace(".dashboard.py", ".json")
+        board = ROOT / "dashboards/json" / (src.stem.replace("_", "-") + ".json")
         if not board.is_file():
             problems.append(f"{board.relative_to(ROOT)}: missing (make generate)")
             continue
@@ -325,7 +321,9 @@ def test_every_manifest_is_in_its_kustomization():
 # ------------------------------------------------------------------ generators (scripts/generate)
 
 def test_every_generated_file_names_a_step_of_scripts_generate():
-    steps = load_script(ROOT / "scripts/generate", "fleetcanary_scripts_generate").STEPS
+    from scripts import generate
+
+    steps = generate.STEPS
     problems = [f"scripts/generate STEPS: {s} does not exist" for s in steps if not (ROOT / s).is_file()]
     named = 0
     for tree in ("alerts", "dashboards", "deploy", "docs"):

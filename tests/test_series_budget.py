@@ -6,7 +6,7 @@ The exposition is the daemon's own: its store, collector and HTTP body, with eve
 the daemon builds it and executed in this process as the worker executes it (harness/series_budget.py,
 in_process_exposition), on the fake NVML of an HGX H100 node and a sysfs tree of 8 NDR ports; the GPU probes'
 torch work runs on the CPU, and the families the CPU cannot show in full are counted as the node has them (the
-harness says how). `python benchmarks/series_budget.py` measures the same through a real `fleetcanary run`, and
+harness says how). `python -m benchmarks.series_budget` measures the same through a real `fleetcanary run`, and
 `--docs` rewrites the table.
 
 The whole node adds to that exposition (harness/series_budget.py, summarize):
@@ -23,9 +23,9 @@ import pytest
 from fleetcanary.core.record import CRASH_REASONS
 from fleetcanary.probes import PROBES
 from harness import series_budget as sb
-from tests.support.helpers import load_script
+from scripts import docgen
 
-RERUN = "rerun `python benchmarks/series_budget.py && python benchmarks/series_budget.py --docs`"
+RERUN = "rerun `python -m benchmarks.series_budget && python -m benchmarks.series_budget --docs`"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_each_family_costs_what_docs_metrics_md_says(node):
         assert f"| `{probe}` | `{param}: true` |" in section, (probe, param)
     # scripts/docgen.py keeps the section up to its last line, which the harness writes
     assert section.rstrip("\n").endswith(sb.SECTION_END)
-    assert load_script(sb.ROOT / "scripts/docgen.py", "fleetcanary_docgen").SERIES_END == sb.SECTION_END
+    assert docgen.SERIES_END == sb.SECTION_END
 
 
 def test_the_exposition_stays_within_its_budget(node):

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.helpers import load_script
+from scripts import names
 
 ROOT = Path(__file__).resolve().parent.parent
-names = load_script(ROOT / "scripts" / "names", "fleetcanary_scripts_names")
 
 
 def version_key(v: str) -> tuple[int, ...]:

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import yaml
 
+from alerts import build
 from tests.support.fleet_exporter import FleetExporter, Member, build_tests, judged_pages
-from tests.support.helpers import load_script, wait_for
+from tests.support.helpers import wait_for
 from tests.support.prometheus import Prometheus
 from tests.support.vmalert import VictoriaMetrics, VMAlert, assert_loads, dry_run, evaluations, firing
 
 ROOT = Path(__file__).resolve().parent.parent
-build = load_script(ROOT / "alerts" / "build.py", "fleetcanary_alerts_build")
 RULE_FILES = [ROOT / "alerts" / "fleetcanary.rules.yml", ROOT / "alerts" / "fleetcanary.alerts.yml"]
 SCALE = 1 / 300
 # The peer groups' interval for every group: scaled, each group evaluates every second.

@@ -34,7 +34,7 @@ MEMBW, COLL = "any GPU membw peer/fast/history/drift alert", "any collective pee
 
 
 def run(share: float, gate: int, opp: int, full: bool, out: Path) -> dict:
-    cmd = [sys.executable, str(ROOT / "benchmarks/detection/run.py"), "--busy-share", str(share), "--busy-jobs", "1",
+    cmd = [sys.executable, "-m", "benchmarks.detection.run", "--busy-share", str(share), "--busy-jobs", "1",
            "--per-gpu-gate", str(gate), "--opportunistic", str(opp), "--out", str(out)]
     if not full:
         cmd.append("--quick")

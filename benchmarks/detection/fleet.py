@@ -52,10 +52,6 @@ OUTCOMES = ("success", "failure", "skipped")  # timeout and crash stay 0 here; t
 
 def rules_floors() -> dict:
     """The shipped rules' fast-path and level-path floors (alerts/build.py SETTINGS), not a copy of them."""
-    import sys
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     from alerts.build import SETTINGS
     return {"fast_floor": float(SETTINGS.fast_floor), "level_floor": float(SETTINGS.level_floor)}
 

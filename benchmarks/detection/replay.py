@@ -32,7 +32,6 @@ import itertools
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -40,8 +39,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root, for the imports below
-from alerts.backfill import PROMTOOL_BLOCK_S, BackfilledPrometheus, binary
+from harness.backfill import PROMTOOL_BLOCK_S, BackfilledPrometheus, binary
 
 ROOT = Path(__file__).resolve().parents[2]
 

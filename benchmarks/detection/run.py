@@ -42,7 +42,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repo root, for the imports below
 from benchmarks.common import write_result
 from benchmarks.detection import gates as gt
 from benchmarks.detection import replay as rp

@@ -16,8 +16,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 FAMS = (("gpu_memory_bandwidth", "GPU"), ("collective_bus_bandwidth", "collective"))
 IV = {"gpu_memory_bandwidth": 15, "collective_bus_bandwidth": 30}
 SIZES = ("step 3%", "step 5%", "step 7%", "step 10%", "step 20%")

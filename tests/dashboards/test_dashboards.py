@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import backfill
-from alerts.backfill import RECORD_NAME, BackfilledPrometheus, backfill_rules, create_blocks
+from dashboards import build
+from harness import backfill
+from harness.backfill import RECORD_NAME, BackfilledPrometheus, backfill_rules, create_blocks
 from tests.support import synthetic_fleet
-from tests.support.helpers import http_get, load_script, require_binary, wait_for
+from tests.support.helpers import http_get, require_binary, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BOARDS = ROOT / "dashboards"
-build = load_script(BOARDS / "build.py", "fleetcanary_dashboards_build")
 
 NEEDS_SYNTHETIC = re.compile(r"fleetcanary_gpu_|gpu:|node_gpu:|fleetcanary_gpu_model|ALERTS|"
                              r"collective_bus_bandwidth_bytes_per_second:peer|fleetcanary_train_step_|"
@@ -99,7 +99,7 @@ def test_the_sources_make_exactly_the_committed_boards():
 
 def test_every_dashboard_source_has_its_board_with_the_template_variables():
     b = boards()
-    sources = {p.name.removesuffix(".dashboard.py") + ".json" for p in (ROOT / "dashboards").glob("*.dashboard.py")}
+    sources = {build.json_name(p) for p in build.sources()}
     assert set(b) == sources and {"fleet-overview.json", "node-detail.json"} <= sources
     for name, board in b.items():
         variables = {v["name"]: v for v in board["templating"]["list"]}

@@ -11,11 +11,11 @@ import tarfile
 import pytest
 import yaml
 
+from scripts import release
 from tests.conftest import ROOT
-from tests.support.helpers import load_script, require_tool
+from tests.support.helpers import require_tool
 
 SCRIPT = ROOT / "scripts" / "release"
-release = load_script(SCRIPT, "fleetcanary_scripts_release")
 VERSION = release.version()
 
 
@@ -45,15 +45,17 @@ def test_the_release_writes_each_artifact_with_a_checksum_that_verifies(tmp_path
 
 
 @pytest.fixture
-def release_in(tmp_path):
+def release_in(tmp_path, monkeypatch):
     """scripts/release's functions over a copy of the files its checks read, so a test can spoil one."""
     for rel in ("CHANGELOG.md", "pyproject.toml", f"release/names-{VERSION}.json", "charts/fleetcanary/Chart.yaml"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
-    ns = load_script(SCRIPT, "fleetcanary_scripts_release_spoiled")
-    ns.ROOT, ns.CHART = tmp_path, tmp_path / "charts" / "fleetcanary"
-    ns.run = lambda cmd, what, **_: ""  # names --check and generate --check: the real ones run in CI anyway
-    return tmp_path, ns
+    # the module's own globals, pointed at the copy for this test only (monkeypatch restores them)
+    monkeypatch.setattr(release, "ROOT", tmp_path)
+    monkeypatch.setattr(release, "CHART", tmp_path / "charts" / "fleetcanary")
+    # names --check and generate --check: the real ones run in CI anyway
+    monkeypatch.setattr(release, "run", lambda cmd, what, **_: "")
+    return tmp_path, release
 
 
 def test_a_release_needs_its_version_dated_named_and_the_chart_to_match(release_in):

@@ -3,73 +3,32 @@ target whose exposition the test sets: the three loopback parts of the Alertmana
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-import yaml
+from harness import alertmanager
 
-from .helpers import free_port, http_get, require_binary, unavailable, wait_for
+from .helpers import require_binary, unavailable
 from .servers import ServerThread
 
 
 def alertmanager_binary() -> str:
     """Debian ships the server as prometheus-alertmanager; upstream tarballs call it alertmanager."""
-    import shutil
-
-    for name in ("prometheus-alertmanager", "alertmanager"):
-        if shutil.which(name):
-            return shutil.which(name)
-    unavailable("alertmanager is not installed (Debian package prometheus-alertmanager; `make test` installs it "
-                "as root)")
-    raise AssertionError("unreachable")  # unavailable() fails or skips
+    try:
+        return alertmanager.alertmanager_binary()
+    except RuntimeError:
+        unavailable("alertmanager is not installed (Debian package prometheus-alertmanager; `make test` installs it "
+                    "as root)")
+        raise AssertionError("unreachable") from None  # unavailable() fails or skips
 
 
-class Alertmanager:
+class Alertmanager(alertmanager.Alertmanager):
+    """harness/alertmanager.py's, its binaries found the tests' way."""
+
     def __init__(self, workdir: Path, config: dict) -> None:
-        binary = alertmanager_binary()
-        require_binary("amtool")
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.config = workdir / "alertmanager.yml"
-        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        r = subprocess.run([require_binary("amtool"), "check-config", str(self.config)], capture_output=True,
-                           text=True, timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr
-        self.port = free_port()
-        # --cluster.listen-address= turns the HA gossip off: it would bind 0.0.0.0:9094.
-        with open(workdir / "alertmanager.log", "wb") as log:  # Alertmanager keeps its own descriptor
-            self.proc = subprocess.Popen(
-                [binary, f"--config.file={self.config}", f"--storage.path={workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
-        try:
-            wait_for(lambda: self.proc.poll() is None and http_get(self.url + "/-/ready", timeout=2)[0] == 200,
-                     timeout=60, what="alertmanager ready")
-        except AssertionError:
-            self.stop()
-            raise
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def alerts(self) -> list[dict]:
-        """Every alert it holds, active, inhibited, silenced or unprocessed (GET /api/v2/alerts)."""
-        code, _, body = http_get(self.url + "/api/v2/alerts")
-        assert code == 200, body
-        return json.loads(body)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(workdir, config, binary=alertmanager_binary(), amtool=require_binary("amtool"))
 
 
 class WebhookReceiver(ServerThread):

@@ -14,11 +14,11 @@ from __future__ import annotations
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from .helpers import load_script
+from alerts import build_tests
+
 from .servers import ServerThread
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-build_tests = load_script(ROOT / "alerts" / "build_tests.py", "fleetcanary_alerts_build_tests")
 Member = build_tests.Member
 
 

@@ -1,21 +1,16 @@
-"""Test helpers: polling with a deadline, free ports, required binaries, HTTP."""
+"""Test helpers: required binaries (a skip, or a failure under CI=true), HTTP, probe jobs; polling with a
+deadline and free ports are harness/'s, re-exported here."""
 from __future__ import annotations
 
 import os
 import shutil
-import socket
-import urllib.request
 from typing import NoReturn
 
 import pytest
 
+from harness.http import http_get  # noqa: F401 - the tests' HTTP GET, shared with harness's servers
 from harness.poll import StopWaiting, wait_for  # noqa: F401 - the tests' way to wait, shared with benchmarks/
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness.ports import free_port  # noqa: F401 - the tests' free port, shared with benchmarks/
 
 
 def require_binary(name: str) -> str:
@@ -48,18 +43,6 @@ def unavailable(msg: str) -> NoReturn:
     pytest.skip(msg, allow_module_level=True)
 
 
-def http_get(url: str, timeout: float = 10.0, headers: dict | None = None,
-             context=None) -> tuple[int, dict, bytes]:
-    """(status, headers, body) of a GET; an HTTP error status is returned, not raised. ``context``: an
-    ssl.SSLContext for https."""
-    req = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
-
-
 def metric_value(text: str, name: str, **labels) -> float | None:
     """The first sample called `name` (e.g. fleetcanary_probe_runs_total) whose labels include `labels`."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -79,22 +62,6 @@ def pid_alive(pid: int) -> bool:
         return state not in ("Z", "X")
     except (OSError, IndexError):
         return False
-
-
-def load_script(path, name: str):
-    """Import a script (alerts/build.py, dashboards/build.py, ...) under its own module name: several are
-    called build.py, and a plain `import build` would hand every test the first one imported."""
-    import importlib.machinery
-    import importlib.util
-    import sys
-
-    # An explicit loader: scripts/ holds executables without a .py suffix.
-    spec = importlib.util.spec_from_file_location(name, str(path),
-                                                  loader=importlib.machinery.SourceFileLoader(name, str(path)))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def probe_ctx(state_dir, node_name: str = "t") -> dict:

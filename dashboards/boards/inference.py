@@ -1,5 +1,5 @@
 """Inference canary: latency percentiles, errors, quality and throughput per target."""
-from common import RATE, dashboard, node_var, panel, pool_var, query_var
+from dashboards.common import RATE, dashboard, node_var, panel, pool_var, query_var
 
 SEL = 'node=~"$node", target=~"$target"'
 

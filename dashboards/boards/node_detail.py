@@ -1,6 +1,21 @@
 """Node detail: one node's GPUs, links, collectives, storage and probes against its pool, and the statistics it
 judges itself by."""
-from common import CG, FIGURES, G, S, columns, dashboard, instant, node_var, panel, pct, pool_var, query_var, rules, sel
+from dashboards.common import (
+    CG,
+    FIGURES,
+    G,
+    S,
+    columns,
+    dashboard,
+    instant,
+    node_var,
+    panel,
+    pct,
+    pool_var,
+    query_var,
+    rules,
+    sel,
+)
 
 N = 'node="$node"'
 ECC = f'fleetcanary_gpu_ecc_errors_total{{{N}, type="uncorrected", counter="volatile"}}'

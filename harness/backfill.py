@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -20,16 +19,12 @@ from pathlib import Path
 
 import yaml
 
+from harness.ports import free_port
+from harness.prometheus import binary
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts/fleetcanary.rules.yml"
 RECORD_NAME = re.compile(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+")
-
-
-def binary(name: str) -> str:
-    path = shutil.which(name)
-    if not path:
-        raise RuntimeError(f"{name} is not installed (apt-get install prometheus)")
-    return path
 
 
 PROMTOOL_BLOCK_S = 7200  # promtool's block duration for `create-blocks-from rules`
@@ -43,9 +38,7 @@ class BackfilledPrometheus:
         # A free port can be taken by another process before Prometheus binds it (tests run side by
         # side): a ready answer counts only if it comes from this server over this data, else retry.
         for _ in range(5):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = s.getsockname()[1]
+            self.port = free_port()
             if self._start(data, lookback):
                 return
             self._halt()

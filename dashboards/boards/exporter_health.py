@@ -1,5 +1,5 @@
 """Exporter health: the canary's own cost and failures."""
-from common import RATE, dashboard, node_var, panel, pool_var, query_var
+from dashboards.common import RATE, dashboard, node_var, panel, pool_var, query_var
 
 J = 'job=~"$job", node=~"$node"'
 N = 'node=~"$node"'

@@ -1,6 +1,6 @@
 """Fleet overview: the worst judged series against their peers and their own history, the peer groups, probe
 health and firing alerts."""
-from common import (
+from dashboards.common import (
     FIGURES,
     S,
     change_ratio,
