@@ -12,7 +12,8 @@ their arithmetic:
 * at every scrape while the exporter is up, ``exposition.families`` renders what the exporter would
   publish at that moment (``fleetcanary_judge_median``, ``_newest``, ``_change{baseline,
   baseline_driver}``, ``_drift``), with the exporter's hold (``freshness.hold_for``: a series' statistics stay
-  published for a day after its newest run, so a GPU that is busy keeps them); the scrape adds
+  published for a day after its newest run, so a GPU that is busy keeps them) and its freshness
+  (``freshness.fresh_for``: ``_newest`` only while the newest run is fresh); the scrape adds
   ``job`` and ``node`` (``instance`` is left out, as for the other series, to keep the backfill small);
 * during an exporter outage nothing is published; the exporter restarts by building a new
   FigureStore over the same state directory, as the daemon does (statistics persist: the store is
@@ -82,6 +83,9 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
     def hold(probe: str) -> float:
         return freshness.hold_for(*intervals[probe])
 
+    def fresh(probe: str) -> float:
+        return freshness.fresh_for(*intervals[probe])
+
     # the node's runs of both probes, in time order: (finish, probe, outcome, figures)
     runs = []
     for probe in ("gpu_bandwidth", "collectives"):
@@ -115,9 +119,9 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
                 rsi += 1
                 checks["store_bad_lines"] += store.bad_lines
                 checks["store_write_errors"] += store.write_errors
-                before = render(store, n, t_rs, hold)
+                before = render(store, n, t_rs, hold, fresh)
                 store = FigureStore(str(state_dir))   # the restarted exporter reads its state directory
-                after = render(store, n, t_rs, hold)
+                after = render(store, n, t_rs, hold, fresh)
                 checks["restarts"] += 1
                 checks["series_at_restart"] += len(before)
                 checks["series_changed_by_restart"] += sum(after.get(k) != v for k, v in before.items()) + \
@@ -146,7 +150,7 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
             continue
         if dirty or t > next_expiry:
             current, next_expiry = [], math.inf
-            for text, (fam, value, labels) in render(store, n, t, hold).items():
+            for text, (fam, value, labels) in render(store, n, t, hold, fresh).items():
                 c = cols.get(text)
                 if c is None:
                     c = cols[text] = len(fams)
@@ -158,9 +162,10 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
                 if labels.get("baseline") == "previous_driver" and n.upgrade_at is None:
                     checks["previous_driver_without_upgrade"] += 1
             for (figure, _, _), st, _ in store.snapshot():
-                exp = st.last + hold("gpu_bandwidth" if figure == "gpu_memory_bandwidth" else "collectives")
-                if exp >= t:
-                    next_expiry = min(next_expiry, exp)
+                probe = "gpu_bandwidth" if figure == "gpu_memory_bandwidth" else "collectives"
+                for exp in (st.last + fresh(probe), st.last + hold(probe)):  # turns held, turns stale
+                    if exp >= t:
+                        next_expiry = min(next_expiry, exp)
             dirty = False
         for c, v in current:
             idx[c].append(i)
@@ -176,10 +181,10 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
                      [np.array(vals[c], dtype=np.float64) for c in order], checks)
 
 
-def render(store: FigureStore, n: Node, t: float, hold) -> dict[str, tuple[str, float, dict]]:
+def render(store: FigureStore, n: Node, t: float, hold, fresh) -> dict[str, tuple[str, float, dict]]:
     """What the exporter's judge publishes at time t: OpenMetrics series text -> (family, value, labels)."""
     out = {}
-    for fam in exposition.families(store, {"pool": n.pool}, t, hold):
+    for fam in exposition.families(store, {"pool": n.pool}, t, hold, fresh):
         if fam.name not in STAT_FAMILIES:
             continue
         for s in fam.samples:

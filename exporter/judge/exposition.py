@@ -27,7 +27,9 @@ HELP = {
               "with fewer runs.",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
-              "on it, and the change path asks it to confirm a drop.",
+              "on it, and the change path asks it to confirm a drop. Published while the series is fresh only: "
+              "once held (no run for 1.5 intervals and a timeout) its newest runs are not new, so a held figure "
+              "keeps a page that fired but starts none.",
     "change": f"The series' level ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
               "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
@@ -87,7 +89,7 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
             runs.add_metric(labels, st.runs)
         if st.median is not None:
             med.add_metric(labels, st.median)
-        if st.newest is not None:
+        if st.newest is not None and state != "held":
             new.add_metric(labels, st.newest)
         if st.change is not None:
             chg.add_metric([*labels, "current_driver", st.driver], st.change)

@@ -171,3 +171,20 @@ def test_a_series_without_a_fresh_run_is_held_and_one_without_five_runs_says_how
     assert {v for _, v in out["fleetcanary_judge_runs"]} == {3.0} and len(out["fleetcanary_judge_runs"]) == 24
     assert out["fleetcanary_judge_median"] == []
     assert out["fleetcanary_judge_series"] == [({"pool": "a", "figure": "gpu_memory_bandwidth", "state": "held"}, 24.0)]
+
+
+def test_a_held_series_publishes_no_newest_runs_so_a_held_figure_starts_no_page(tmp_path):
+    """Issue 38: a GPU that went busy straight after a run that moved its median kept that median published for a
+    day, and the change path, whose confirmation reads the newest runs, paged on it hours later (a 1 MiB all-reduce
+    for 14 hours on the 49%-busy H200 fleet). Held, the series keeps its median and change (a page that fired holds
+    on them) but not the best of its newest runs, which are no longer new."""
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 3, probes={"gpu_bandwidth"})
+
+    def published(now: float) -> dict:
+        return {fam.name: len(fam.samples)
+                for fam in families(store, {"pool": "a"}, now, lambda _p: 86400.0, lambda _p: 1800.0)}
+    fresh, held = published(end + 600), published(end + 3 * 3600)
+    assert fresh["fleetcanary_judge_newest"] == held["fleetcanary_judge_median"] == 24
+    assert held["fleetcanary_judge_newest"] == 0
+    assert held["fleetcanary_judge_change"] == fresh["fleetcanary_judge_change"] == 24
