@@ -1,6 +1,6 @@
 """Recording rules, alerts and runbook text for the cross-node fabric probe.
 
-Imported by alerts/build.py (a "fleetcanary-fabric" recording group and alert group).
+Imported by alerts/build.py (``groups``: a "fleetcanary-fabric" recording group and alert group).
 docs/fabric.md explains the localization; in short:
 
 - The probe publishes only the latest pair's figures (no per-peer label on figure series),
@@ -25,7 +25,8 @@ Prometheus 2.42: nothing experimental.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.rules.common import Group, Shard, alert, record
 
 WINDOW = "1h"              # several slots: 12 at the default 300 s slot
 MIN_PARTNERS = 3           # distinct partners measured before any verdict
@@ -48,7 +49,12 @@ _TRIED = 'fleetcanary_probe_runs_total{probe="fabric", outcome=~"success|failure
 
 
 def _rec(name: str, expr: str) -> dict:
-    return {"record": name, "expr": " ".join(expr.split())}
+    return record(name, " ".join(expr.split()))
+
+
+def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
+    return [Group("rules", "fleetcanary-fabric", "hard_interval", recording_rules()),
+            Group("alerts", "fleetcanary-fabric-alerts", "hard_interval", alert_rules())]
 
 
 def recording_rules() -> list[dict]:
@@ -71,25 +77,19 @@ def recording_rules() -> list[dict]:
     ]
 
 
-def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
-    """The alerts; `annotations` is alerts/build.py's (summary, description, runbook_url)."""
+def alert_rules() -> list[dict]:
     return [
-        {"alert": "FleetCanaryFabricNodeSlow",
-         "expr": f"{SLOW_SHARE} > 0.5 and on(node) {MEASURED} >= {MIN_PARTNERS}",
-         "for": "5m", "labels": {"severity": "warning"},
-         "annotations": annotations("A node is slow with most of its fabric partners",
-                             f"{{{{ $labels.node }}}} was below {SLOW_RATIO:.0%} of the pool's pair bandwidth with "
-                             f"{{{{ $value | humanizePercentage }}}} of the distinct partners it met in the last "
-                             f"{WINDOW} (at least {MIN_PARTNERS} needed): the common factor is this node.",
-                             "FleetCanaryFabricNodeSlow")},
-        {"alert": "FleetCanaryFabricNodeUnreachable",
-         "expr": f"{UNAVAILABLE_SHARE} > {UNREACHABLE_SHARE} and on(node) {UNAVAILABLE} >= {MIN_PARTNERS} "
-                 f"and on() (quantile({UNREACHABLE_SHARE}, {UNAVAILABLE_SHARE}) < {UNREACHABLE_SHARE})",
-         "for": "10m", "labels": {"severity": "warning"},
-         "annotations": annotations("A node fails to meet most of its fabric partners",
-                             f"{{{{ $labels.node }}}} missed its partner in {{{{ $value | humanizePercentage }}}} "
-                             f"of its fabric slots in the last {WINDOW}, while most nodes meet theirs.",
-                             "FleetCanaryFabricNodeUnreachable")},
+        alert("FleetCanaryFabricNodeSlow", f"{SLOW_SHARE} > 0.5 and on(node) {MEASURED} >= {MIN_PARTNERS}", "5m",
+              {"severity": "warning"}, "A node is slow with most of its fabric partners",
+              f"{{{{ $labels.node }}}} was below {SLOW_RATIO:.0%} of the pool's pair bandwidth with "
+              f"{{{{ $value | humanizePercentage }}}} of the distinct partners it met in the last {WINDOW} (at least "
+              f"{MIN_PARTNERS} needed): the common factor is this node."),
+        alert("FleetCanaryFabricNodeUnreachable",
+              f"{UNAVAILABLE_SHARE} > {UNREACHABLE_SHARE} and on(node) {UNAVAILABLE} >= {MIN_PARTNERS} "
+              f"and on() (quantile({UNREACHABLE_SHARE}, {UNAVAILABLE_SHARE}) < {UNREACHABLE_SHARE})",
+              "10m", {"severity": "warning"}, "A node fails to meet most of its fabric partners",
+              f"{{{{ $labels.node }}}} missed its partner in {{{{ $value | humanizePercentage }}}} of its fabric "
+              f"slots in the last {WINDOW}, while most nodes meet theirs."),
     ]
 
 

@@ -1,5 +1,4 @@
-"""Alerts and runbook text for RDMA ports and Ethernet interfaces (the nic_health
-probe). alerts/build.py puts them in their own alert group, "fleetcanary-nic".
+"""Alerts and runbook text for RDMA ports and Ethernet interfaces (the nic_health probe).
 
 Thresholds, per port and hour (error counters are the HCA's running totals; increase() handles
 the resets of a driver reload, and counters_saturated tells when one stopped counting):
@@ -11,7 +10,8 @@ the resets of a driver reload, and counters_saturated tells when one stopped cou
 - port_xmit_discards: more than 100 (ibcheckerrs' default): discards also come from congestion
   and from a peer port that went down, so they need more before they mean a bad link.
 Ethernet: two carrier flaps (4 carrier changes) in an hour, more than 10 errors in an hour.
-Down and missing need no threshold: they wait 5 minutes (several 60 s runs) and fire.
+Down and missing need no threshold: they wait 5 minutes (several 60 s runs) and fire. alerts/build.py puts them
+in their own group, "fleetcanary-nic" (``groups``).
 
 An unused port of a dual-port HCA is down by design: a port that is down counts when it is in
 expected_ports, or (with no list configured) when it was up at some time in the last day.
@@ -22,7 +22,8 @@ descriptions depend on it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.rules.common import Group, Shard, alert
 
 ERRORS_1H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[1h])"
 ERRORS_2H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[2h])"  # a flap alert holds an hour more
@@ -36,12 +37,13 @@ COUNT = '{{ $value | printf "%.0f" }}'  # increase() extrapolates: 4.057 carrier
 PORT = "{{ $labels.device }}/{{ $labels.port }} on {{ $labels.node }}"
 
 
-def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
-    """The alerts; `annotations` is alerts/build.py's (summary, description, runbook_url), passed in
-    because build.py runs as a script and loads under other names in tests."""
+def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
+    return [Group("alerts", "fleetcanary-nic", "hard_interval", alerts())]
+
+
+def alerts() -> list[dict]:
     def a(name, expr, for_, sev, summary, desc):
-        return {"alert": name, "expr": " ".join(expr.split()), "for": for_, "labels": {"severity": sev},
-                "annotations": annotations(summary, desc, name)}
+        return alert(name, " ".join(expr.split()), for_, {"severity": sev}, summary, desc)
 
     on = "on(node, device, port)"
     return [

@@ -19,7 +19,6 @@ from __future__ import annotations
 import random
 import re
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 build = load_script(ROOT / "alerts" / "build.py", "fleetcanary_alerts_build")
 
 SCALE = 1 / 300
-SETTINGS = replace(build.SETTINGS, hard_interval=build.SETTINGS.interval)
+SETTINGS = build.SETTINGS.model_copy(update={"hard_interval": build.SETTINGS.interval})
 HEALTHY = [f"n{i}" for i in range(1, 6)] + ["s1", "s2"]
 DEGRADED = "n6"        # peers' change, level and fast paths; regression; drift
 DRIVER_CHANGED = "n7"  # the driver-change alert
