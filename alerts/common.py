@@ -128,7 +128,9 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
     node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
     cond = (f"or {value} > {floor:g}\n" if not gate else
             f"or {value}\n  and on({node}) {gate} > {floor:g}\n")
-    return (f"\n# hold: firing, and {what} still worse by {floor:g} (its newest figure of the last {s.hold_gap})\n"
+    value_note = "; the value stays the newest runs' gap" if gate else ""
+    return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (its newest\n"
+            f"# figure of the last {s.hold_gap}{value_note})\n"
             + cond
             + (f"  unless {unless}\n" if unless else "")
             + f'  and on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}')

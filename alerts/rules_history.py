@@ -56,7 +56,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"unless {peers_judge}"
             # silent there once held too: where the peer records came late (a rule group that evaluated before the
             # peers' group at start), the hold would keep a page the peer fast path owns
-            + hold(s, name, worse(f, gap_of(s, cur)), s.fast_floor / 2, "its gap", unless=peers_judge),
+            + hold(s, name, worse(f, gap_of(s, cur)), s.fast_floor / 2, "the gap", unless=peers_judge),
             "0m", {"severity": "critical", "figure": f.key, "path": "own_fast"},
             f"{f.title} far off its own history",
             f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on driver "
@@ -68,7 +68,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path regression: the gap, how far its change against its own best day on this driver is\n"
         f"# worse than 1\n"
         f"{worse(f, cur)} > {f.history_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, cur)), f.history_floor / 2, "its gap"),
+        + hold(s, name, worse(f, gap_of(s, cur)), f.history_floor / 2, "the gap"),
         dur(max(2 * interval_minutes(s, f), 30) * 60), {"severity": "warning", "figure": f.key, "path": "regression"},
         f"{f.title} {'rose' if lower else 'fell'} against its own history",
         f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day of the last 14 on driver "
@@ -80,7 +80,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"# {f.title}, path driver_change: the gap, how far its change on the new driver against its best day\n"
             f"# on the previous one is worse than 1\n"
             f"{worse(f, prev)} > {f.history_floor:g}"
-            + hold(s, name, worse(f, gap_of(s, prev)), f.history_floor / 2, "its gap"),
+            + hold(s, name, worse(f, gap_of(s, prev)), f.history_floor / 2, "the gap"),
             dur(max(interval_minutes(s, f), 15) * 60),
             {"severity": "warning", "figure": f.key, "path": "driver_change"},
             f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
@@ -93,7 +93,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path drift: the gap, how far the median of its last day of runs against its best day on\n"
         f"# this driver is worse than 1\n"
         f"{worse(f, drift)} > {s.drift_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, drift)), s.drift_floor / 2, "its gap"),
+        + hold(s, name, worse(f, gap_of(s, drift)), s.drift_floor / 2, "the gap"),
         dur(60 * 60), {"severity": "warning", "figure": f.key, "path": "drift"},
         f"{f.title} drifted from its best day",
         f"{what(f)}: its last day of runs is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on "

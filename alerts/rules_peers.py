@@ -117,7 +117,7 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
                  f"and on({node}, baseline) {worse(f, confirm)} > {floor:g}")
     # The hold compares what fired, without the MAD gate: against the peers, not its own baseline, whose
     # previous driver's (baseline=previous_driver) carries the new driver's own effect for two weeks.
-    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=True)), floor / 2, f"the gap of {what_}")
+    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=True)), floor / 2, "the gap")
     word = "slower than" if lower else "below"
     if path == "change":
         desc = (f"{what(f)}: its change against its best day ({{{{ $labels.baseline }}}} "
