@@ -121,6 +121,15 @@ def test_every_description_is_short_and_a_judged_one_says_figure_value_peers_bas
             assert "a slow rise" in desc and "decline" not in desc, a["alert"]
 
 
+def test_the_alerts_quoted_for_on_call_are_what_the_generator_writes():
+    """docs/alerting.md, "Reading the alerts": each quoted expression is an alert's expression as shipped."""
+    text = (ROOT / "docs" / "alerting.md").read_text()
+    section = text[text.index("## Reading the alerts"):text.index("\n## ", text.index("## Reading the alerts") + 1)]
+    quoted = re.findall(r"```promql\n(.*?)\n```", section, re.S)
+    exprs = [a["expr"].rstrip("\n") for a in all_alerts()]
+    assert len(quoted) == 5 and all(q in exprs for q in quoted), [q.splitlines()[0] for q in quoted if q not in exprs]
+
+
 def test_every_alert_follows_the_conventions_and_is_tested():
     tests_text = "".join(p.read_text() for p in (ALERTS / "tests").glob("*.test.yml"))
     runbooks = (ROOT / "docs" / "runbooks.md").read_text()
