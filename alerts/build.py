@@ -22,7 +22,7 @@ The rules are a mixin: areas, settings, one final pass.
 - The final pass (``finish``), over every rule of every area: the deployer's selector on every raw fleetcanary
   series, durations scaled, every alert's runbook link from `runbook_url`, every expression over lines.
 
-This writes only rule files (and, run from a checkout with no settings, docs/runbooks.md beside them).
+This writes only rule files; docs/runbooks.md is alerts/runbooks.py's (scripts/generate runs both).
 Prometheus 2.42 and vmalert 1.79 both load them unchanged: no `keep_firing_for` (vmalert 1.79 rejects it; the
 hard failures hold through their windows). Every judged path that can page again holds through its own ALERTS
 series (`hold`): once firing, it stays firing while its gap is still past half its floor, read with
@@ -326,12 +326,6 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
     except OSError as exc:
         print(f"fleetcanary rules: cannot write to {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    if checkout and fmt == "rules" and out.resolve() == HERE.resolve() and not args.settings:
-        sys.path.insert(0, str(HERE))
-        import runbooks
-
-        (HERE.parent / "docs/runbooks.md").write_text(runbooks.markdown(build()[1], FIGURES))
-        print("wrote docs/runbooks.md")
     return 0
 
 
