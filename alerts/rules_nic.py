@@ -29,19 +29,17 @@ ERRORS_1H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[1h])"
 ERRORS_2H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[2h])"  # a flap alert holds an hour more
 LINE_ERRORS = ("symbol_error|link_error_recovery|port_rcv_errors|port_rcv_remote_physical_errors|"
                "local_link_integrity_errors|excessive_buffer_overrun_errors")
-LINE_ERRORS_PER_HOUR = 10
-DISCARDS_PER_HOUR = 100
-CARRIER_CHANGES_PER_HOUR = 4
-NET_ERRORS_PER_HOUR = 10
 COUNT = '{{ $value | printf "%.0f" }}'  # increase() extrapolates: 4.057 carrier changes reads as 4
 PORT = "{{ $labels.device }}/{{ $labels.port }} on {{ $labels.node }}"
 
 
 def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
-    return [Group("alerts", "fleetcanary-nic", "hard_interval", alerts())]
+    return [Group("alerts", "fleetcanary-nic", "hard_interval", alerts(s))]
 
 
-def alerts() -> list[dict]:
+def alerts(s: RuleSettings) -> list[dict]:
+    """The thresholds are settings (rdma_line_errors_per_hour, rdma_discards_per_hour, net_carrier_changes_per_hour,
+    net_errors_per_hour)."""
     def a(name, expr, for_, sev, summary, desc):
         return alert(name, " ".join(expr.split()), for_, {"severity": sev}, summary, desc)
 
@@ -71,11 +69,11 @@ def alerts() -> list[dict]:
           "An RDMA port went down and retrained",
           f"Port {PORT} counted {COUNT} link-downed events in the last 2 hours."),
         a("FleetCanaryRDMAPortErrorsRising",
-          ERRORS_1H.format(sel=f'=~"{LINE_ERRORS}"') + f" > {LINE_ERRORS_PER_HOUR} or "
-          + ERRORS_1H.format(sel='="port_xmit_discards"') + f" > {DISCARDS_PER_HOUR}",
+          ERRORS_1H.format(sel=f'=~"{LINE_ERRORS}"') + f" > {s.rdma_line_errors_per_hour:g} or "
+          + ERRORS_1H.format(sel='="port_xmit_discards"') + f" > {s.rdma_discards_per_hour:g}",
           "10m", "warning", "An RDMA port's error counters are rising",
           f"Port {PORT}: {{{{ $labels.counter }}}} rose by {COUNT} in the last hour (thresholds: "
-          f"{LINE_ERRORS_PER_HOUR} an hour, {DISCARDS_PER_HOUR} for transmit discards)."),
+          f"{s.rdma_line_errors_per_hour:g} an hour, {s.rdma_discards_per_hour:g} for transmit discards)."),
         a("FleetCanaryRDMAPortCountersSaturated", "fleetcanary_rdma_port_counters_saturated > 0", "1h", "info",
           "An RDMA port's error counters stopped counting",
           f"Port {PORT} has {{{{ $value }}}} error counters at their maximum; new errors on it no longer show."),
@@ -85,12 +83,12 @@ def alerts() -> list[dict]:
           "Interface {{ $labels.interface }} on {{ $labels.node }} is down or does not exist."),
         a("FleetCanaryNetInterfaceFlapping",
           f"max_over_time((increase(fleetcanary_net_interface_carrier_changes_total[1h]) >= "
-          f"{CARRIER_CHANGES_PER_HOUR})[1h:5m])", "0m",
+          f"{s.net_carrier_changes_per_hour:g})[1h:5m])", "0m",
           "warning", "A network interface's link flaps",
           "Interface {{ $labels.interface }} on {{ $labels.node }} changed carrier " + COUNT + " times "
           "in an hour within the last 2 hours (a down and up is 2)."),
         a("FleetCanaryNetInterfaceErrors",
-          f"increase(fleetcanary_net_interface_errors_total[1h]) > {NET_ERRORS_PER_HOUR}", "15m", "warning",
+          f"increase(fleetcanary_net_interface_errors_total[1h]) > {s.net_errors_per_hour:g}", "15m", "warning",
           "A network interface counts errors",
           "Interface {{ $labels.interface }} on {{ $labels.node }} counted " + COUNT + " "
           "{{ $labels.direction }} errors in the last hour."),

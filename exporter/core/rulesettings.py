@@ -102,6 +102,24 @@ class RuleSettings(_Model):
                                          "canary requests failing over 15 minutes above this.")
     inference_ttft_peer_ratio: float = Field(1.1, ge=1, description="FleetCanaryInferenceTTFTSlowerThanPeers: the "
                                              "node's TTFT p95 above this many times its pool's median.")
+    rdma_line_errors_per_hour: float = Field(10, ge=0, description="FleetCanaryRDMAPortErrorsRising: a port's "
+                                             "line error counters (symbol errors, link recoveries, receive errors "
+                                             "...) rising by more than this in an hour (infiniband-diags' "
+                                             "ibcheckerrs default).")
+    rdma_discards_per_hour: float = Field(100, ge=0, description="... or its transmit discards by more than this.")
+    net_carrier_changes_per_hour: float = Field(4, ge=0, description="FleetCanaryNetInterfaceFlapping: carrier "
+                                                "changes in an hour (a down and up is 2).")
+    net_errors_per_hour: float = Field(10, ge=0, description="FleetCanaryNetInterfaceErrors: an interface's errors "
+                                       "in an hour above this.")
+    fabric_slow_ratio: float = Field(0.7, gt=0, le=1, description="Fabric: a pair below this share of the pool's "
+                                     "reference pair bandwidth is slow.")
+    fabric_reference_quantile: float = Field(0.75, gt=0, le=1, description="Fabric: the pool's reference, this "
+                                             "quantile of its current pair figures.")
+    fabric_min_partners: int = Field(3, ge=1, description="Fabric: distinct partners measured in the hour before a "
+                                     "node is judged.")
+    fabric_unreachable_share: float = Field(0.5, gt=0, le=1, description="FleetCanaryFabricNodeUnreachable: the "
+                                            "share of its slots a node missed its partner in, while the pool's "
+                                            "median node misses fewer.")
     figures: dict[str, FigureSettings] = Field(default_factory=dict, description="Per judged figure (by its key): "
                                                "floor, k_mad, history_floor, interval_minutes.")
 
