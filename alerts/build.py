@@ -82,20 +82,25 @@ def pool_shards(s: RuleSettings) -> list[Shard]:
     return [(f"-{p}", f'pool="{p}"') for p in s.pools] + [("-other-pools", f'pool!~"{listed}"')]
 
 
-METRIC = re.compile(r"\b(fleetcanary_[a-zA-Z0-9_]+)(\{[^}]*\})?(?![a-zA-Z0-9_:])")
+# a string literal (left alone: a label value or a regex, never a selector) or a raw fleetcanary_ series with its
+# matchers (a recorded series' name holds a colon, and ALERTS or up are not fleetcanary_, so neither matches)
+METRIC = re.compile(r"""(?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)"""
+                    r"|\b(?P<name>fleetcanary_[a-zA-Z0-9_]+)(?P<matchers>\{[^}]*\})?(?![a-zA-Z0-9_:])")
 
 
 def with_selector(expr: str, selector: str) -> str:
-    """Add the deployer's matchers to every raw fleetcanary_ selector of an expression (recorded series, whose
-    names hold a colon, and `ALERTS` are left alone)."""
+    """Add the deployer's matchers to every raw fleetcanary_ series of an expression (comment lines and string
+    literals are left alone)."""
     if not selector:
         return expr
 
     def add(m: re.Match) -> str:
-        if m.group(2):
-            inner = m.group(2)[1:-1].strip()
-            return f"{m.group(1)}{{{inner + ', ' if inner else ''}{selector}}}"
-        return f"{m.group(1)}{{{selector}}}"
+        if m.group("str"):
+            return m.group(0)
+        if m.group("matchers"):
+            inner = m.group("matchers")[1:-1].strip()
+            return f"{m.group('name')}{{{inner + ', ' if inner else ''}{selector}}}"
+        return f"{m.group('name')}{{{selector}}}"
 
     lines = expr.split("\n")
     return "\n".join(ln if ln.lstrip().startswith("#") else METRIC.sub(add, ln) for ln in lines)

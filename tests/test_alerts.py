@@ -125,7 +125,7 @@ def test_the_alerts_quoted_for_on_call_are_what_the_generator_writes():
     """docs/alerting.md, "Reading the alerts": each quoted expression is an alert's expression as shipped."""
     text = (ROOT / "docs" / "alerting.md").read_text()
     section = text[text.index("## Reading the alerts"):text.index("\n## ", text.index("## Reading the alerts") + 1)]
-    quoted = re.findall(r"```promql\n(.*?)\n```", section, re.S)
+    quoted = re.findall(r"```promql\n(.*?)\n```", section, re.DOTALL)
     exprs = [a["expr"].rstrip("\n") for a in all_alerts()]
     assert len(quoted) == 5 and all(q in exprs for q in quoted), [q.splitlines()[0] for q in quoted if q not in exprs]
 
