@@ -66,10 +66,13 @@ def seconds(d: str) -> int:
 
 
 def interval_minutes(s: RuleSettings, f: judged.Figure) -> float:
-    """The `for` of a figure's peer alerts: the deployer's, else its probe's default interval (the probe map)."""
+    """The `for` of a figure's peer alerts: the deployer's, else the figure's own (the daily burn's hour), else its
+    probe's default interval (the probe map)."""
     over = s.figures.get(f.key)
     if over is not None and over.interval_minutes is not None:
         return over.interval_minutes
+    if f.for_minutes:
+        return f.for_minutes
     from fleetcanary.probes import PROBES
 
     return PROBES[f.probe].default_interval_seconds / 60

@@ -46,6 +46,7 @@ class Figure:
     k_mad: float = 7          # ... and more than this many MADs of the peers' change ratios
     history_floor: float = 0.10  # regression and driver change: at least this far from its own best day
     quiet: bool = False       # a series of it may be quiet (its median of stats.QUIET_MEDIAN_RUNS)
+    for_minutes: float = 0    # the `for` of its peer alerts (0: its probe's default interval, from the probe map)
     # run-to-run noise under which its median is stats.QUIET_MEDIAN_RUNS (0: never): QUIET_SHARE of the change
     # floor, derived (``None``) unless given
     quiet_noise: float | None = None
@@ -90,7 +91,7 @@ FIGURES: tuple[Figure, ...] = (
     # The daily burn: the level path only (5 burns are 5 days); FleetCanaryGPUThrottlingUnlikePeers judges each.
     Figure("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "GPUSustainedThroughput",
            "gpu_sustained", "fleetcanary_gpu_sustained_throughput_ratio", (), gpu="gpu", history=False, fast=False,
-           median_runs=5),
+           median_runs=5, for_minutes=60),  # a burn a day: its level path waits an hour, not a day
     Figure("train_step_time", "training step time", "TrainStepTime", "train_step", "fleetcanary_train_step_seconds",
            ("dtype",), gpu="gpu", higher_is_better=False),
 )
