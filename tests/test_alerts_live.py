@@ -132,5 +132,5 @@ def test_every_judged_alert_fires_on_its_node_and_none_elsewhere_on_a_live_prome
     assert fired == want, f"extra: {sorted(fired - want)}; missing: {sorted(want - fired)}"
     assert not {a for a in fired if a[1] in HEALTHY}
     # the descriptions' queries found the node's statistics and its peers' on the live server
-    queried = [re.split(r"Figure \(median of [^)]*\): ", d)[1] for d in descriptions.values()]
+    queried = [d.split(": its change against its best day ", 1)[1] for d in descriptions.values()]
     assert len(queried) >= 7 and not [q for q in queried if "none" in q], descriptions
