@@ -17,7 +17,6 @@ and three in pool-s (s3 30% worse: too few peers, the fast path on its own histo
 from __future__ import annotations
 
 import random
-import re
 import time
 from pathlib import Path
 
