@@ -107,35 +107,75 @@ def with_selector(expr: str, selector: str) -> str:
 
 
 WIDTH = 110
-BREAK = re.compile(r" (and|or|unless)(?= )")
+LOGICAL = (" and ", " or ", " unless ")
+MODIFIER = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*$")
+ARITHMETIC = (" >= ", " <= ", " == ", " != ", " > ", " < ", " * ", " / ", " + ", " - ")
+
+
+def _depths(expr: str) -> list[int]:
+    """The nesting depth at each character: parentheses, and anything inside a selector's braces, a range's
+    brackets or a string literal counts as nested (no line is ever broken there)."""
+    out, depth, quote, closing = [], 0, "", []
+    for i, ch in enumerate(expr):
+        if quote:
+            out.append(depth + 1)
+            if ch == quote and expr[i - 1] != "\\":
+                quote = ""
+            continue
+        if ch in "\"'`":
+            quote = ch
+            out.append(depth + 1)
+        elif ch in "([{":
+            out.append(depth)
+            depth += 1
+            closing.append(ch)
+        elif ch in ")]}":
+            depth -= 1
+            closing and closing.pop()
+            out.append(depth)
+        else:
+            out.append(depth)
+    return out
+
+
+def _format(expr: str, indent: int) -> list[str]:
+    """A one-line expression as lines of at most WIDTH where it can: broken before its outermost `and`, `or` and
+    `unless`, else before its outermost comparisons and arithmetic, else inside its longest outermost parentheses
+    (their content indented by two)."""
+    expr = expr.strip()
+    if indent + len(expr) <= WIDTH:
+        return [" " * indent + expr]
+    depth = _depths(expr)
+    for ops in (LOGICAL, ARITHMETIC):
+        cuts = [i for i in range(1, len(expr)) if depth[i] == 0 and any(expr.startswith(op, i) for op in ops)
+                and not (depth[i - 1] == 0 and expr[i - 1] in "=!<>")]
+        cuts = [c for k, c in enumerate(cuts) if not k or c > cuts[k - 1] + 2]
+        if cuts:
+            pieces = [expr[a + 1 if a else 0:b] for a, b in zip([0, *cuts], [*cuts, len(expr)], strict=True)]
+            return [line for piece in pieces for line in _format(piece, indent)]
+    groups, start = [], None
+    for i, ch in enumerate(expr):
+        if ch == "(" and depth[i] == 0:
+            start = i
+        elif ch == ")" and depth[i] == 0 and start is not None:
+            groups.append((start, i))
+            start = None
+    # an operand's parentheses, not a modifier's label list (by, on, group_left ...)
+    groups = [(a, b) for a, b in groups if not MODIFIER.search(expr[:a])]
+    if groups:
+        a, b = max(groups, key=lambda g: g[1] - g[0])
+        if b - a > 30:
+            return ([" " * indent + expr[:a + 1].rstrip()] + _format(expr[a + 1:b], indent + 2)
+                    + [" " * indent + expr[b:].strip()])
+    return [" " * indent + expr]
 
 
 def over_lines(expr: str) -> str:
-    """A one-line expression longer than WIDTH broken before each `and`, `or` and `unless` outside parentheses,
-    so a person reads its conditions one a line (PromQL ignores the line breaks; commented expressions are
-    written over lines by their area already)."""
+    """A one-line expression longer than WIDTH written over lines, so a person reads its conditions one a line
+    (PromQL ignores the line breaks; commented expressions are written over lines by their area already)."""
     if "\n" in expr or len(expr) <= WIDTH:
         return expr
-    depth, quote, cuts = 0, "", []
-    for i, ch in enumerate(expr):
-        if quote:
-            quote = "" if ch == quote and expr[i - 1] != "\\" else quote
-        elif ch in "\"'`":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and ch == " " and BREAK.match(expr, i):
-            cuts.append(i)
-    if not cuts:
-        return expr
-    parts, at = [], 0
-    for c in cuts:
-        parts.append(expr[at:c])
-        at = c + 1
-    parts.append(expr[at:])
-    return "\n".join(parts)
+    return "\n".join(_format(expr, 0))
 
 
 def finish(groups: list[Group], s: RuleSettings, scale: float = 1.0) -> tuple[dict, dict]:
