@@ -14,7 +14,8 @@ budget skips, and its peer and history alerts go quiet for want of runs; these r
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.rules.common import Group, Shard, alert, record
 
 COVERED = "fleetcanary_gpu_last_measured_timestamp_seconds"
 POOL = "on(node) group_left(pool) node:fleetcanary_pool:info"
@@ -38,9 +39,15 @@ def intervals(n: int) -> str:
     return f"{n} * fleetcanary_probe_interval_seconds"
 
 
+def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
+    return [Group("rules", "fleetcanary-coverage", "interval", recording_rules()),
+            Group("alerts", "fleetcanary-coverage-alerts", "interval",
+                  alert_rules(s.coverage_min_share, s.coverage_intervals))]
+
+
 def recording_rules() -> list[dict]:
     def rec(name, expr):
-        return {"record": name, "expr": " ".join(expr.split())}
+        return record(name, " ".join(expr.split()))
 
     return [
         rec("pool:fleetcanary_gpu_measured:ratio_1d",
@@ -48,23 +55,19 @@ def recording_rules() -> list[dict]:
     ]
 
 
-def alert_rules(annotations: Callable[[str, str, str], dict], min_share: float, n_intervals: int,
-                for_: str) -> list[dict]:
-    """The alert; `annotations` is alerts/build.py's (summary, description, runbook_url)."""
+def alert_rules(min_share: float, n_intervals: int) -> list[dict]:
+    """The alert (its summary and description)."""
     skips = ("sort_desc(sum by (reason) (increase(fleetcanary_probe_skips_total{probe='%s'}[1d]) "
              "* on(node) group_left(pool) node:fleetcanary_pool:info{pool='%s'}) > 0)")
     expr = f"{share(intervals(n_intervals), 'pool, probe')} < {min_share:g}"
-    return [{
-        "alert": "FleetCanaryPoolUnmeasured", "expr": expr, "for": for_, "labels": {"severity": "warning"},
-        "annotations": annotations(
-            "Most of a pool's GPUs went unmeasured by a probe",
-            f"In pool {{{{ $labels.pool }}}}, {{{{ $value | humanizePercentage }}}} of the GPUs had a successful "
-            f"{{{{ $labels.probe }}}} run in its last {n_intervals} intervals (this alert: under "
-            f"{min_share:.0%}); the peer and history alerts cannot judge the rest. Skips in the pool in the last "
-            f"day, by reason: {{{{ range query (printf \"{skips}\" $labels.probe $labels.pool) }}}}"
-            "{{ .Labels.reason }} {{ .Value | printf \"%.0f\" }}; {{ else }}none{{ end }}",
-            "FleetCanaryPoolUnmeasured"),
-    }]
+    return [alert(
+        "FleetCanaryPoolUnmeasured", expr, "30m", {"severity": "warning"},
+        "Most of a pool's GPUs went unmeasured by a probe",
+        f"In pool {{{{ $labels.pool }}}}, {{{{ $value | humanizePercentage }}}} of the GPUs had a successful "
+        f"{{{{ $labels.probe }}}} run in its last {n_intervals} intervals (this alert: under "
+        f"{min_share:.0%}); the peer and history alerts cannot judge the rest. Skips in the pool in the last "
+        f"day, by reason: {{{{ range query (printf \"{skips}\" $labels.probe $labels.pool) }}}}"
+        "{{ .Labels.reason }} {{ .Value | printf \"%.0f\" }}; {{ else }}none{{ end }}")]
 
 
 # (what it means, first checks, likely causes): alerts/runbooks.py writes docs/runbooks.md from these

@@ -1,6 +1,6 @@
 """Recording rules, alerts and runbook text for the cross-node fabric probe.
 
-Imported by alerts/build.py (a "fleetcanary-fabric" recording group and alert group).
+Imported by alerts/build.py (``groups``: a "fleetcanary-fabric" recording group and alert group).
 docs/fabric.md explains the localization; in short:
 
 - The probe publishes only the latest pair's figures (no per-peer label on figure series),
@@ -13,25 +13,26 @@ docs/fabric.md explains the localization; in short:
   is written onto the latest partner's info series: one (node, partner) series per meeting.
 - Over WINDOW, the distinct partners a node was measured with are those series; a partner
   counts as slow when the pair was slow for most of their meetings in the window.
-- FleetCanaryFabricNodeSlow: at least MIN_PARTNERS distinct partners measured and more than
+- FleetCanaryFabricNodeSlow: at least fabric_min_partners (3) distinct partners measured and more than
   half of them slow. A slow node is slow with all of its partners; each of its partners is
   slow with one (it), so only the culprit fires. One bad link between two good nodes makes
   each of them slow with one partner: neither fires.
 - FleetCanaryFabricNodeUnreachable: most of a node's meeting attempts ended without its
-  partner (peer_unavailable skips), at least MIN_PARTNERS of them, while the pool's median node
+  partner (peer_unavailable skips), at least fabric_min_partners of them, while the pool's median node
   mostly meets its partners (so a pool whose GPUs are all busy does not fire on its idle node).
 
 Prometheus 2.42: nothing experimental.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.rules.common import Group, Shard, alert, record
 
 WINDOW = "1h"              # several slots: 12 at the default 300 s slot
-MIN_PARTNERS = 3           # distinct partners measured before any verdict
-SLOW_RATIO = 0.7           # a pair below this share of the pool reference is slow
-REFERENCE_QUANTILE = 0.75  # the pool reference: a healthy pair's figure even when 2 of 4 figures are slow
-UNREACHABLE_SHARE = 0.5
+# The thresholds are settings (fleetcanary.core.rulesettings): fabric_min_partners (3, distinct partners measured
+# before any verdict), fabric_slow_ratio (0.7: a pair below this share of the pool reference is slow),
+# fabric_reference_quantile (0.75: the pool reference, a healthy pair's figure even when 2 of 4 figures are slow),
+# fabric_unreachable_share (0.5).
 
 CURRENT = "node:fleetcanary_fabric_pair_bandwidth:current"
 REFERENCE = "pool:fleetcanary_fabric_pair_bandwidth:reference"
@@ -48,19 +49,24 @@ _TRIED = 'fleetcanary_probe_runs_total{probe="fabric", outcome=~"success|failure
 
 
 def _rec(name: str, expr: str) -> dict:
-    return {"record": name, "expr": " ".join(expr.split())}
+    return record(name, " ".join(expr.split()))
 
 
-def recording_rules() -> list[dict]:
+def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
+    return [Group("rules", "fleetcanary-fabric", "hard_interval", recording_rules(s)),
+            Group("alerts", "fleetcanary-fabric-alerts", "hard_interval", alert_rules(s))]
+
+
+def recording_rules(s: RuleSettings) -> list[dict]:
     return [
         _rec(CURRENT, "(max by (node) (fleetcanary_fabric_sendrecv_bandwidth_bytes_per_second) "
              "and on(node) ((time() - max by (node) (fleetcanary_fabric_pair_slot_timestamp_seconds)) "
              "< on(node) max by (node) (fleetcanary_fabric_slot_seconds))) "
              "* on(node) group_left(pool) node:fleetcanary_pool:info"),
-        _rec(REFERENCE, f"quantile by (pool) ({REFERENCE_QUANTILE}, {CURRENT})"),
+        _rec(REFERENCE, f"quantile by (pool) ({s.fabric_reference_quantile:g}, {CURRENT})"),
         _rec(RATIO, f"{CURRENT} / on(pool) group_left() {REFERENCE}"),
         _rec(SLOW, f"max by (node, partner) (fleetcanary_fabric_last_partner_info) "
-             f"* on(node) group_left() ({RATIO} < bool {SLOW_RATIO})"),
+             f"* on(node) group_left() ({RATIO} < bool {s.fabric_slow_ratio:g})"),
         _rec(MEASURED, f"count by (node) (max_over_time({SLOW}[{WINDOW}]))"),
         _rec(SLOW_COUNT, f"sum by (node) (avg_over_time({SLOW}[{WINDOW}]) >= bool 0.5)"),
         _rec(SLOW_SHARE, f"{SLOW_COUNT} / on(node) {MEASURED}"),
@@ -71,25 +77,20 @@ def recording_rules() -> list[dict]:
     ]
 
 
-def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
-    """The alerts; `annotations` is alerts/build.py's (summary, description, runbook_url)."""
+def alert_rules(s: RuleSettings) -> list[dict]:
+    share, partners = f"{s.fabric_unreachable_share:g}", s.fabric_min_partners
     return [
-        {"alert": "FleetCanaryFabricNodeSlow",
-         "expr": f"{SLOW_SHARE} > 0.5 and on(node) {MEASURED} >= {MIN_PARTNERS}",
-         "for": "5m", "labels": {"severity": "warning"},
-         "annotations": annotations("A node is slow with most of its fabric partners",
-                             f"{{{{ $labels.node }}}} was below {SLOW_RATIO:.0%} of the pool's pair bandwidth with "
-                             f"{{{{ $value | humanizePercentage }}}} of the distinct partners it met in the last "
-                             f"{WINDOW} (at least {MIN_PARTNERS} needed): the common factor is this node.",
-                             "FleetCanaryFabricNodeSlow")},
-        {"alert": "FleetCanaryFabricNodeUnreachable",
-         "expr": f"{UNAVAILABLE_SHARE} > {UNREACHABLE_SHARE} and on(node) {UNAVAILABLE} >= {MIN_PARTNERS} "
-                 f"and on() (quantile({UNREACHABLE_SHARE}, {UNAVAILABLE_SHARE}) < {UNREACHABLE_SHARE})",
-         "for": "10m", "labels": {"severity": "warning"},
-         "annotations": annotations("A node fails to meet most of its fabric partners",
-                             f"{{{{ $labels.node }}}} missed its partner in {{{{ $value | humanizePercentage }}}} "
-                             f"of its fabric slots in the last {WINDOW}, while most nodes meet theirs.",
-                             "FleetCanaryFabricNodeUnreachable")},
+        alert("FleetCanaryFabricNodeSlow", f"{SLOW_SHARE} > 0.5 and on(node) {MEASURED} >= {partners}", "5m",
+              {"severity": "warning"}, "A node is slow with most of its fabric partners",
+              f"{{{{ $labels.node }}}} was below {s.fabric_slow_ratio:.0%} of the pool's pair bandwidth with "
+              f"{{{{ $value | humanizePercentage }}}} of the distinct partners it met in the last {WINDOW} (at least "
+              f"{partners} needed): the common factor is this node."),
+        alert("FleetCanaryFabricNodeUnreachable",
+              f"{UNAVAILABLE_SHARE} > {share} and on(node) {UNAVAILABLE} >= {partners} "
+              f"and on() (quantile({share}, {UNAVAILABLE_SHARE}) < {share})",
+              "10m", {"severity": "warning"}, "A node fails to meet most of its fabric partners",
+              f"{{{{ $labels.node }}}} missed its partner in {{{{ $value | humanizePercentage }}}} of its fabric "
+              f"slots in the last {WINDOW}, while most nodes meet theirs."),
     ]
 
 

@@ -1,5 +1,4 @@
-"""Alerts and runbook text for RDMA ports and Ethernet interfaces (the nic_health
-probe). alerts/build.py puts them in their own alert group, "fleetcanary-nic".
+"""Alerts and runbook text for RDMA ports and Ethernet interfaces (the nic_health probe).
 
 Thresholds, per port and hour (error counters are the HCA's running totals; increase() handles
 the resets of a driver reload, and counters_saturated tells when one stopped counting):
@@ -11,7 +10,8 @@ the resets of a driver reload, and counters_saturated tells when one stopped cou
 - port_xmit_discards: more than 100 (ibcheckerrs' default): discards also come from congestion
   and from a peer port that went down, so they need more before they mean a bad link.
 Ethernet: two carrier flaps (4 carrier changes) in an hour, more than 10 errors in an hour.
-Down and missing need no threshold: they wait 5 minutes (several 60 s runs) and fire.
+Down and missing need no threshold: they wait 5 minutes (several 60 s runs) and fire. alerts/build.py puts them
+in their own group, "fleetcanary-nic" (``groups``).
 
 An unused port of a dual-port HCA is down by design: a port that is down counts when it is in
 expected_ports, or (with no list configured) when it was up at some time in the last day.
@@ -22,26 +22,26 @@ descriptions depend on it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.rules.common import Group, Shard, alert
 
 ERRORS_1H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[1h])"
 ERRORS_2H = "increase(fleetcanary_rdma_port_errors_total{{counter{sel}}}[2h])"  # a flap alert holds an hour more
 LINE_ERRORS = ("symbol_error|link_error_recovery|port_rcv_errors|port_rcv_remote_physical_errors|"
                "local_link_integrity_errors|excessive_buffer_overrun_errors")
-LINE_ERRORS_PER_HOUR = 10
-DISCARDS_PER_HOUR = 100
-CARRIER_CHANGES_PER_HOUR = 4
-NET_ERRORS_PER_HOUR = 10
 COUNT = '{{ $value | printf "%.0f" }}'  # increase() extrapolates: 4.057 carrier changes reads as 4
 PORT = "{{ $labels.device }}/{{ $labels.port }} on {{ $labels.node }}"
 
 
-def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
-    """The alerts; `annotations` is alerts/build.py's (summary, description, runbook_url), passed in
-    because build.py runs as a script and loads under other names in tests."""
+def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
+    return [Group("alerts", "fleetcanary-nic", "hard_interval", alerts(s))]
+
+
+def alerts(s: RuleSettings) -> list[dict]:
+    """The thresholds are settings (rdma_line_errors_per_hour, rdma_discards_per_hour, net_carrier_changes_per_hour,
+    net_errors_per_hour)."""
     def a(name, expr, for_, sev, summary, desc):
-        return {"alert": name, "expr": " ".join(expr.split()), "for": for_, "labels": {"severity": sev},
-                "annotations": annotations(summary, desc, name)}
+        return alert(name, " ".join(expr.split()), for_, {"severity": sev}, summary, desc)
 
     on = "on(node, device, port)"
     return [
@@ -69,11 +69,11 @@ def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
           "An RDMA port went down and retrained",
           f"Port {PORT} counted {COUNT} link-downed events in the last 2 hours."),
         a("FleetCanaryRDMAPortErrorsRising",
-          ERRORS_1H.format(sel=f'=~"{LINE_ERRORS}"') + f" > {LINE_ERRORS_PER_HOUR} or "
-          + ERRORS_1H.format(sel='="port_xmit_discards"') + f" > {DISCARDS_PER_HOUR}",
+          ERRORS_1H.format(sel=f'=~"{LINE_ERRORS}"') + f" > {s.rdma_line_errors_per_hour:g} or "
+          + ERRORS_1H.format(sel='="port_xmit_discards"') + f" > {s.rdma_discards_per_hour:g}",
           "10m", "warning", "An RDMA port's error counters are rising",
           f"Port {PORT}: {{{{ $labels.counter }}}} rose by {COUNT} in the last hour (thresholds: "
-          f"{LINE_ERRORS_PER_HOUR} an hour, {DISCARDS_PER_HOUR} for transmit discards)."),
+          f"{s.rdma_line_errors_per_hour:g} an hour, {s.rdma_discards_per_hour:g} for transmit discards)."),
         a("FleetCanaryRDMAPortCountersSaturated", "fleetcanary_rdma_port_counters_saturated > 0", "1h", "info",
           "An RDMA port's error counters stopped counting",
           f"Port {PORT} has {{{{ $value }}}} error counters at their maximum; new errors on it no longer show."),
@@ -83,12 +83,12 @@ def alert_rules(annotations: Callable[[str, str, str], dict]) -> list[dict]:
           "Interface {{ $labels.interface }} on {{ $labels.node }} is down or does not exist."),
         a("FleetCanaryNetInterfaceFlapping",
           f"max_over_time((increase(fleetcanary_net_interface_carrier_changes_total[1h]) >= "
-          f"{CARRIER_CHANGES_PER_HOUR})[1h:5m])", "0m",
+          f"{s.net_carrier_changes_per_hour:g})[1h:5m])", "0m",
           "warning", "A network interface's link flaps",
           "Interface {{ $labels.interface }} on {{ $labels.node }} changed carrier " + COUNT + " times "
           "in an hour within the last 2 hours (a down and up is 2)."),
         a("FleetCanaryNetInterfaceErrors",
-          f"increase(fleetcanary_net_interface_errors_total[1h]) > {NET_ERRORS_PER_HOUR}", "15m", "warning",
+          f"increase(fleetcanary_net_interface_errors_total[1h]) > {s.net_errors_per_hour:g}", "15m", "warning",
           "A network interface counts errors",
           "Interface {{ $labels.interface }} on {{ $labels.node }} counted " + COUNT + " "
           "{{ $labels.direction }} errors in the last hour."),

@@ -205,9 +205,8 @@ class Probe:
     # so the same probe on every node starts together (the fabric probe's pairs meet in a slot).
     slot_aligned: ClassVar[bool] = False
     failure_reasons: ClassVar[tuple[str, ...]] = ()
-    # Gauges the alerts' fast path judges: a run in which one of them moved by the entry's confirm_change
-    # or more from the median of its previous 3 figures gets one confirmation run (daemon/confirm.py).
-    confirm_metrics: ClassVar[tuple[str, ...]] = ()
+    # (Which gauges get confirmation runs after a jump is no part of a probe: the fast-path figures' gauges,
+    # fleetcanary.judge.figures.confirm_metrics.)
     # optional: what produces each outcome or failure reason, for docs/metrics.md
     reason_docs: ClassVar[dict[str, str]] = {}
     # Defaults for the schedule, overridable in config.

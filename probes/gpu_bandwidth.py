@@ -43,7 +43,6 @@ class GpuBandwidth(Probe):
     name = "gpu_bandwidth"
     Config = Config
     exclusive = "gpu"
-    confirm_metrics = (METRIC,)
     failure_reasons = ("nvml_error", "cuda_error", "verification_failed", "out_of_memory")
     default_interval_seconds = 900.0
     default_timeout_seconds = 120.0

@@ -75,7 +75,6 @@ class GpuCompute(Probe):
     name = "gpu_compute"
     Config = Config
     exclusive = "gpu"
-    confirm_metrics = (METRIC,)
     failure_reasons = ("nvml_error", "cuda_error", "out_of_memory", "wrong_result", "sdc_no_consensus",
                        "golden_file_error")
     default_interval_seconds = 1800.0

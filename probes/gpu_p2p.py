@@ -70,7 +70,6 @@ class GpuP2P(Probe):
     name = "gpu_p2p"
     Config = Config
     exclusive = "gpu"
-    confirm_metrics = (BW,)
     failure_reasons = ("nvml_error", "cuda_error", "verification_failed", "out_of_memory")
     default_interval_seconds = 3600.0
     default_timeout_seconds = 300.0

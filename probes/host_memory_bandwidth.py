@@ -75,7 +75,6 @@ class Config(ProbeConfig):
 
 class HostMemoryBandwidth(Probe):
     name = "host_memory_bandwidth"
-    confirm_metrics = (METRIC,)
     Config = Config
     failure_reasons = ("verification_failed", "allocation_failed")
     default_interval_seconds = 600.0

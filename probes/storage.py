@@ -90,7 +90,6 @@ def classify(exc: OSError) -> str:
 
 class Storage(Probe):
     name = "storage"
-    confirm_metrics = (P + "read_bytes_per_second", P + "first_byte_seconds")
     Config = Config
     failure_reasons = FAILURE_REASONS
     default_interval_seconds = 1800.0

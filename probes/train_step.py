@@ -103,7 +103,6 @@ class TrainStep(Probe):
     Config = Config
     exclusive = "gpu"
     coverage = "node"  # one GPU measures the node's training step
-    confirm_metrics = (STEP,)
     failure_reasons = ("nvml_error", "cuda_error", "out_of_memory", "loss_mismatch", "dataset_error")
     default_interval_seconds = 3600.0
     default_timeout_seconds = 180.0

@@ -8,6 +8,7 @@ when they are stale. A development script: it is not shipped in the wheel.
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,13 @@ def _model_rows(model: type[BaseModel], prefix: str, rows: list[str]) -> None:
         ann = f.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel) and name != "params":
             _model_rows(ann, f"{prefix}{name}.", rows)
+            continue
+        value = typing.get_args(ann)[1] if typing.get_origin(ann) is dict and len(typing.get_args(ann)) == 2 else None
+        if isinstance(value, type) and issubclass(value, BaseModel) and not f.get_default(call_default_factory=True):
+            # a mapping of models (alerts.figures: per judged figure): its own row, then each key of an item
+            desc = (f.description or "").replace("|", "/")
+            rows.append(f"| `{prefix}{name}` | mapping | `{{}}` |  | {desc} |")
+            _model_rows(value, f"{prefix}{name}.*.", rows)
             continue
         if name == "params" and isinstance(ann, type) and issubclass(ann, BaseModel):
             _model_rows(ann, f"{prefix}{name}.", rows)

@@ -4,7 +4,7 @@
     scripts/generate --check  exit 1, naming each stale file, if a committed one differs
 
 Each step runs as a module (`python -m alerts.build`) from the tree's root.
-Order: rules and runbooks (alerts/build.py: the family table) -> their promtool tests
+Order: rules (alerts/build.py) -> runbooks (alerts/runbooks.py) -> their promtool tests
 (alerts/build_tests.py) -> dashboards (dashboards/build.py) -> deploy manifests (deploy/build.py:
 the PrometheusRule from the rules, the dashboards ConfigMap from the JSON, the chart's files/ copies of both, the
 admission policy, the chart's values schema) -> the metrics and configuration references (scripts/docgen.py:
@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("alerts/build.py", "alerts/build_tests.py", "dashboards/build.py", "deploy/build.py", "scripts/docgen.py")
+STEPS = ("alerts/build.py", "alerts/runbooks.py", "alerts/build_tests.py", "dashboards/build.py", "deploy/build.py",
+         "scripts/docgen.py")
 TREES = ("alerts", "dashboards", "deploy", "docs", "scripts", "charts")
 SKIP = {"__pycache__"}
 

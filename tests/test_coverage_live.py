@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,7 +24,7 @@ from tests.support.vmalert import alerts, evaluations
 
 ROOT = Path(__file__).resolve().parent.parent
 SCALE = 1 / 300
-SETTINGS = replace(build.SETTINGS, hard_interval=build.SETTINGS.interval)
+SETTINGS = build.SETTINGS.model_copy(update={"hard_interval": build.SETTINGS.interval})
 NODES = {"a1": "pool-a", "a2": "pool-a", "a3": "pool-a", "b1": "pool-b", "b2": "pool-b", "b3": "pool-b"}
 GPUS = range(4)
 CAP = 300.0

@@ -17,7 +17,6 @@ it when the metrics or the rules change. run_fleet() compares the engines on wha
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = [ROOT / "alerts" / "fleetcanary.rules.yml", ROOT / "alerts" / "fleetcanary.alerts.yml"]
 SCALE = 1 / 300
 # The peer groups' interval for every group: scaled, each group evaluates every second.
-SETTINGS = replace(build.SETTINGS, hard_interval=build.SETTINGS.interval)
+SETTINGS = build.SETTINGS.model_copy(update={"hard_interval": build.SETTINGS.interval})
 # Only a hang reaches it: on a quiet machine both engines fire everything within half a minute of starting.
 DEADLINE = 120.0
 GPUS = ("0", "1")
@@ -180,7 +179,7 @@ def test_shipped_rules_load_unchanged_on_vmalert():
 
 def test_rules_with_a_deployers_settings_load_on_vmalert(tmp_path):
     """The settings of tests/test_alerts.py's override (a selector, a peer label, pool shards) load too."""
-    s = replace(build.SETTINGS, selector='job="fc"', peer_labels=("cluster",), pools=("a", "b"))
+    s = build.SETTINGS.model_copy(update={"selector": 'job="fc"', "peer_labels": ("cluster",), "pools": ("a", "b")})
     paths = []
     for name, text in build.render(settings=s).items():
         paths.append(tmp_path / name)

@@ -80,6 +80,7 @@ def spec_series(node: int, model: str, pool: str, driver: str) -> dict[str, list
     """family -> (sample name, labels) of every series an 8-GPU node could expose, from the declared metric
     specs: every label value (18 NVLinks per GPU, 56 P2P pairs, ...), every probe's target families."""
     from fleetcanary.daemon.collector import EXPORTER_METRICS
+    from fleetcanary.judge.figures import confirm_metrics
     from fleetcanary.probes import PROBES
 
     lv = label_values()
@@ -106,7 +107,7 @@ def spec_series(node: int, model: str, pool: str, driver: str) -> dict[str, list
             for p in probes:
                 if spec.name.endswith(("failures_total", "crashes_total", "skips_total")):
                     continue  # a reason appears once counted (the budget says which start at 0)
-                if spec.name == "fleetcanary_probe_confirmation_runs_total" and not PROBES[p].confirm_metrics:
+                if spec.name == "fleetcanary_probe_confirmation_runs_total" and not confirm_metrics(p):
                     continue  # only probes with fast-path figures
                 combos += expand(labels, {"probe": p})
         elif spec.name.startswith(("fleetcanary_kubernetes_", JUDGE_PREFIX)):

@@ -200,7 +200,7 @@ panels = [
           "fired, its severity, since when it has been active (ALERTS_FOR_STATE) and, for a judged series, how "
           "far its change against its own best day is below its peers' median change (0.05 = 5% worse; the "
           "change path fires beyond the figure's floor and "
-          f"{S.figure(FIGURES['gpu_memory_bandwidth']).k_mad:g} MADs). A node opens its dashboard. Good: empty. "
+          f"{FIGURES['gpu_memory_bandwidth'].k_mad:g} MADs). A node opens its dashboard. Good: empty. "
           "Each alert's runbook is linked from its runbook_url.", "none",
           [instant(f'{FIRING_SINCE} * 1000', ref="A"),
            instant(f"({shortfall(change_ratio, J[0])}) and on(node, gpu, figure, series) {FIRING}", ref="B")],

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from fleetcanary.core import config_keys, statefile
+from fleetcanary.core.rulesettings import RuleSettings
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
 
@@ -520,6 +521,11 @@ def _settings_model(probe_items: tuple[tuple[str, type[Probe]], ...]) -> type[Ba
         gpu: GpuConfig = Field(default_factory=GpuConfig)
         kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
         xid: XidConfig = Field(default_factory=XidConfig)
+        alerts: RuleSettings = Field(
+            default_factory=RuleSettings,
+            description="The fleet's rule settings (docs/alerting.md, 'Settings'): `fleetcanary rules --settings` "
+            "reads this section of this file, and the exporter reads its figures' change floors (a quiet series is "
+            "one whose run noise is under a fifth of its floor), so a floor changed here moves both.")
         probes: probes_model = Field(default_factory=probes_model)  # type: ignore[valid-type]
         worker_kill_grace_seconds: float = Field(
             2.0, gt=0, le=30, description="Seconds between SIGTERM and SIGKILL to a worker's process group.")

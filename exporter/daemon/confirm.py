@@ -4,8 +4,8 @@ The judge publishes per series the median of its newest 7 runs (5 for a quiet se
 fleet's alerts fire when that median turns: on the fourth bad run of 7. At one run per interval a
 fault waits about four intervals for it (a 7% GPU memory bandwidth step: 3.3 intervals on the
 detection fleet). A suspicion brings those runs within minutes instead: a run in which one of its
-probe's ``confirm_metrics`` moved by its threshold or more, either way, from the median of that
-series' previous HISTORY figures starts a suspicion and asks for a confirmation run
+probe's fast-path gauges (judge/figures.confirm_metrics) moved by its threshold or more, either
+way, from the median of that series' previous HISTORY figures starts a suspicion and asks for a confirmation run
 ``confirm_delay_seconds`` later; each confirmation whose figure still differs by the threshold from
 the median the suspicion started from (not from the newest runs', which by then hold the bad runs)
 asks for the next, up to ``confirm_runs`` (3: with the jumped run, the four bad runs that turn a

@@ -28,6 +28,7 @@ from fleetcanary.daemon.node_health import NodeHealth
 from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_window
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.daemon.state_files import StateFiles
+from fleetcanary.judge import figures as figmod
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
@@ -69,7 +70,9 @@ class Daemon:
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
         self.state_files.restore_budget(self.budget)
         self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir,
-                                                                                       clock=self.clock))
+                                                                                       clock=self.clock,
+                                                                                       figures=figmod.configured(
+                                                                                           settings.alerts)))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
         # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
@@ -454,7 +457,8 @@ class Daemon:
         return charged
 
     def _maybe_confirm(self, name: str, entry, out: RunRecord) -> None:
-        metrics = self.probe_map[name].confirm_metrics
+        # the fast-path figures' gauges (judge/figures.py); a probe with none of them (a test's) may name its own
+        metrics = figmod.confirm_metrics(name) or getattr(self.probe_map[name], "confirm_metrics", ())
         if not metrics or entry.confirm_change <= 0 or entry.confirm_runs <= 0:
             return
         why = self.confirmer.jumped(out, metrics, entry.confirm_change, entry.confirm_runs)

@@ -8,17 +8,30 @@ series with the same ``figure`` and ``series`` labels on nodes of the same pool,
 ``fold`` turns a matrix into a per-GPU figure: the GPU peer-to-peer bandwidth is judged as each
 source GPU's slowest link (one bad link moves it; 8 series per node, not 56). The pair matrix itself
 stays in the raw metric for the dashboards.
+
+This table is the only declaration of a judged figure. The fleet's rules (alerts/build.py) read from it the
+figure's name, direction, alert stem, change-path floor and MADs, history floor and whether the fast path
+judges it; the probe map (fleetcanary.probes) gives its probe's interval. The floors here are the shipped
+defaults: a deployer overrides them once, in the rule settings (fleetcanary.core.rulesettings, the `alerts`
+section of the exporter's config), and both the exporter (a quiet series' threshold, ``configured``) and the
+rule generator read that. The metrics the daemon confirms after a jump are the fast figures' (``confirm_metrics``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetcanary.core.rulesettings import RuleSettings
+
+QUIET_SHARE = 0.2   # a series is quiet when its run noise is under this share of its figure's change floor
 
 
 @dataclass(frozen=True)
 class Figure:
     key: str                  # the `figure` label value
     title: str                # human words
+    alert: str                # CamelCase stem of its alerts' names (FleetCanary<alert>BelowPeers, ...)
     probe: str                # the probe that measures it
     metric: str               # the probe's gauge
     series: tuple[str, ...]   # labels that, with the GPU, identify one series (joined into `series`)
@@ -29,8 +42,24 @@ class Figure:
     history: bool = True      # a baseline, change and drift (False for the daily burn)
     fast: bool = True         # the newest runs' best is published (the fleet's fast path reads it)
     median_runs: int = 0      # runs in its median (0: stats.MEDIAN_RUNS; the daily burn: 5 days)
-    quiet_noise: float = 0.0  # run-to-run noise under which its median is stats.QUIET_MEDIAN_RUNS (0: never);
-                              # a fifth of the change the fleet needs (alerts/build.py's floor)
+    floor: float = 0.05       # change path: at least this far from the peers' median change ...
+    k_mad: float = 7          # ... and more than this many MADs of the peers' change ratios
+    history_floor: float = 0.10  # regression and driver change: at least this far from its own best day
+    quiet: bool = False       # a series of it may be quiet (its median of stats.QUIET_MEDIAN_RUNS)
+    for_minutes: float = 0    # the `for` of its peer alerts (0: its probe's default interval, from the probe map)
+    # run-to-run noise under which its median is stats.QUIET_MEDIAN_RUNS (0: never): QUIET_SHARE of the change
+    # floor, derived (``None``) unless given
+    quiet_noise: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.quiet_noise is None:
+            object.__setattr__(self, "quiet_noise", self.floor * QUIET_SHARE if self.quiet else 0.0)
+
+    @property
+    def per_driver(self) -> bool:
+        """Its series are per GPU driver (GPU figures): a driver upgrade restarts them, and a driver-change path
+        judges them against the previous driver's best day."""
+        return self.model_field == "gpu_model"
 
     def worse(self, a: float, b: float) -> float:
         return min(a, b) if self.higher_is_better else max(a, b)
@@ -40,26 +69,33 @@ class Figure:
 
 
 FIGURES: tuple[Figure, ...] = (
-    Figure("gpu_memory_bandwidth", "GPU memory bandwidth", "gpu_bandwidth",
-           "fleetcanary_gpu_memory_bandwidth_bytes_per_second", ("direction",), gpu="gpu", quiet_noise=0.005),
-    Figure("gpu_p2p_bandwidth", "GPU peer-to-peer bandwidth (slowest link of the source GPU)", "gpu_p2p",
-           "fleetcanary_gpu_p2p_bandwidth_bytes_per_second", (), gpu="src_gpu", fold="dst_gpu"),
-    Figure("collective_bus_bandwidth", "collective bus bandwidth", "collectives",
+    # A 2.5% floor: the fleet's best-measured figure (H200 run noise 0.6%); 5% on its own history.
+    Figure("gpu_memory_bandwidth", "GPU memory bandwidth", "GPUMemoryBandwidth", "gpu_bandwidth",
+           "fleetcanary_gpu_memory_bandwidth_bytes_per_second", ("direction",), gpu="gpu", floor=0.025,
+           history_floor=0.05, quiet=True),
+    Figure("gpu_p2p_bandwidth", "GPU peer-to-peer bandwidth (slowest link)", "GPUP2PBandwidth",
+           "gpu_p2p", "fleetcanary_gpu_p2p_bandwidth_bytes_per_second", (), gpu="src_gpu", fold="dst_gpu"),
+    # One series per node every 30 minutes leaves its peers' spread wider: 6 MADs. The floor is the GPUs' 2.5%: the
+    # gate decides on a noisy series (9-12% on a 1 MiB all-reduce of 3.8% run noise), the floor on a quiet one (a 1
+    # GiB all-reduce of 0.8% on H200, where a 4% floor found 1 of 6 3% drops; issue 38).
+    Figure("collective_bus_bandwidth", "collective bus bandwidth", "CollectiveBandwidth", "collectives",
            "fleetcanary_collective_bus_bandwidth_bytes_per_second", ("collective", "size_bytes", "ranks", "backend"),
-           quiet_noise=0.008),
-    Figure("host_memory_bandwidth", "host memory bandwidth", "host_memory_bandwidth",
+           floor=0.025, k_mad=6, quiet=True),
+    Figure("host_memory_bandwidth", "host memory bandwidth", "HostMemoryBandwidth", "host_memory_bandwidth",
            "fleetcanary_host_memory_bandwidth_bytes_per_second", ("op",), model_field="cpu_model"),
-    Figure("storage_read", "storage read throughput", "storage", "fleetcanary_storage_read_bytes_per_second",
-           ("target", "cache"), model_field=""),
-    Figure("storage_first_byte", "storage first-byte latency", "storage", "fleetcanary_storage_first_byte_seconds",
-           ("target", "cache"), higher_is_better=False, model_field=""),
-    Figure("gpu_matmul_throughput", "GPU matrix-multiply throughput", "gpu_compute",
+    Figure("storage_read", "storage read throughput", "StorageRead", "storage",
+           "fleetcanary_storage_read_bytes_per_second", ("target", "cache"), model_field=""),
+    Figure("storage_first_byte", "storage first-byte latency", "StorageFirstByte", "storage",
+           "fleetcanary_storage_first_byte_seconds", ("target", "cache"), higher_is_better=False, model_field="",
+           floor=0.10),
+    Figure("gpu_matmul_throughput", "GPU matrix-multiply throughput", "GPUMatmulThroughput", "gpu_compute",
            "fleetcanary_gpu_matmul_flops_per_second", ("dtype",), gpu="gpu"),
-    Figure("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "gpu_sustained",
-           "fleetcanary_gpu_sustained_throughput_ratio", (), gpu="gpu", history=False, fast=False,
-           median_runs=5),
-    Figure("train_step_time", "training step time", "train_step", "fleetcanary_train_step_seconds", ("dtype",),
-           gpu="gpu", higher_is_better=False),
+    # The daily burn: the level path only (5 burns are 5 days); FleetCanaryGPUThrottlingUnlikePeers judges each.
+    Figure("gpu_sustained_ratio", "GPU sustained-over-initial throughput", "GPUSustainedThroughput",
+           "gpu_sustained", "fleetcanary_gpu_sustained_throughput_ratio", (), gpu="gpu", history=False, fast=False,
+           median_runs=5, for_minutes=60),  # a burn a day: its level path waits an hour, not a day
+    Figure("train_step_time", "training step time", "TrainStepTime", "train_step", "fleetcanary_train_step_seconds",
+           ("dtype",), gpu="gpu", higher_is_better=False),
 )
 BY_KEY = {f.key: f for f in FIGURES}
 BY_PROBE: dict[str, tuple[Figure, ...]] = {}
@@ -67,6 +103,26 @@ for _f in FIGURES:
     BY_PROBE[_f.probe] = (*BY_PROBE.get(_f.probe, ()), _f)
 
 SeriesKey = tuple[str, str, str]  # (figure, series, gpu)
+
+
+def confirm_metrics(probe: str) -> tuple[str, ...]:
+    """The gauges of a probe whose jump gets confirmation runs (daemon/confirm.py): its fast-path figures' (the
+    fast path reads the best of the newest 3 runs, and confirmation runs bring those within about one interval).
+    Derived here, not declared by the probe."""
+    return tuple(dict.fromkeys(f.metric for f in BY_PROBE.get(probe, ()) if f.fast))
+
+
+def configured(settings: RuleSettings | None = None) -> dict[str, Figure]:
+    """The figures by key with the deployer's floors of the rule settings (its `figures` section) over the
+    declared ones: what the rules compare with, and what the judge derives a quiet series' threshold from."""
+    if settings is None:
+        return dict(BY_KEY)
+    out = {}
+    for key, fig in BY_KEY.items():
+        over = settings.figures.get(key)
+        given = over.model_dump(exclude_none=True, include={"floor", "k_mad", "history_floor"}) if over else {}
+        out[key] = replace(fig, **given, quiet_noise=None) if given else fig
+    return out
 
 
 def extract(probe: str, samples: list[dict[str, Any]]) -> dict[SeriesKey, float]:

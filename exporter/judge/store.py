@@ -93,8 +93,11 @@ def _known(value: Any) -> str:
 
 
 class FigureStore:
-    def __init__(self, state_dir: str | None, retain_days: float = RETAIN_DAYS, clock=None) -> None:
-        """clock: now() (a datetime) and monotonic(), e.g. the daemon's scheduler Clock; tests pass a fake."""
+    def __init__(self, state_dir: str | None, retain_days: float = RETAIN_DAYS, clock=None,
+                 figures: dict[str, figmod.Figure] | None = None) -> None:
+        """clock: now() (a datetime) and monotonic(), e.g. the daemon's scheduler Clock; tests pass a fake.
+        figures: the judged figures by key with the deployer's floors (figmod.configured); default: as declared."""
+        self.figures = figures if figures is not None else figmod.BY_KEY
         self.path = Path(state_dir) / "judge" / FILENAME if state_dir else None
         self.clock = Anchored(clock or SystemClock())
         self.set_aside: Counter[str] = Counter()  # reason -> runs refused or lines not used
@@ -198,7 +201,7 @@ class FigureStore:
                     self.stats.pop(key, None)
             self.uuids[index] = str(uuid)
         for figure, values in line["v"].items():
-            fig = figmod.BY_KEY.get(figure)
+            fig = self.figures.get(figure)
             if fig is None or not isinstance(values, dict):
                 continue
             for skey, value in values.items():

@@ -55,7 +55,6 @@ class Collectives(Probe):
     name = "collectives"
     Config = Config
     exclusive = "gpu"
-    confirm_metrics = (BUSBW,)
     failure_reasons = ("wrong_result", "rank_failed", "nccl_tests_failed", "nvml_error", "cuda_error")
     default_interval_seconds = 1800.0
     default_timeout_seconds = 180.0

@@ -1,0 +1,181 @@
+"""What every area of the rules shares (alerts/build.py assembles them): the one interface an area module has, the
+PromQL and template pieces the judged paths are written with, and durations.
+
+An area module (rules_peers, rules_history, rules_hard, rules_inference, rules_nic, rules_fabric, rules_coverage)
+has one function, ``groups(s, shards) -> list[Group]``: its recording rules and alerts, in the groups they belong
+to, from the settings `s` (fleetcanary.core.rulesettings.RuleSettings) alone. An alert's annotations hold its
+summary and description; its `for` and its group's interval are unscaled; its selectors hold only the matchers the
+rule itself needs. alerts/build.py's final pass (``finish``) adds the deployer's selector to every raw fleetcanary
+series, scales the durations, sets every alert's runbook link and formats every expression over lines: no area
+does any of that itself, so none can do it differently.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.judge import figures as judged
+from fleetcanary.judge import stats as judge_stats
+
+RATIO = 'printf "%.3f"'  # template format of a ratio (change): 0.943, not humanize's 943m
+CURRENT = ", baseline='current_driver'"
+# The MAD's relative standard error for normal data: the normalised MAD's asymptotic variance is 1.36 sigma^2 / n,
+# so its standard error is sqrt(1.36) = 1.166 / sqrt(n) of it
+MAD_SE = 1.17
+GROUP = ("pool", "model", "driver_version", "figure", "series")   # what peers share (plus RuleSettings.peer_labels)
+CHANGE_GROUP = ("baseline", "baseline_driver")                     # ... and, for changes, the baseline they divide by
+Shard = tuple[str, str]     # (group name suffix, pool matcher): ("", "") when the groups are not sharded
+NO_SHARD: Shard = ("", "")
+
+
+@dataclass
+class Group:
+    """A rule group as an area makes it: the file it goes in ("rules" or "alerts"), its name, which setting is its
+    interval ("interval": the judged groups', "hard_interval"), its rules, and its shard (a label on its rules)."""
+    file: str
+    name: str
+    interval: str
+    rules: list[dict] = field(default_factory=list)
+    shard: str = ""
+
+
+def alert(name: str, expr: str, for_: str, labels: dict, summary: str, description: str, **more: str) -> dict:
+    """An alert as an area writes it; the final pass adds its runbook_url (after the description)."""
+    return {"alert": name, "expr": expr, "for": for_, "labels": labels,
+            "annotations": {"summary": summary, "description": description, **more}}
+
+
+def record(name: str, expr: str) -> dict:
+    return {"record": name, "expr": expr}
+
+
+# --- durations -------------------------------------------------------------------------------------------------
+def dur(secs: float) -> str:
+    secs = round(secs)
+    if secs == 0:
+        return "0m"
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= n and secs % n == 0:
+            return f"{secs // n}{unit}"
+    return f"{secs}s"
+
+
+def seconds(d: str) -> int:
+    return sum(int(n) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[u] for n, u in re.findall(r"(\d+)([smhd])", d))
+
+
+def interval_minutes(s: RuleSettings, f: judged.Figure) -> float:
+    """The `for` of a figure's peer alerts: the deployer's, else the figure's own (the daily burn's hour), else its
+    probe's default interval (the probe map)."""
+    over = s.figures.get(f.key)
+    if over is not None and over.interval_minutes is not None:
+        return over.interval_minutes
+    if f.for_minutes:
+        return f.for_minutes
+    from fleetcanary.probes import PROBES
+
+    return PROBES[f.probe].default_interval_seconds / 60
+
+
+def figures(s: RuleSettings) -> list[judged.Figure]:
+    """The judged figures, with the deployer's floors (the same the exporter reads)."""
+    return list(judged.configured(s).values())
+
+
+# --- PromQL pieces ---------------------------------------------------------------------------------------------
+def counted(selector: str, window: str) -> str:
+    """Counted in the last ``window``: the counter rose, or its series is new there and above zero. An error
+    counter's series is often born already counting (the XID counter at its first XID; NVML's volatile ECC
+    count when the exporter starts after the error), where increase() sees nothing; a reset after a restart
+    is increase()'s part."""
+    return f"increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window})"
+
+
+def counted_value(selector: str, window: str) -> str:
+    """How many were counted in the last ``window`` (for a panel): what a series new there has counted, else
+    its increase."""
+    return f"({selector} unless {selector} offset {window}) or increase({selector}[{window}])"
+
+
+def by(s: RuleSettings, *extra: str) -> str:
+    return ", ".join((*s.peer_labels, *GROUP, *extra))
+
+
+def on(s: RuleSettings, *extra: str) -> str:
+    """The labels an alert matches one figure's series and records on: the peer group's but `figure`, which
+    both sides' selectors fix."""
+    return ", ".join(x for x in (*s.peer_labels, *GROUP, *extra) if x != "figure")
+
+
+def sel(*matchers: str) -> str:
+    """A selector of the matchers a rule needs (the final pass adds the deployer's to raw series)."""
+    return "{" + ", ".join(m for m in matchers if m) + "}"
+
+
+def worse(f: judged.Figure, ratio: str) -> str:
+    """How far worse a ratio is (the gap): 1 - r for a higher-is-better figure, r - 1 otherwise."""
+    return f"(1 - {ratio})" if f.higher_is_better else f"({ratio} - 1)"
+
+
+def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless: str = "", gate: str = "") -> str:
+    """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value`, the same gap
+    the alert fires on (read through ``gap_of``: its newest sample of the last `hold_gap`), is past `floor`, half
+    the alert's own; `gate`, where given, is what must be past it instead (the fast path: its median), and `value`
+    is then only its value. So `$value` means one thing, fired or held. Without it a steady fault near a threshold
+    resolves and fires again whenever noise, the peers' MAD gate or a gap in the figure moves it across
+    (docs/detection.md, issue 38)."""
+    if not s.hold:
+        return ""
+    on_ = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
+    node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
+    cond = (f"or {value} > {floor:g}\n" if not gate else
+            f"or {value}\n  and on({node}) {gate} > {floor:g}\n")
+    value_note = "; the value stays the newest runs' gap" if gate else ""
+    return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (its newest\n"
+            f"# figure of the last {s.hold_gap}{value_note})\n"
+            + cond
+            + (f"  unless {unless}\n" if unless else "")
+            + f'  and on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}')
+
+
+def gap_of(s: RuleSettings, selector: str) -> str:
+    """A node's statistic as a hold reads it: its newest sample of the last `hold_gap` (held through a gap)."""
+    return f"last_over_time({selector}[{s.hold_gap}])" if s.hold else selector
+
+
+# --- templates -------------------------------------------------------------------------------------------------
+def query(metric: str, figure: str, extra: str = "", fmt: str = "humanize") -> str:
+    """A template that reads one statistic of the alerted series (vmalert and Prometheus both have `query`)."""
+    q = f"{metric}{{node='%s', figure='{figure}', series='%s', gpu='%s'{extra}}}"
+    return (f'{{{{ with query (printf "{q}" $labels.node $labels.series $labels.gpu) }}}}'
+            f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}none{{{{ end }}}}")
+
+
+def peer_query(s: RuleSettings, metric: str, figure: str, extra: str = "", fmt: str = "humanize",
+               baseline: bool = False) -> str:
+    """A template that reads one statistic of the alerted series' peer group (its peer labels included; the
+    baseline labels of the alerted series where `baseline`)."""
+    labels = [*s.peer_labels, "pool", "model", "driver_version"]
+    q = ", ".join(f"{k}='%s'" for k in labels) + f", figure='{figure}', series='%s'{extra}"
+    args = " ".join(f"$labels.{k}" for k in [*labels, "series", *(("baseline", "baseline_driver") if baseline else ())])
+    if baseline:
+        q += ", baseline='%s', baseline_driver='%s'"
+    return (f'{{{{ with query (printf "{metric}{{{q}}}" {args}) }}}}'
+            f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}none{{{{ end }}}}")
+
+
+def what(f: judged.Figure) -> str:
+    gpu = " GPU {{ $labels.gpu }}" if f.gpu else ""
+    return f"{f.title[:1].upper()}{f.title[1:]} of {{{{ $labels.node }}}}{gpu}" + " ({{ $labels.series }})"
+
+
+def median_words(f: judged.Figure) -> str:
+    """Runs in the exporter's median of the figure, in words (fleetcanary.judge.stats)."""
+    return judge_stats.median_words(judged.BY_KEY[f.key])
+
+
+def peers_value(s: RuleSettings, f: judged.Figure) -> dict:
+    """The peers' median figure of the alerted series as a plain number, in the figure's unit: what `fleetcanary
+    remediate` compares a confirming run with before it acts on a performance verdict (docs/remediation.md)."""
+    return {"peers_value": peer_query(s, "pool:fleetcanary_judge_median:peer_median", f.key, fmt='printf "%g"')}
