@@ -54,7 +54,10 @@ previous driver's baseline, which judges the first two weeks on the new one.
   noise and the day's runs): the best day is then the node's level, not its luckiest day, on a node of few
   runs a day as on one of many. Without it a busy GPU's best day, of few runs, stood about a standard error
   higher than its peers' (a normal GPU read 4% under peers whose days were whole), and a part day of 23 runs
-  that read 2.6% high made every later day of a 1 MiB all-reduce a 4% drift (issue 38).
+  that read 2.6% high made every later day of a 1 MiB all-reduce a 4% drift (issue 38). Until the node's swing
+  is known, the days are leaned by a rough one (bins seen on ROUGH_MIN_DAYS days, ROUGH_MIN_BINS of them) for
+  the choice of the best day alone: a busy node's part day of the warm hours, taken as it was, stood 1% over its
+  whole days and its trough's runs read 3% under it (5 GPUs of one node paged for 14 hours after an upgrade).
 - change: level / baseline.
 - previous driver: for the BASELINE_DAYS after an upgrade, level / the best day on the driver
   before it. The fleet judges it against the nodes upgraded the same way: the driver's own effect
@@ -90,6 +93,7 @@ DAY_MIN_SPAN = 6 * 3600.0
 DAY_BINS = 8        # 3-hour bins of the UTC day: days are compared hour for hour
 PROFILE_MIN_DAYS = 3  # days with runs in a bin before its part of the node's daily swing is known
 PROFILE_MIN_BINS = 6  # bins known before the swing is taken out
+ROUGH_MIN_DAYS, ROUGH_MIN_BINS = 2, 4  # the rough swing that leans the best day's candidates until then
 # The drift's standard error at most this: an eighth of the rules' 4% drift floor. The best day is the best of up
 # to 14, about 1.7 standard errors of a day's median above a typical day (more with the error of the daily swing
 # it is corrected by), so a normal day already reads that far under it; at a quarter of the floor two 4%-noise
@@ -157,13 +161,15 @@ def bin_medians(times: list[float], values: list[float]) -> tuple[tuple[float, i
     return tuple((statistics.median(b), len(b)) if b else None for b in bins)
 
 
-def hour_profile(days: list[tuple], sweeps: int = 6) -> list[float | None] | None:
+def hour_profile(days: list[tuple], sweeps: int = 6, min_days: int | None = None,
+                 min_bins: int | None = None) -> list[float | None] | None:
     """The node's own daily swing: each bin's effect (log) in a median polish of the days' bin medians
     (Tukey's two-way fit, day x bin, in logs), mean 0 over the bins known. A bin is known once PROFILE_MIN_DAYS
     days had runs in it (a bin's effect from fewer is one junk run or one odd day); None while fewer than
     PROFILE_MIN_BINS are known."""
-    known = [b for b in range(DAY_BINS) if sum(1 for bins in days if bins[b] is not None) >= PROFILE_MIN_DAYS]
-    if len(known) < PROFILE_MIN_BINS:
+    min_days, min_bins = min_days or PROFILE_MIN_DAYS, min_bins or PROFILE_MIN_BINS
+    known = [b for b in range(DAY_BINS) if sum(1 for bins in days if bins[b] is not None) >= min_days]
+    if len(known) < min_bins:
         return None
     res = [cells for bins in days if (cells := {b: math.log(bins[b][0]) for b in known if bins[b] is not None})]
     col = dict.fromkeys(known, 0.0)
@@ -305,6 +311,12 @@ class Series:
             self._profile_day = self.today
         return self._profile
 
+    def rough_profile(self) -> list[float | None] | None:
+        """The node's daily swing from bins seen on ROUGH_MIN_DAYS days: rougher than profile(), only to lean the
+        best day's candidates while that is not known."""
+        days = [self.day_bins[k] for k, m in self.day_medians.items() if m is not None]
+        return hour_profile(days, min_days=ROUGH_MIN_DAYS, min_bins=ROUGH_MIN_BINS)
+
     def hour_for_hour(self, runs) -> list[float]:
         """Each run's value over the node's daily swing at its time of day (as measured while no swing is known)."""
         profile = self.profile()
@@ -325,6 +337,10 @@ class Series:
             return self._best[driver]
         days = {k: m for k, m in self.day_medians.items() if k[1] == driver and m is not None}
         profile = self.profile()
+        if profile is None:
+            # Without the node's swing a part day's lean is unknown: a day of the warm hours only stood 1% over
+            # the node's whole days, and the runs of its trough read 3% under it. Its lean from a rough swing then.
+            profile = self.rough_profile()
         noise = self.noise_on(driver) or self.noise_on(None)
         lead = best_lead(len(days))
         best = None

@@ -68,15 +68,16 @@ def swing(t: float) -> float:
 
 
 def test_days_are_compared_hour_for_hour():
-    # The exporter starts at 14:00 and sees only the warm hours: that part day is the baseline as it is
-    # until three days have shown the node's swing; then it is compared with the same hours of them, so a
-    # cool morning is not judged as a 2% drop.
+    # The exporter starts at 14:00 and sees only the warm hours: until three days have shown the node's swing,
+    # that part day is leaned by the rough swing of two (issue 38: the warm part day as the best day, as it was,
+    # read a busy node's trough 3% under it); then it is compared with the same hours of them, so a cool
+    # morning is not judged as a 2% drop.
     s = Series(GPU_BW)
     t = 14 * 3600.0
     while t < 3 * DAY + 2 * 3600:
         s.add(t, swing(t), DRIVER)
         t += 900.0
-    assert s.stats().baseline == pytest.approx(1.02)            # two whole days: the swing not known yet
+    assert s.stats().baseline == pytest.approx(1.0, rel=1e-3)   # two whole days: the rough swing leans it
     while t < 4 * DAY + 3 * 3600:
         s.add(t, swing(t), DRIVER)
         t += 900.0
