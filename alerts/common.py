@@ -131,7 +131,7 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
     node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
     cond = (f"or {value} > {floor:g}\n" if not gate else
             f"or {value}\n  and on({node}) {gate} > {floor:g}\n")
-    value_note = "; the value stays the newest runs' gap" if gate else ""
+    value_note = "; the value stays the newest runs' gap, the median's once they are not new" if gate else ""
     return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (its newest\n"
             f"# figure of the last {s.hold_gap}{value_note})\n"
             + cond

@@ -154,8 +154,13 @@ def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> dict:
             f"{worse(f, _ratio(s, f, 'newest', pool, g, peer='median'))}\n"
             + _gate(s, f, "median", g, s.fast_floor, s.level_k_mad))
     # held on its median, so one lucky run of a GPU that is still slow does not resolve the page; the value stays
-    # the newest runs' gap
-    expr += hold(s, name, worse(f, _ratio(s, f, "newest", pool, g, held=True, peer="median")), s.fast_floor / 2,
+    # the newest runs' gap, or the median's once a busy GPU's newest runs are no longer published (the exporter
+    # publishes them while they are fresh only), so the hold lasts as long as the median is published
+    fm = f'figure="{f.key}"'
+    newest_or_median = (f"({gap_of(s, 'fleetcanary_judge_newest' + sel(fm, pool))} "
+                        f"or {gap_of(s, 'fleetcanary_judge_median' + sel(fm, pool))})\n"
+                        f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}")
+    expr += hold(s, name, worse(f, newest_or_median), s.fast_floor / 2,
                  "the gap of its median", gate=worse(f, _ratio(s, f, "median", pool, g, held=True)))
     word = "far slower than" if lower else "far below"
     desc = (f"{what(f)}: the best of its newest 3 runs, {query('fleetcanary_judge_newest', f.key)}, is "

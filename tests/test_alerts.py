@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import build, build_tests
+from alerts import build_tests
 from tests.support.helpers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,7 +234,7 @@ def test_a_floor_changed_in_the_settings_moves_the_rules_and_the_exporter_alike(
     figs = figmod.configured(exporter.alerts)
     assert figs["gpu_memory_bandwidth"].floor == 0.03
     assert figs["gpu_memory_bandwidth"].quiet_noise == pytest.approx(0.03 / 5)
-    assert figs["collective_bus_bandwidth"].quiet_noise == pytest.approx(0.04 / 5)   # as declared
+    assert figs["collective_bus_bandwidth"].quiet_noise == pytest.approx(0.025 / 5)  # as declared
     store = FigureStore(None, figures=figs)
     assert store.figures["gpu_memory_bandwidth"].quiet_noise == pytest.approx(0.006)
 
