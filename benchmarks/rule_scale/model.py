@@ -37,7 +37,8 @@ def label_values() -> dict[str, list[str]]:
         "type": ["corrected", "uncorrected"], "counter": ["volatile", "aggregate"],
         "cause": ["correctable", "uncorrectable"],
         "link": [str(k) for k in range(18)], "reason": list(nvml.THROTTLE_REASONS.values()),
-        "xid": ["79"], "dtype": ["bf16", "fp16", "tf32", "fp8"],
+        "xid": ["79"], "class": ["bus"], "severity": ["critical"], "fabricmanager": ["unknown"], "imex": ["unknown"],
+        "dtype": ["bf16", "fp16", "tf32", "fp8"],
         "status": ["match", "mismatch", "no_consensus", "unjudged"],
         "clock": ["sm", "mem"], "collective": ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"],
         "size_bytes": ["8", "1024", "65536", "1048576", "16777216", "67108864"], "ranks": ["8"], "backend": ["nccl"],
@@ -110,6 +111,12 @@ def spec_series(node: int, model: str, pool: str, driver: str) -> dict[str, list
                 if spec.name == "fleetcanary_probe_confirmation_runs_total" and not confirm_metrics(p):
                     continue  # only probes with fast-path figures
                 combos += expand(labels, {"probe": p})
+        elif spec.name == "fleetcanary_state_errors_total":
+            continue  # a file and kind appear once counted
+        elif spec.name == "fleetcanary_gpu_health_state":
+            combos = [{"gpu": g, "state": "healthy", "reason": ""} for g in lv["gpu"]]  # one series per GPU
+        elif spec.name == "fleetcanary_node_health_state":
+            combos = [{"state": "healthy", "reason": ""}]
         elif spec.name.startswith(("fleetcanary_kubernetes_", JUDGE_PREFIX)):
             continue  # bare metal; the judge's families are modelled apart (judge_series)
         else:
@@ -119,6 +126,8 @@ def spec_series(node: int, model: str, pool: str, driver: str) -> dict[str, list
         for spec in cls.metrics:
             if spec.name.endswith("_failures_total"):
                 continue
+            if "appears once it happened" in spec.help and any(n not in lv for n in spec.labels):
+                continue  # its series are born when it happens (an SXid, a state file set aside): none at steady state
             if spec.name == "fleetcanary_gpu_info":
                 combos = [{"gpu": g, "uuid": f"GPU-{node:04d}-{g}", "model": model, "pci_bus_id": f"0000:{g}1:00.0",
                            "serial": f"S{node:04d}{g}", "vbios": "96.00.99.00.01"} for g in lv["gpu"]]
