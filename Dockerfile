@@ -5,11 +5,11 @@
 # and the Python packages of image/requirements-<FLAVOUR>.txt: == pins with hashes, torch
 # included, the same lock files `make image` installs (scripts/build-image, docs/image.md,
 # which builds these images without a Docker engine).
-#   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) -t fleetcanary:0.3.0-cpu .
+#   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) -t fleetcanary:0.4.0-cpu .
 #   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) --build-arg FLAVOUR=cuda \
-#                --build-arg PIP_EXTRA_INDEX_URL= -t fleetcanary:0.3.0 .
+#                --build-arg PIP_EXTRA_INDEX_URL= -t fleetcanary:0.4.0 .
 #   docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD) --build-arg FLAVOUR=cuda12 \
-#                --build-arg PIP_EXTRA_INDEX_URL= -t fleetcanary:0.3.0-cuda12 .
+#                --build-arg PIP_EXTRA_INDEX_URL= -t fleetcanary:0.4.0-cuda12 .
 # FLAVOUR=cpu takes torch's CPU build from PIP_EXTRA_INDEX_URL (PyTorch's CPU index); FLAVOUR=cuda
 # takes the CUDA 13.0 build from PyPI (driver R580+), FLAVOUR=cuda12 the CUDA 12.8 one (torch 2.10.0,
 # driver R525+: R535, R550, R570 nodes; docs/image.md). The NVIDIA container runtime mounts the driver

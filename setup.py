@@ -5,7 +5,8 @@
    this checkout, else (building from an sdist) the file the sdist already carries.
 2. The rules and dashboards packages ship their data only: the generator scripts beside
    the data (dashboards/boards/*.py, alerts/build_tests.py, ...) are development tools. The rule
-   generator alerts/build.py (with rules_*.py, matchers.py and prometheusrule.py) ships, for `fleetcanary rules`.
+   generator alerts/build.py (with common.py, rules_*.py, matchers.py and prometheusrule.py) ships, for
+   `fleetcanary rules`.
 """
 import json
 import os
@@ -20,8 +21,9 @@ HERE = Path(__file__).resolve().parent
 BUILD_INFO = "_build.json"
 DATA_ONLY = ("fleetcanary.rules", "fleetcanary.dashboards")
 # ... except the rule generator, which deployers run with their own settings (`fleetcanary rules`).
-SHIPPED_MODULES = {"fleetcanary.rules": {"__init__", "build", "matchers", "prometheusrule", "rules_coverage",
-                                         "rules_fabric", "rules_nic"}}
+SHIPPED_MODULES = {"fleetcanary.rules": {"__init__", "build", "common", "matchers", "prometheusrule", "rules_coverage",
+                                         "rules_fabric", "rules_hard", "rules_history", "rules_inference", "rules_nic",
+                                         "rules_peers"}}
 
 
 def _commit() -> str | None:
