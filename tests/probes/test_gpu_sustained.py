@@ -21,7 +21,9 @@ from fleetcanary.probes.gpu_sustained import (
 from fleetcanary.probes.lib import load_trace, nvml
 from tests.support.gpu import ctx, fake, value
 
-TINY = dict(device="cpu", burn_seconds=0.6, size=16, per_chunk=1, initial_seconds=0.1, sample_interval_seconds=0.02)
+# A short CPU burn, but with an initial window a busy host's first chunks cannot use up (0.1 s was: on a 2-core host at
+# load 6 the two chunks skipped as warm-up took longer, and the burn failed with too_few_chunks).
+TINY = dict(device="cpu", burn_seconds=0.8, size=16, per_chunk=1, initial_seconds=0.3, sample_interval_seconds=0.02)
 
 
 def trace_from_fake(monkeypatch, name="h100_8gpu_sustained_trace", period=0.1):
