@@ -533,13 +533,19 @@ CONDITION = re.compile(r"^(?P<value>.*?) > (?P<floor>[0-9.]+)"
                        r"(?: > on\((?P<g>[^)]*)\) group_left\(\) \((?P<gate>.*?)\))?"
                        r"(?: and on\((?P<g3>[^)]*)\) (?P<confirm>.*) > (?P<cfloor>[0-9.]+))?"
                        r"(?: (?P<op>and|unless) on\((?P<g2>[^)]*)\) \((?P<nodes>.*) >= (?P<min>\d+)\))?$")
+# The same parts where the gap is written once (issue 42): VALUE > on(G) group_left() clamp_min(K * MAD, FLOOR).
+CONDITION_ONCE = re.compile(r"^(?P<value>.*?) > on\((?P<g>[^)]*)\) group_left\(\) clamp_min\((?P<gate>.*?), "
+                            r"(?P<floor>[0-9.]+)\)"
+                            r"(?: and on\((?P<g3>[^)]*)\) (?P<confirm>.*) > (?P<cfloor>[0-9.]+))?"
+                            r"(?: (?P<op>and|unless) on\((?P<g2>[^)]*)\) \((?P<nodes>.*) >= (?P<min>\d+)\))?$")
 RAW_JUDGE = re.compile(r"(?<![:\w])(fleetcanary_judge_[a-z]+)(?![:\w])(\{[^}]*\})?")
 
 
 def condition_parts(a: Alert) -> dict | None:
     """A peer or own-history alert's condition in its parts, as the shipped rules write it:
-    VALUE > FLOOR [> on(G) group_left() (K * MAD)] [and on(N) CONFIRMED > FLOOR] [and|unless on(G) (NODES >= MIN)]."""
-    m = CONDITION.match(a.expr)
+    VALUE > FLOOR [> on(G) group_left() (K * MAD)] [and on(N) CONFIRMED > FLOOR] [and|unless on(G) (NODES >= MIN)],
+    or with the gap written once, VALUE > on(G) group_left() clamp_min(K * MAD, FLOOR) [...]."""
+    m = CONDITION_ONCE.match(a.expr) or CONDITION.match(a.expr)
     if not m or a.kind == "hard":
         return None
     return m.groupdict()
