@@ -93,7 +93,8 @@ DAY_MIN_SPAN = 6 * 3600.0
 DAY_BINS = 8        # 3-hour bins of the UTC day: days are compared hour for hour
 PROFILE_MIN_DAYS = 3  # days with runs in a bin before its part of the node's daily swing is known
 PROFILE_MIN_BINS = 6  # bins known before the swing is taken out
-ROUGH_MIN_DAYS, ROUGH_MIN_BINS = 2, 4  # the rough swing that leans the best day's candidates until then
+ROUGH_MIN_DAYS, ROUGH_MIN_BINS = 2, 4  # the rough swing that leans the best day's candidates until then,
+ROUGH_MIN_RUNS = 3  # from bins of 3 runs a day at least: a bin of one junk run read 15% low at 80% busy
 # The drift's standard error at most this: an eighth of the rules' 4% drift floor. The best day is the best of up
 # to 14, about 1.7 standard errors of a day's median above a typical day (more with the error of the daily swing
 # it is corrected by), so a normal day already reads that far under it; at a quarter of the floor two 4%-noise
@@ -312,9 +313,10 @@ class Series:
         return self._profile
 
     def rough_profile(self) -> list[float | None] | None:
-        """The node's daily swing from bins seen on ROUGH_MIN_DAYS days: rougher than profile(), only to lean the
-        best day's candidates while that is not known."""
-        days = [self.day_bins[k] for k, m in self.day_medians.items() if m is not None]
+        """The node's daily swing from bins seen on ROUGH_MIN_DAYS days with ROUGH_MIN_RUNS runs each: rougher than
+        profile(), only to lean the best day's candidates while that is not known."""
+        days = [tuple(c if c is not None and c[1] >= ROUGH_MIN_RUNS else None for c in self.day_bins[k])
+                for k, m in self.day_medians.items() if m is not None]
         return hour_profile(days, min_days=ROUGH_MIN_DAYS, min_bins=ROUGH_MIN_BINS)
 
     def hour_for_hour(self, runs) -> list[float]:
