@@ -55,9 +55,12 @@ previous driver's baseline, which judges the first two weeks on the new one.
   runs a day as on one of many. Without it a busy GPU's best day, of few runs, stood about a standard error
   higher than its peers' (a normal GPU read 4% under peers whose days were whole), and a part day of 23 runs
   that read 2.6% high made every later day of a 1 MiB all-reduce a 4% drift (issue 38). Until the node's swing
-  is known, the days are leaned by a rough one (bins seen on ROUGH_MIN_DAYS days, ROUGH_MIN_BINS of them) for
-  the choice of the best day alone: a busy node's part day of the warm hours, taken as it was, stood 1% over its
-  whole days and its trough's runs read 3% under it (5 GPUs of one node paged for 14 hours after an upgrade).
+  is known, a rough one stands in for it (bins seen on ROUGH_MIN_DAYS days with ROUGH_MIN_RUNS runs each,
+  ROUGH_MIN_BINS of them), both to lean the days the best day is chosen from and to take the level's runs hour
+  for hour, so the two sides of a change are read alike: a busy node's part day of the warm hours, taken as it
+  was, stood 1% over its whole days and its trough's runs read 3% under it (5 GPUs of one node paged for 14 hours
+  after an upgrade); with the days leaned and the runs not, a busy GPU's first runs on a new driver, all in its
+  night trough, read 2% under its peers' change for 12 hours (issue 38).
 - change: level / baseline.
 - previous driver: for the BASELINE_DAYS after an upgrade, level / the best day on the driver
   before it. The fleet judges it against the nodes upgraded the same way: the driver's own effect
@@ -93,7 +96,7 @@ DAY_MIN_SPAN = 6 * 3600.0
 DAY_BINS = 8        # 3-hour bins of the UTC day: days are compared hour for hour
 PROFILE_MIN_DAYS = 3  # days with runs in a bin before its part of the node's daily swing is known
 PROFILE_MIN_BINS = 6  # bins known before the swing is taken out
-ROUGH_MIN_DAYS, ROUGH_MIN_BINS = 2, 4  # the rough swing that leans the best day's candidates until then,
+ROUGH_MIN_DAYS, ROUGH_MIN_BINS = 2, 4  # the rough swing that stands in for it until then,
 ROUGH_MIN_RUNS = 3  # from bins of 3 runs a day at least: a bin of one junk run read 15% low at 80% busy
 # The drift's standard error at most this: an eighth of the rules' 4% drift floor. The best day is the best of up
 # to 14, about 1.7 standard errors of a day's median above a typical day (more with the error of the daily swing
@@ -241,6 +244,8 @@ class Series:
         self._best: dict[str, float | None] = {}  # best_day per driver, until a day ends
         self._profile: list[float | None] | None = None  # the node's daily swing, until a day ends
         self._profile_day = -1
+        self._rough: list[float | None] | None = None
+        self._rough_day = -1
 
     def add(self, t: float, value: float, driver: str) -> None:
         if t < self.last:
@@ -314,14 +319,18 @@ class Series:
 
     def rough_profile(self) -> list[float | None] | None:
         """The node's daily swing from bins seen on ROUGH_MIN_DAYS days with ROUGH_MIN_RUNS runs each: rougher than
-        profile(), only to lean the best day's candidates while that is not known."""
-        days = [tuple(c if c is not None and c[1] >= ROUGH_MIN_RUNS else None for c in self.day_bins[k])
-                for k, m in self.day_medians.items() if m is not None]
-        return hour_profile(days, min_days=ROUGH_MIN_DAYS, min_bins=ROUGH_MIN_BINS)
+        profile(), it stands in for it while that is not known (a busy node's nights are seen on few days)."""
+        if self._rough_day != self.today:
+            days = [tuple(c if c is not None and c[1] >= ROUGH_MIN_RUNS else None for c in self.day_bins[k])
+                    for k, m in self.day_medians.items() if m is not None]
+            self._rough = hour_profile(days, min_days=ROUGH_MIN_DAYS, min_bins=ROUGH_MIN_BINS)
+            self._rough_day = self.today
+        return self._rough
 
     def hour_for_hour(self, runs) -> list[float]:
-        """Each run's value over the node's daily swing at its time of day (as measured while no swing is known)."""
-        profile = self.profile()
+        """Each run's value over the node's daily swing at its time of day (the rough swing while the swing is not
+        known; as measured while neither is)."""
+        profile = self.profile() or self.rough_profile()
         if profile is None:
             return [v for _, v in runs]
         return [v / math.exp(swing_at(profile, t)) for t, v in runs]

@@ -307,6 +307,31 @@ def test_lower_is_better_mirrors_every_statistic():
     assert s.stats().change == pytest.approx(1.25)
 
 
+def free_after_nine_and_on_day_one(t: float) -> bool:
+    return t % DAY >= 9 * 3600 or t // DAY == 1   # busy from 00:00 to 09:00 but on one night of four
+
+
+def test_a_busy_gpus_first_runs_on_a_new_driver_in_its_trough_are_taken_hour_for_hour():
+    """Issue 38: a GPU busy from 00:00 to 09:00 on most days has runs in 5 of the 8 bins on three days, so its
+    swing (6 bins known) is not known; the days its best day is chosen from were leaned by the rough swing while
+    its runs were taken as measured. Its first runs on a new driver (a 6% effect every upgraded node shares), all
+    in its trough, read 7.4% under its best day: 1.4% more than its peers' and past half the 2.5% floor, which
+    held a page 12 hours on the H200 fleet. With the rough swing standing in for both sides the trough reads 0.7%
+    (the partial swing is known about the mean of the bins it saw, and a whole day is the best day)."""
+    def previous_change(hour_for_hour: bool) -> float:
+        s = Series(GPU_BW)
+        t = swinging(s, 4, 0.015, every=free_after_nine_and_on_day_one)
+        assert s.profile() is None and s.rough_profile() is not None
+        if not hour_for_hour:
+            s.rough_profile = lambda: None                       # its runs as measured
+        t += 18 * 3600                                          # 18:00 on day 4, the trough
+        feed(s, t, 900.0, [0.94 * (1 + 0.015 * math.sin(2 * math.pi * (t + i * 900.0) / DAY))
+                           for i in range(MEDIAN_RUNS)], driver="580.1")
+        return s.stats().previous_change
+    assert previous_change(hour_for_hour=False) < 0.927
+    assert previous_change(hour_for_hour=True) == pytest.approx(0.94, abs=0.0075)
+
+
 def test_a_driver_upgrade_restarts_the_series_and_judges_it_against_the_previous_drivers_best_day():
     s = Series(GPU_BW)
     t = steady_days(s, 4, noise=0.0)
@@ -368,7 +393,8 @@ def test_a_quiet_series_medians_fewer_runs_from_its_first_complete_day(noise, ru
     assert s.smooth == runs
     level = s.stats().median
     t = feed(s, t, 900.0, [0.9 * level] * (runs // 2 + 1))  # just enough bad runs for this median
-    assert s.stats().change == pytest.approx(0.9 * level / s.stats().baseline)
+    # the runs hour for hour: the rough swing of noise this series shows moves its change by a few in 10,000
+    assert s.stats().change == pytest.approx(0.9 * level / s.stats().baseline, rel=2e-3)
     assert s.stats().median == pytest.approx(0.9 * level)
 
 
