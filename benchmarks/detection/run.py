@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -280,6 +281,9 @@ def write_episodes(path: Path, fleet: Fleet, eps_by: dict) -> None:
 
 def main() -> int:
     args = parse()
+    # SIGTERM (and SIGINT, which a shell's background job ignores) end the run through its finally blocks: the
+    # replay's Prometheus stopped, the work directory removed (a plain SIGTERM left both behind).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = profile_from(args)
     overrides = judge_overrides(args.judge_set)
     if args.judge_variant:
