@@ -16,6 +16,7 @@ import yaml
 from harness.http import http_get
 from harness.poll import wait_for
 from harness.ports import free_port
+from harness.processes import stop_process
 
 # Debian ships the server as prometheus-alertmanager; upstream tarballs call it alertmanager.
 NAMES = ("prometheus-alertmanager", "alertmanager")
@@ -73,10 +74,4 @@ class Alertmanager:
         return json.loads(body)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)

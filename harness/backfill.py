@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from harness.ports import free_port
+from harness.processes import stop_process
 from harness.prometheus import binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,13 +71,7 @@ class BackfilledPrometheus:
         return False
 
     def _halt(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=60)
 
     def _get(self, path: str, params: dict, timeout: float = 900) -> list[dict]:
         q = urllib.parse.urlencode(params)
@@ -96,13 +91,7 @@ class BackfilledPrometheus:
         return self._get("/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step})
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=120)
         self._log.close()
 
 

@@ -6,17 +6,16 @@ tests/support/prometheus.py resolves the binary the tests' way (missing: a skip,
 """
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import urllib.parse
 from pathlib import Path
 
 import yaml
 
-from harness.http import http_get
+from harness.http import http_get, instant_query
 from harness.poll import wait_for
 from harness.ports import free_port
+from harness.processes import stop_process
 
 
 def binary(name: str) -> str:
@@ -63,19 +62,10 @@ class Prometheus:
                  timeout=60, what="prometheus ready")
 
     def query(self, expr: str) -> list[dict]:
-        code, _, body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-        data = json.loads(body)
-        if code != 200 or data.get("status") != "success":
-            raise AssertionError(f"query {expr!r} failed: {data}")
-        return data["data"]["result"]
+        return instant_query(self.url, expr)
 
     def targets_up(self) -> bool:
         return any(float(r["value"][1]) == 1.0 for r in self.query('up{job="fleetcanary"}'))
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import yaml
+
+from harness.http import instant_query
+from harness.processes import stop_process
 
 from .helpers import StopWaiting, free_port, http_get, require_binary, wait_for
 from .servers import ServerThread
@@ -37,15 +39,6 @@ def assert_loads(rule_files: list[Path | str]) -> None:
     r = dry_run(rule_files)
     assert r.returncode == 0, (f"vmalert -dryRun refuses {[str(p) for p in rule_files]}:\n"
                                f"{(r.stdout + r.stderr)[-4000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _ready(proc: subprocess.Popen, url: str, log: Path) -> bool:
@@ -87,14 +80,10 @@ class VictoriaMetrics:
             raise
 
     def query(self, expr: str) -> list[dict]:
-        code, _, body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-        data = json.loads(body)
-        if code != 200 or data.get("status") != "success":
-            raise AssertionError(f"query {expr!r} failed: {data}")
-        return data["data"]["result"]
+        return instant_query(self.url, expr)
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc)
 
 
 class Notifier(ServerThread):
@@ -149,7 +138,7 @@ class VMAlert:
             raise
 
     def stop(self) -> None:
-        _stop(self.proc)
+        stop_process(self.proc)
         self.notifier.close()
 
 
