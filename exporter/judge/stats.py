@@ -327,10 +327,15 @@ class Series:
             self._rough_day = self.today
         return self._rough
 
+    def swing(self) -> list[float | None] | None:
+        """The swing both sides of a change are read by: the node's daily swing, the rough one while that is not
+        known (a part day of the warm hours stood 1% over the node's whole days, and the runs of its trough read
+        3% under it), None while neither is."""
+        return self.profile() or self.rough_profile()
+
     def hour_for_hour(self, runs) -> list[float]:
-        """Each run's value over the node's daily swing at its time of day (the rough swing while the swing is not
-        known; as measured while neither is)."""
-        profile = self.profile() or self.rough_profile()
+        """Each run's value over the node's swing (``swing``) at its time of day; as measured while none is known."""
+        profile = self.swing()
         if profile is None:
             return [v for _, v in runs]
         return [v / math.exp(swing_at(profile, t)) for t, v in runs]
@@ -347,11 +352,7 @@ class Series:
         if driver in self._best:
             return self._best[driver]
         days = {k: m for k, m in self.day_medians.items() if k[1] == driver and m is not None}
-        profile = self.profile()
-        if profile is None:
-            # Without the node's swing a part day's lean is unknown: a day of the warm hours only stood 1% over
-            # the node's whole days, and the runs of its trough read 3% under it. Its lean from a rough swing then.
-            profile = self.rough_profile()
+        profile = self.swing()
         noise = self.noise_on(driver) or self.noise_on(None)
         lead = best_lead(len(days))
         best = None
