@@ -46,7 +46,7 @@ import yaml
 from pydantic import ValidationError
 
 from fleetcanary.core import rulesettings
-from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.core.rulesettings import RuleSettings, seconds
 from fleetcanary.judge import figures as judged
 from fleetcanary.rules import (
     prometheusrule,
@@ -58,7 +58,7 @@ from fleetcanary.rules import (
     rules_nic,
     rules_peers,
 )
-from fleetcanary.rules.common import CHANGE_GROUP, GROUP, Group, Shard, counted, counted_value, dur, seconds
+from fleetcanary.rules.common import CHANGE_GROUP, GROUP, Group, Shard, counted, counted_value, dur
 
 HERE = Path(__file__).resolve().parent
 RUNBOOK = rulesettings.runbook_base()

@@ -11,7 +11,6 @@ does any of that itself, so none can do it differently.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from fleetcanary.core.rulesettings import RuleSettings
@@ -59,10 +58,6 @@ def dur(secs: float) -> str:
         if secs >= n and secs % n == 0:
             return f"{secs // n}{unit}"
     return f"{secs}s"
-
-
-def seconds(d: str) -> int:
-    return sum(int(n) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[u] for n, u in re.findall(r"(\d+)([smhd])", d))
 
 
 def interval_minutes(s: RuleSettings, f: judged.Figure) -> float:
@@ -131,7 +126,7 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
     node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
     cond = (f"or {value} > {floor:g}\n" if not gate else
             f"or {value}\n  and on({node}) {gate} > {floor:g}\n")
-    value_note = "; the value stays the newest runs' gap, the median's once they are not new" if gate else ""
+    value_note = "; the value is the newest runs' gap, the median's where those are not published" if gate else ""
     return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (its newest\n"
             f"# figure of the last {s.hold_gap}{value_note})\n"
             + cond

@@ -108,6 +108,9 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
         # over its median); this asks the node alone, as the fast path does, that all of its newest 3 runs agree,
         # so four heavy-tailed low runs among seven are not a verdict (9 false episodes in a week on the
         # detection fleet's Student-t GPUs without it).
+        # Unconfirmed where the newest runs are not published: held (not new), or better than the median with the
+        # change within half the floor (fleetcanary.judge.publish), which with the peers' median change under
+        # 1 + floor / 2 cannot confirm.
         node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
         confirm = (f"fleetcanary_judge_change{sel(fm, pool)}\n"
                    f"      * on({node}) group_left() (fleetcanary_judge_newest{sel(fm, pool)} / "
@@ -153,11 +156,11 @@ def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> dict:
             f"# median figure\n"
             f"{worse(f, _ratio(s, f, 'newest', pool, g, peer='median'))}\n"
             + _gate(s, f, "median", g, s.fast_floor, s.level_k_mad))
-    # held on its median, so one lucky run of a GPU that is still slow does not resolve the page; the value stays
-    # the newest runs' gap, or the median's once a busy GPU's newest runs are no longer published (the exporter
-    # publishes them while they are fresh only), so the hold lasts as long as the median is published
+    # held on its median, so one lucky run of a GPU that is still slow does not resolve the page; the value is
+    # the newest runs' gap, or the median's where they are not published (a busy GPU's are not new; a recovering
+    # one's are better than its median: fleetcanary.judge.publish), so the hold lasts as long as the median is
     fm = f'figure="{f.key}"'
-    newest_or_median = (f"({gap_of(s, 'fleetcanary_judge_newest' + sel(fm, pool))} "
+    newest_or_median = (f"(fleetcanary_judge_newest{sel(fm, pool)} "
                         f"or {gap_of(s, 'fleetcanary_judge_median' + sel(fm, pool))})\n"
                         f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}")
     expr += hold(s, name, worse(f, newest_or_median), s.fast_floor / 2,

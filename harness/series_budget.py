@@ -222,13 +222,19 @@ def steady_judge(node: dict[str, list[dict[str, str]]], days: float = STEADY_DAY
         if samples:
             interval = PROBES[probe].default_interval_seconds
             runs += [(start + (k + 1) * interval, probe, samples) for k in range(int(days * 86400 // interval))]
+    def hold(probe: str) -> float:
+        return hold_for(PROBES[probe].default_interval_seconds, PROBES[probe].default_timeout_seconds)
+
+    # rendered once a day as well, as a running exporter is at every run: what it publishes depends on what it
+    # published before (a drift stays for the hold gap after it was near its alert; judge/publish.py)
+    day = int(start // 86400)
     for t, probe, samples in sorted(runs, key=lambda r: r[:2]):
         store.observe(RunRecord(probe, "success", started_at=t - 1, wall_seconds=1, environment=env,
                                 samples=[{**s, "value": 1.0 + rng.gauss(0, 0.002)} for s in samples]))
+        if int(t // 86400) != day:
+            day = int(t // 86400)
+            list(judge_families(store, {"pool": "budget-pool"}, t, hold))
     end = max(t for t, _, _ in runs)
-
-    def hold(probe: str) -> float:
-        return hold_for(PROBES[probe].default_interval_seconds, PROBES[probe].default_timeout_seconds)
 
     out: dict[str, list[dict[str, str]]] = {}
     for fam in judge_families(store, {"pool": "budget-pool"}, end, hold):
@@ -299,6 +305,18 @@ def recorded_per_node(node: dict[str, list[dict[str, str]]],
     return out
 
 
+def stood_in_by_median(node: dict[str, list[dict[str, str]]],
+                       steady: dict[str, list[dict[str, str]]]) -> dict[str, int]:
+    """family -> its series that the judge's median stands in for at steady state (the exporter leaves them out
+    once the series has a median: fleetcanary.judge.figures.STANDS_IN, server.raw_judged_figures)."""
+    from fleetcanary.judge import figures as figmod
+
+    medians = {(lab["figure"], lab["series"], lab["gpu"]) for lab in steady.get("fleetcanary_judge_median", [])}
+    out = {m: sum(figmod.key_of(fig, lab) in medians for lab in node.get(m, []))
+           for m, fig in figmod.STANDS_IN.items()}
+    return {m: n for m, n in sorted(out.items()) if n}
+
+
 def summarize(fams: dict[str, list[dict[str, str]]], ran: dict, params: dict | None) -> dict:
     measured = {f: len(labs) for f, labs in fams.items()}
     gaps = gpu_node(fams, params)
@@ -309,13 +327,16 @@ def summarize(fams: dict[str, list[dict[str, str]]], ran: dict, params: dict | N
     recorded = recorded_per_node({**{f: labs for f, labs in raw.items() if not f.startswith(JUDGE_PREFIX)},
                                   **steady})
     judge_steady = {f: len(labs) for f, labs in steady.items()}
-    total = sum(node.values()) - judge + sum(judge_steady.values()) + sum(recorded.values())
+    stood_in = stood_in_by_median(raw, steady)
+    total = (sum(node.values()) - judge - sum(stood_in.values()) + sum(judge_steady.values())
+             + sum(recorded.values()))
     return {"node": f"{GPUS} GPUs (fake NVML {FAKE_NVML.name}), {IB_PORTS} InfiniBand ports",
             "params": params or {}, "probe_outcomes": ran,
             "series_measured": sum(measured.values()), "series": sum(node.values()), "judge_series": judge,
             "series_without_judge": sum(node.values()) - judge, "budget": BUDGET,
             "by_family": dict(sorted(((f, n) for f, n in node.items() if n), key=lambda kv: (-kv[1], kv[0]))),
             "gpu_node_gaps": gaps,
+            "stood_in_by_median": stood_in,
             "judge_steady_series": sum(judge_steady.values()),
             "judge_steady": dict(sorted(judge_steady.items(), key=lambda kv: (-kv[1], kv[0]))),
             "recorded_series": round(sum(recorded.values()), 1),
@@ -367,6 +388,8 @@ def doc_section(result: dict) -> str:
             f"model and driver, shared here by a pool of {result['pool_nodes']} alike nodes).", "",
             "| part | series |", "| --- | ---: |",
             f"| exposition without the judge's statistics | {result['series_without_judge']} |"]
+    out += [f"| less `{f}`: the judge's median stands in once the series has one | -{n} |"
+            for f, n in result.get("stood_in_by_median", {}).items()]
     out += [f"| judge: `{f}` | {n} |" for f, n in result["judge_steady"].items() if n]
     out += [f"| recorded: `{r}` | {n:g} |" for r, n in result["recorded"].items()]
     out += [f"| total per node | **{result['total_per_node']:g}** (budget {result['node_budget']}) |", "",

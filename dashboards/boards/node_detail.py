@@ -45,9 +45,23 @@ def bound(figure: str, series: str = "") -> str:
             f"and on({G}) fleetcanary_judge_median{sel(N, fm, series)}")
 
 
+def runs(figure: str, raw: str = "", series: str = "") -> str:
+    """A judged figure of this node in its own metric's labels: each run's gauge while the judge has no median
+    of the series (or with server.raw_judged_figures), else the judge's median, which stands in for it (its
+    `series` label split back into the labels it joins). `raw` and `series`: matchers on either side."""
+    fig = FIGURES[figure]
+    fm = f'figure="{figure}"'
+    median = f"fleetcanary_judge_median{sel(N, fm, series)}"
+    pattern = "/".join("([^/]*)" for _ in fig.series)
+    for i, label in enumerate(fig.series):
+        median = f'label_replace({median}, "{label}", "${i + 1}", "series", "{pattern}")'
+    keep = ", ".join(("node", *((fig.gpu,) if fig.gpu else ()), *fig.series))
+    return f"{fig.metric}{sel(N, raw)} or on({keep}) {median}"
+
+
 def band(direction: str) -> list:
     series = f'series=~"{direction}"'
-    return [(f'{BW}{{{N}, direction=~"{direction}"}}', "GPU {{gpu}} {{direction}}"),
+    return [(runs("gpu_memory_bandwidth", f'direction=~"{direction}"', series), "GPU {{gpu}} {{direction}}"),
             (peer("median", "gpu_memory_bandwidth", series), "pool median {{series}}"),
             (bound("gpu_memory_bandwidth", series), "level alert bound {{series}}")]
 
@@ -216,7 +230,7 @@ panels = [
           "nccl-tests bus bandwidth of the last run at each message size, per collective. Good: rising with "
           "size and levelling off near the link bandwidth (NVLink 4: ~360-450 GB/s all_reduce on 8 GPUs); "
           "a low plateau is a slow link or a bad topology choice.", "Bps",
-          [instant(f"max by (collective, size_bytes) (fleetcanary_collective_bus_bandwidth_bytes_per_second{{{N}}})")],
+          [instant(f"max by (collective, size_bytes) ({runs('collective_bus_bandwidth')})")],
           w=12, xTickLabelRotation=-45, transformations=[
               {"id": "groupingToMatrix", "options": {"columnField": "collective", "rowField": "size_bytes",
                                                      "valueField": "Value"}},
@@ -226,27 +240,27 @@ panels = [
     panel("timeseries", "Collective bus bandwidth over time",
           "Bus bandwidth per collective and message size, per run. Good: flat lines; a step down after a "
           "driver or NCCL change is what the DropAfterDriverChange alerts catch.", "Bps",
-          [(f"fleetcanary_collective_bus_bandwidth_bytes_per_second{{{N}}}", "{{collective}} {{size_bytes}} B")],
+          [(runs("collective_bus_bandwidth"), "{{collective}} {{size_bytes}} B")],
           w=12),
     panel("timeseries", "Host memory bandwidth against the pool",
           "STREAM copy and triad on all cores, with the median of nodes with the same CPU model in the pool. "
           "Good: within 10% of the pool median.", "Bps",
-          [(f"fleetcanary_host_memory_bandwidth_bytes_per_second{{{N}}}", "{{op}}"),
+          [(runs("host_memory_bandwidth"), "{{op}}"),
            (peer("median", "host_memory_bandwidth"), "pool median {{series}}")], w=12),
     panel("timeseries", "Storage first byte",
           "Time to the first bytes of a file, cold (page cache dropped) and hot, per target. Good: local NVMe "
           "well under 1 ms cold; network file systems a few ms; a climb is the storage, not the node.", "s",
-          [(f"fleetcanary_storage_first_byte_seconds{{{N}}}", "{{target}} {{cache}}")], w=12),
+          [(runs("storage_first_byte"), "{{target}} {{cache}}")], w=12),
     panel("timeseries", "Storage throughput",
           "Sequential read (cold and hot) and write bandwidth per target. Good: cold reads near the device's "
           "rating (a few GB/s per NVMe drive); hot reads are the page cache.", "Bps",
-          [(f"fleetcanary_storage_read_bytes_per_second{{{N}}}", "read {{target}} {{cache}}"),
+          [(runs("storage_read"), "read {{target}} {{cache}}"),
            (f"fleetcanary_storage_write_bytes_per_second{{{N}}}", "write {{target}}")], w=12),
     panel("timeseries", "Matmul throughput per GPU and dtype against the pool",
           "Each GPU's matrix-multiply FLOP/s per dtype (gpu_compute, every 30 minutes), with the median of its "
           "peers (same GPU model and pool) per dtype. Good: every GPU within 10% of its dtype's median; the "
           "bf16 8192^3 product runs at about 770-800 TFLOP/s on an H200.", "flops",
-          [(f"fleetcanary_gpu_matmul_flops_per_second{{{N}}}", "GPU {{gpu}} {{dtype}}"),
+          [(runs("gpu_matmul_throughput"), "GPU {{gpu}} {{dtype}}"),
            (peer("median", "gpu_matmul_throughput"), "pool median {{series}}")],
           w=12),
     panel("table", "Correctness: SDC canary verdict and training-loss check per GPU",
@@ -287,7 +301,7 @@ panels = [
     panel("timeseries", "Training step time against the pool",
           "Step time (forward, backward, optimizer) of the canary transformer per GPU and dtype, with the "
           "median of its peers (same GPU model and pool). Good: within 10% of the median.", "s",
-          [(f"fleetcanary_train_step_seconds{{{N}}}", "GPU {{gpu}} {{dtype}}"),
+          [(runs("train_step_time"), "GPU {{gpu}} {{dtype}}"),
            (peer("median", "train_step_time"), "pool median {{series}}")], w=12),
     panel("timeseries", "Training loss against its golden",
           "Relative deviation of the canary's loss after K steps from the shipped golden, per GPU and dtype. "

@@ -27,6 +27,11 @@ DURATION = r"^(\d+[smhd])+$"
 RENAMED: dict[str, str] = {}
 
 
+def seconds(d: str) -> int:
+    """A duration of the settings (DURATION: 90s, 5m, 1h30m, 2d) in seconds."""
+    return sum(int(n) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[u] for n, u in re.findall(r"(\d+)([smhd])", d))
+
+
 def runbook_base() -> str:
     """The runbooks of this release (its tag), so a page links to what was true of the rules that sent it; a
     development build (a local version, or none) links to main."""

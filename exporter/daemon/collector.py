@@ -22,8 +22,10 @@ from fleetcanary.core.record import CRASH_REASONS, SKIP_REASONS
 from fleetcanary.core.version import git_commit, version
 from fleetcanary.daemon import claim_inbox
 from fleetcanary.daemon.kube import ERROR_REASONS, OPERATIONS
+from fleetcanary.judge import figures as figmod
 from fleetcanary.judge.exposition import METRICS as JUDGE_METRICS
 from fleetcanary.judge.exposition import families as judge_families
+from fleetcanary.judge.exposition import smoothed as judge_smoothed
 
 SCHEDULED = "From the last scheduled run; a scrape never triggers a probe."
 NODE_EXTRA_LABELS = ("pool", "node_name", "gpu_product", "instance_type", "zone")
@@ -209,7 +211,10 @@ class _StateCollector:
                 last_ok.add_metric([name], st.last_success_ts)
         yield from (success, dur, last_ok, runs, skips, fails, crashes, interval, invalid, confirmations)
 
-        # Probe families, from their declared specs.
+        # Probe families, from their declared specs; a judged figure's gauge until the judge has its median
+        # (which stands in for it after), unless server.raw_judged_figures keeps it.
+        now = time.time()
+        smoothed = set() if s.judge is None or s.raw_judged else judge_smoothed(s.judge, now, s.judge_hold)
         for name in probes:
             cls = s.probes[name]
             st = s.state[name]
@@ -217,8 +222,10 @@ class _StateCollector:
                 help_text = f"{spec.help} {SCHEDULED}" if spec.type == "gauge" else spec.help
                 if spec.type == "gauge":
                     fam = GaugeMetricFamily(spec.name, help_text, labels=list(spec.labels))
+                    fig = figmod.STANDS_IN.get(spec.name) if smoothed else None
                     for key, v in st.gauges.get(spec.name, {}).items():
-                        fam.add_metric([v2 for _, v2 in key], v)
+                        if fig is None or figmod.key_of(fig, dict(key)) not in smoothed:
+                            fam.add_metric([v2 for _, v2 in key], v)
                 elif spec.type == "counter":
                     fam = CounterMetricFamily(spec.name.removesuffix("_total"), help_text, labels=list(spec.labels))
                     for key, v in s.counters.get(spec.name, {}).items():
@@ -272,7 +279,7 @@ class _StateCollector:
             node_health.add_metric(list(s.health_node), 1)
         yield node_health
         if s.judge is not None:
-            yield from judge_families(s.judge, s.node_labels(), time.time(), s.judge_hold, s.judge_fresh)
+            yield from judge_families(s.judge, s.node_labels(), now, s.judge_hold, s.judge_fresh)
         if s.kube is not None:
             yield from _kube_families(s.kube, s.kube_condition_type)
 

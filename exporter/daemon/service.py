@@ -29,6 +29,7 @@ from fleetcanary.daemon.scheduler import Clock, GpuBudget, Scheduler, budget_win
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.daemon.state_files import StateFiles
 from fleetcanary.judge import figures as figmod
+from fleetcanary.judge.publish import Policy
 from fleetcanary.judge.store import FigureStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
@@ -69,11 +70,11 @@ class Daemon:
         self.state_files = StateFiles(settings.state_dir)  # gpu-budget.json, coverage.json
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
         self.state_files.restore_budget(self.budget)
-        self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(settings.state_dir,
-                                                                                       clock=self.clock,
-                                                                                       figures=figmod.configured(
-                                                                                           settings.alerts)))
+        self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(
+            settings.state_dir, clock=self.clock, figures=figmod.configured(settings.alerts),
+            publish=Policy.from_settings(settings.alerts)))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
+        self.store.set_raw_judged(settings.server.raw_judged_figures)
         # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
         # exporter restart must not look like a driver change to the fleet's rules).
@@ -311,6 +312,7 @@ class Daemon:
                 self.kube.cfg = new.kubernetes
             self.history = self._history(new)
         self.store.set_enabled(self._enabled(new), self._intervals(new), self._timeouts(new))
+        self.store.set_raw_judged(new.server.raw_judged_figures)
         self.store.set_node_extra_labels(self._extra_node_labels(new))
         jobs = self._jobs()
         self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))

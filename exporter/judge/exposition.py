@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fleetcanary.judge import figures as figmod
-from fleetcanary.judge import freshness
+from fleetcanary.judge import freshness, publish
 from fleetcanary.judge import stats as statsmod
 from fleetcanary.judge.store import FigureStore
 
@@ -89,13 +89,13 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
             runs.add_metric(labels, st.runs)
         if st.median is not None:
             med.add_metric(labels, st.median)
-        if st.newest is not None and state != "held":
+        if state != "held" and publish.show_newest(store.figures.get(figure, fig), st):
             new.add_metric(labels, st.newest)
         if st.change is not None:
             chg.add_metric([*labels, "current_driver", st.driver], st.change)
         if st.previous_change is not None:
             chg.add_metric([*labels, "previous_driver", st.previous_driver], st.previous_change)
-        if st.drift is not None:
+        if store.publish.show_drift((figure, series, gpu), fig, st.drift, now):
             dft.add_metric(labels, st.drift)
     yield from (med, new, chg, dft, runs)
     count = GaugeMetricFamily("fleetcanary_judge_series", HELP["series"], labels=["pool", "figure", "state"])
@@ -115,3 +115,10 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
     bad.add_metric(["unreadable_line"], store.bad_lines)
     bad.add_metric(["write_failed"], store.write_errors)
     yield bad
+
+
+def smoothed(store: FigureStore, now: float, hold: Callable[[str], float]) -> set[figmod.SeriesKey]:
+    """The series whose median is published now: the daemon's exposition leaves their figure's gauge out
+    (figures.STANDS_IN) unless server.raw_judged_figures keeps it."""
+    return {key for key, st, _ in store.snapshot() if st.median is not None
+            and freshness.series_state(st.state, now - st.last, hold(figmod.BY_KEY[key[0]].probe)) != "stale"}

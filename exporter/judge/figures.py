@@ -133,19 +133,34 @@ def extract(probe: str, samples: list[dict[str, Any]]) -> dict[SeriesKey, float]
         for s in samples:
             if s.get("metric") != fig.metric:
                 continue
-            labels = s.get("labels") or {}
+            key = key_of(fig, s.get("labels") or {})
             try:
                 value = float(s["value"])
-                series = "/".join(str(labels[k]) for k in fig.series)
-                gpu = str(labels[fig.gpu]) if fig.gpu else ""
             except (KeyError, TypeError, ValueError):
                 continue
-            if not value > 0 or value == float("inf"):
+            if key is None or not value > 0 or value == float("inf"):
                 continue
-            if fig.fold:
-                if str(labels.get(fig.fold, "")) == gpu:
-                    continue
-                series = series or "slowest_link"
-            key = (fig.key, series, gpu)
             out[key] = fig.worse(out[key], value) if key in out else value
     return out
+
+
+def key_of(fig: Figure, labels: dict[str, Any]) -> SeriesKey | None:
+    """The judged series a sample of the figure's metric belongs to; None where a label is missing (or the
+    sample is a folded matrix's diagonal)."""
+    try:
+        series = "/".join(str(labels[k]) for k in fig.series)
+        gpu = str(labels[fig.gpu]) if fig.gpu else ""
+    except KeyError:
+        return None
+    if fig.fold:
+        if str(labels.get(fig.fold, "")) == gpu:
+            return None
+        series = series or "slowest_link"
+    return (fig.key, series, gpu)
+
+
+# metric -> the figure whose judged median stands in for its gauge once the series has one (the daemon's
+# exposition; server.raw_judged_figures keeps the gauges): every figure but a folded matrix, whose gauge says
+# which link is slow where the judge keeps only the slowest, and the daily burn, whose median is of 5 days
+# where each day's burn is the figure on-call reads
+STANDS_IN: dict[str, Figure] = {f.metric: f for f in FIGURES if not f.fold and not f.median_runs}

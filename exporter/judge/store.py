@@ -44,6 +44,7 @@ from fleetcanary.core import statefile
 from fleetcanary.core.environment import UNKNOWN
 from fleetcanary.core.record import RunRecord
 from fleetcanary.judge import figures as figmod
+from fleetcanary.judge.publish import Policy
 from fleetcanary.judge.stats import DAY, Series, Stats
 
 log = logging.getLogger("fleetcanary.judge")
@@ -94,10 +95,13 @@ def _known(value: Any) -> str:
 
 class FigureStore:
     def __init__(self, state_dir: str | None, retain_days: float = RETAIN_DAYS, clock=None,
-                 figures: dict[str, figmod.Figure] | None = None) -> None:
+                 figures: dict[str, figmod.Figure] | None = None, publish: Policy | None = None) -> None:
         """clock: now() (a datetime) and monotonic(), e.g. the daemon's scheduler Clock; tests pass a fake.
-        figures: the judged figures by key with the deployer's floors (figmod.configured); default: as declared."""
+        figures: the judged figures by key with the deployer's floors (figmod.configured); default: as declared.
+        publish: which statistics the exposition leaves out (judge/publish.py), from the rule settings; default:
+        theirs."""
         self.figures = figures if figures is not None else figmod.BY_KEY
+        self.publish = publish if publish is not None else Policy.from_settings(None)
         self.path = Path(state_dir) / "judge" / FILENAME if state_dir else None
         self.clock = Anchored(clock or SystemClock())
         self.set_aside: Counter[str] = Counter()  # reason -> runs refused or lines not used
