@@ -19,7 +19,18 @@ from harness.backfill import binary
 
 from .backfill import backfill, windows_read, write_history
 from .live import FleetServer, live, sharded_rules
-from .model import GPUS, RESULTS, ROOT, RULE_FILES, Node, budget, fleet, metric_kinds, node_template
+from .model import (
+    GPUS,
+    RESULTS,
+    ROOT,
+    RULE_FILES,
+    Node,
+    budget,
+    fleet,
+    metric_kinds,
+    node_template,
+    published_shares,
+)
 from .tables import on_disk, print_tables
 
 
@@ -81,7 +92,8 @@ def main() -> int:
               f"from the specs (a probe that failed here): {result['template']['fitted_from_specs'] or 'none'}",
               flush=True)
         t = time.monotonic()
-        nodes = [Node(*row, tmpl, targets) for row in fl]
+        result["published_shares"] = shares = published_shares()
+        nodes = [Node(*row, tmpl, targets, shares) for row in fl]
         n0 = next(n for n in nodes if n.node == fl[0][1])
         result["model"] = {"raw_series_per_node": len(n0.raw), "judge_series_per_node": len(n0.judge),
                            "raw_by_family": dict(sorted(Counter(f for f, _, _ in n0.raw).items())),

@@ -305,12 +305,38 @@ def _near(rng: random.Random, mean: float, sd: float, cut: float = 3.0) -> float
     return mean + sd * max(-cut, min(cut, rng.gauss(0.0, 1.0)))
 
 
+PUBLISHED_JSON = RESULTS / "judge-published.json"
+
+
+def published_shares() -> dict:
+    """The share of a baselined series' newest runs and drifts the judge publishes at steady state, measured on the
+    detection fleet's nodes with no fault (benchmarks/detection/published.py; fleetcanary.judge.publish decides)."""
+    if not PUBLISHED_JSON.exists():
+        raise SystemExit(f"rule_scale: {PUBLISHED_JSON.relative_to(ROOT)} is missing; run "
+                         "python -m benchmarks.detection.published first")
+    data = json.loads(PUBLISHED_JSON.read_text())
+    return {"file": str(PUBLISHED_JSON.relative_to(ROOT)), "profile": data["profile"],
+            "newest": data["healthy"]["newest_share"], "drift": data["healthy"]["drift_share"]}
+
+
+def stood_in(raw: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
+    """The raw series left once the judge has a median of every judged series (the model's steady node): a judged
+    figure's gauge gives way to the median (fleetcanary.judge.figures.STANDS_IN, server.raw_judged_figures off)."""
+    from fleetcanary.judge import figures as figmod
+
+    return [(f, s, lab) for f, s, lab in raw
+            if f not in figmod.STANDS_IN or figmod.key_of(figmod.STANDS_IN[f], lab) is None]
+
+
 def judge_series(node: int, model: str, pool: str, driver: str, previous: str,
-                 raw: list[tuple[str, str, dict]]) -> list[tuple[str, dict, float]]:
+                 raw: list[tuple[str, str, dict]], shares: dict | None = None) -> list[tuple[str, dict, float]]:
     """(family, labels, value) of the judge's statistics on one node: a series per judged figure that
     fleetcanary.judge.figures.extract finds in the node's raw exposition (the training step on each GPU),
-    labelled as fleetcanary.judge.exposition labels them."""
+    labelled as fleetcanary.judge.exposition labels them; the newest runs and the drift of a share of them
+    (`shares`, from published_shares(); every series without)."""
     from fleetcanary.judge import figures as figmod
+
+    shares = shares or {"newest": 1.0, "drift": 1.0}
 
     by_metric = defaultdict(list)
     for fam, _, lab in raw:
@@ -329,15 +355,16 @@ def judge_series(node: int, model: str, pool: str, driver: str, previous: str,
         sign = 1.0 if fig.higher_is_better else -1.0
         median = level(figure, series, model) * _near(rng, 1.0, 0.005) * _near(rng, 1.0, 0.002)
         out.append(("fleetcanary_judge_median", lab, median))
-        if fig.fast:
-            out.append(("fleetcanary_judge_newest", lab, median * (1 + sign * abs(_near(rng, 0.0, 0.003)))))
+        if fig.fast and rng.random() < shares["newest"]:  # published where no better than the median
+            out.append(("fleetcanary_judge_newest", lab, median * (1 - sign * abs(_near(rng, 0.0, 0.003)))))
         if fig.history:
             out.append(("fleetcanary_judge_change", {**lab, "baseline": "current_driver", "baseline_driver": driver},
                         _near(rng, 1 - sign * 0.005, 0.01)))
             if previous:
                 out.append(("fleetcanary_judge_change", {**lab, "baseline": "previous_driver",
                                                          "baseline_driver": previous}, _near(rng, 1.0, 0.01)))
-            out.append(("fleetcanary_judge_drift", lab, _near(rng, 1 - sign * 0.005, 0.01)))
+            if rng.random() < shares["drift"]:
+                out.append(("fleetcanary_judge_drift", lab, _near(rng, 1 - sign * 0.005, 0.01)))
         states[(figure, "baselined" if fig.history else "smoothed")] += 1
     out += [("fleetcanary_judge_series", {"pool": pool, "figure": f, "state": s}, float(n))
             for (f, s), n in sorted(states.items())]
@@ -453,10 +480,11 @@ def series_rng(name: str, lab: str) -> random.Random:
 class Node:
     """One node's raw and judge series."""
 
-    def __init__(self, i, node, model, pool, driver, previous, tmpl, targets):
+    def __init__(self, i, node, model, pool, driver, previous, tmpl, targets, shares=None):
         self.i, self.node, self.model, self.pool = i, node, model, pool
-        self.raw = raw_series(tmpl, i, model, pool, driver, targets)
-        self.judge = judge_series(i, model, pool, driver, previous, self.raw)
+        raw = raw_series(tmpl, i, model, pool, driver, targets)
+        self.judge = judge_series(i, model, pool, driver, previous, raw, shares)
+        self.raw = stood_in(raw) if shares is not None else raw
 
     def body(self, t: float, kind: dict[str, str]) -> bytes:
         """The node's exposition (text format 0.0.4), with NOW and MINUTE where a value moves with the clock (a

@@ -24,18 +24,24 @@ BEST_DAY = (f"the best day: the highest daily level (lowest for a lower-is-bette
 HELP = {
     "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs ({QUIET}; the daily burn's: {BURN_RUNS}) "
               "on the driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent "
-              "with fewer runs.",
+              "with fewer runs. Once published it stands in for the figure's own gauge, which the exporter then "
+              "leaves out (but the P2P matrix and the daily burn; server.raw_judged_figures keeps it).",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
-              "on it, and the change path asks it to confirm a drop. Published while the series is fresh only: "
-              "once held (no run for 1.5 intervals and a timeout) its newest runs are not new, so a held figure "
-              "keeps a page that fired but starts none.",
+              "on it, and the change path asks it to confirm a drop. Published while the series is fresh only "
+              "(once held, no run for 1.5 intervals and a timeout, its newest runs are not new, so a held figure "
+              "keeps a page that fired but starts none), and only where a rule could act on it: no baseline yet, "
+              f"no better than the median, or a change past {publish.NEWEST_SHARE:g} of the figure's change floor "
+              "(about one series in eight on a steady node).",
     "change": f"The series' level ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
               "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
     "drift": f"Median of the series' runs in the 24 h before its newest run, hour for hour, over its baseline "
              f"({BEST_DAY}, current driver); needs the day's runs to span {statsmod.DAY_MIN_SPAN / 3600:.0f} h and "
-             f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.2%}.",
+             f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.2%}. "
+             f"Published while it is worse than 1 by more than {publish.DRIFT_SHARE:g} of the rules' drift floor, "
+             "and for their hold gap after (so the drift alert's hold never reads a stale value); every drift for "
+             "that gap after the exporter starts.",
     "series": f"Judged series by state: warming (fewer than {statsmod.MEDIAN_RUNS} runs on this driver; the daily "
               f"burn {BURN_RUNS}), smoothed (a median, no baseline yet), baselined (a change against its own "
               "baseline), held (no fresh run: the GPU is busy or the probe skips; the statistics of its newest runs "

@@ -2,6 +2,8 @@
 act on them, a drift far from its alert, and a judged figure's gauge once its median stands in for it."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fleetcanary.core.rulesettings import RuleSettings
@@ -61,3 +63,44 @@ def test_the_drift_window_is_kept_per_series():
     assert p.show_drift(KEY, BW, 0.95, t0 + 7 * 3600)
     assert not p.show_drift(other, BW, 1.0, t0 + 7 * 3600)
     assert p.show_drift(KEY, BW, 1.0, t0 + 8 * 3600)
+
+
+def test_the_judges_median_stands_in_for_a_judged_figures_gauge_once_it_has_one():
+    """The daemon's exposition: each run's gauge of a judged figure until the judge has the series' median, then
+    the median alone (one series, not two); the P2P matrix stays (it says which link); server.raw_judged_figures
+    keeps every gauge."""
+    import random
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fleetcanary.daemon.collector import render
+    from fleetcanary.daemon.state import ResultStore
+    from fleetcanary.judge.store import FigureStore
+    from fleetcanary.probes import PROBES
+    from tests.judge.test_store import record
+
+    rng = random.Random(4)
+    store = ResultStore(PROBES, ["host_memory_bandwidth", "gpu_p2p"], judge=FigureStore(None))
+    store.set_enabled(["host_memory_bandwidth", "gpu_p2p"], {"host_memory_bandwidth": 600, "gpu_p2p": 600},
+                      {"host_memory_bandwidth": 60, "gpu_p2p": 60})
+
+    def exposed() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for fam in text_string_to_metric_families(render(store).decode()):
+            for s in fam.samples:
+                out[s.name] = out.get(s.name, 0) + 1
+        return out
+
+    host, p2p = "fleetcanary_host_memory_bandwidth_bytes_per_second", "fleetcanary_gpu_p2p_bandwidth_bytes_per_second"
+    now = time.time()
+    for k in range(7):
+        for probe in ("host_memory_bandwidth", "gpu_p2p"):
+            store.apply(record(probe, now - (7 - k) * 600, rng))
+        seen = exposed()
+        if k < 6:  # warming: each run's gauge, no median yet
+            assert seen[host] == 3 and "fleetcanary_judge_median" not in seen, (k, seen.get(host))
+    assert seen.get(host, 0) == 0 and seen[p2p] == 56
+    assert seen["fleetcanary_judge_median"] == 3 + 8  # host: 3 ops; P2P: each source GPU's slowest link
+    store.set_raw_judged(True)
+    seen = exposed()
+    assert seen[host] == 3 and seen["fleetcanary_judge_median"] == 11
