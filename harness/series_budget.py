@@ -309,7 +309,7 @@ def recorded_per_node(node: dict[str, list[dict[str, str]]],
 def stood_in_by_median(node: dict[str, list[dict[str, str]]],
                        steady: dict[str, list[dict[str, str]]]) -> dict[str, int]:
     """family -> its series that the judge's median stands in for at steady state (the exporter leaves them out
-    once the series has a median: fleetcanary.judge.figures.STANDS_IN, server.raw_judged_figures)."""
+    once the series has a median: fleetcanary.judge.figures.STANDS_IN)."""
     from fleetcanary.judge import figures as figmod
 
     medians = {(lab["figure"], lab["series"], lab["gpu"]) for lab in steady.get("fleetcanary_judge_median", [])}
@@ -414,9 +414,9 @@ def doc_section(result: dict) -> str:
             "satisfies. NVLink links down per GPU (`fleetcanary_gpu_nvlink_links_down`, read with `> 0`).",
             "- A judged figure's own gauge once the judge has the series' median, which stands in for it (same unit, "
             "labels `figure` and `series`; the node-detail dashboard reads whichever the node publishes), but the P2P "
-            "matrix and the daily burn's ratio (`server.raw_judged_figures: true` keeps them all). The judge's best of "
-            "the newest runs only where a rule could act on it (no baseline, no better than the median, a change past "
-            "half its floor), its drift only near the drift alert (docs/alerting.md, \"The statistics\").",
+            "matrix and the daily burn's ratio; each run stays in `/results`. The judge's best "
+            "of the newest runs only where a rule could act on it (no baseline, no better than the median, a change "
+            "past half its floor), its drift only near the drift alert (docs/alerting.md, \"The statistics\").",
             "- Facts that change rarely are labels of an info series: persistence mode, MIG mode and the power "
             "limit of `fleetcanary_gpu_info`; an RDMA device's HCA type, firmware and board, and the port's link "
             "width, of `fleetcanary_rdma_port_info`.",

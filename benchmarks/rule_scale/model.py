@@ -321,7 +321,7 @@ def published_shares() -> dict:
 
 def stood_in(raw: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
     """The raw series left once the judge has a median of every judged series (the model's steady node): a judged
-    figure's gauge gives way to the median (fleetcanary.judge.figures.STANDS_IN, server.raw_judged_figures off)."""
+    figure's gauge gives way to the median (fleetcanary.judge.figures.STANDS_IN)."""
     from fleetcanary.judge import figures as figmod
 
     return [(f, s, lab) for f, s, lab in raw

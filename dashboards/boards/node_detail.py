@@ -47,7 +47,7 @@ def bound(figure: str, series: str = "") -> str:
 
 def runs(figure: str, raw: str = "", series: str = "") -> str:
     """A judged figure of this node in its own metric's labels: each run's gauge while the judge has no median
-    of the series (or with server.raw_judged_figures), else the judge's median, which stands in for it (its
+    of the series, else the judge's median, which stands in for it (its
     `series` label split back into the labels it joins). `raw` and `series`: matchers on either side."""
     fig = FIGURES[figure]
     fm = f'figure="{figure}"'
@@ -145,7 +145,8 @@ panels = [
           [instant(f"sum by (figure, state) (fleetcanary_judge_series{sel(N, F)})")], w=12,
           transformations=[columns({"Value": "series"})]),
     panel("timeseries", "GPU memory bandwidth (device to device) against the pool",
-          "Each GPU's HBM copy bandwidth per run (bytes read + written), with the median of its peers' medians "
+          "Each GPU's HBM copy bandwidth (bytes read + written; each run until the judge has the median of 7, then "
+          "that median), with the median of its peers' medians "
           "of 7 runs (same pool, GPU model and driver) and the level path's alert bound (the median less the "
           f"larger of {pct(S.level_floor)} and {S.level_k_mad:g} MADs). Good: every GPU inside the band, close to "
           "the median; a smaller step against the GPU's own history shows in the change tables above. An H100 "
@@ -227,7 +228,8 @@ panels = [
            (f"increase(fleetcanary_net_interface_dropped_total{{{N}}}[1h])", "{{interface}} {{direction}} drops")],
           w=12),
     panel("barchart", "Collective bus bandwidth against message size",
-          "nccl-tests bus bandwidth of the last run at each message size, per collective. Good: rising with "
+          "nccl-tests bus bandwidth at each message size, per collective (the last run until the judge has the "
+          "median of 7, then that median). Good: rising with "
           "size and levelling off near the link bandwidth (NVLink 4: ~360-450 GB/s all_reduce on 8 GPUs); "
           "a low plateau is a slow link or a bad topology choice.", "Bps",
           [instant(f"max by (collective, size_bytes) ({runs('collective_bus_bandwidth')})")],
@@ -238,7 +240,8 @@ panels = [
                   {"targetField": "size_bytes\\collective", "destinationType": "number"}]}},
               {"id": "sortBy", "options": {"sort": [{"field": "size_bytes\\collective"}]}}]),
     panel("timeseries", "Collective bus bandwidth over time",
-          "Bus bandwidth per collective and message size, per run. Good: flat lines; a step down after a "
+          "Bus bandwidth per collective and message size (each run until the judge has the median of 7, then that "
+          "median). Good: flat lines; a step down after a "
           "driver or NCCL change is what the DropAfterDriverChange alerts catch.", "Bps",
           [(runs("collective_bus_bandwidth"), "{{collective}} {{size_bytes}} B")],
           w=12),

@@ -219,13 +219,6 @@ class ServerConfig(Strict):
         6, ge=1, le=3600, description="Requested runs accepted per sliding hour, all probes together; past it, "
         "429. Each probe also takes at most one request per its confirm_delay_seconds.")
 
-    raw_judged_figures: bool = Field(
-        False, description="Opt-in: a judged figure's gauge (GPU and host memory bandwidth, matmul, collectives, "
-        "storage read and first byte, the training step; not the P2P matrix nor the daily burn) stays published "
-        "once the judge has the series' median. Off, the gauge shows each run until then and "
-        "`fleetcanary_judge_median` (the same unit and series) stands in for it after: one series instead of two "
-        "(docs/metrics.md, 'Series per node'). Every run stays in /results.")
-
     @field_validator("listen_address")
     @classmethod
     def _check_listen(cls, v: str) -> str:

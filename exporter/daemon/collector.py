@@ -212,9 +212,9 @@ class _StateCollector:
         yield from (success, dur, last_ok, runs, skips, fails, crashes, interval, invalid, confirmations)
 
         # Probe families, from their declared specs; a judged figure's gauge until the judge has its median
-        # (which stands in for it after), unless server.raw_judged_figures keeps it.
+        # (which stands in for it after; each run stays in /results).
         now = time.time()
-        smoothed = set() if s.judge is None or s.raw_judged else judge_smoothed(s.judge, now, s.judge_hold)
+        smoothed = set() if s.judge is None else judge_smoothed(s.judge, now, s.judge_hold)
         for name in probes:
             cls = s.probes[name]
             st = s.state[name]

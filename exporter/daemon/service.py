@@ -74,7 +74,6 @@ class Daemon:
             settings.state_dir, clock=self.clock, figures=figmod.configured(settings.alerts),
             publish=Policy.from_settings(settings.alerts)))
         self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
-        self.store.set_raw_judged(settings.server.raw_judged_figures)
         # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
         # exporter restart must not look like a driver change to the fleet's rules).
@@ -312,7 +311,6 @@ class Daemon:
                 self.kube.cfg = new.kubernetes
             self.history = self._history(new)
         self.store.set_enabled(self._enabled(new), self._intervals(new), self._timeouts(new))
-        self.store.set_raw_judged(new.server.raw_judged_figures)
         self.store.set_node_extra_labels(self._extra_node_labels(new))
         jobs = self._jobs()
         self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))

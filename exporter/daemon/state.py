@@ -59,7 +59,6 @@ class ResultStore:
         self.health_gpus: dict[str, tuple[str, str]] = {}
         self.health_node: tuple[str, str] | None = None
         self.kube_condition_type = ""
-        self.raw_judged = False  # server.raw_judged_figures: a judged figure's gauge stays beside its median
         self.config_reload_ok = 1
         self.config_reload_ts = time.time()
         self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
@@ -162,11 +161,6 @@ class ResultStore:
                 self.freshness.intervals = dict(intervals)
             if timeouts is not None:
                 self.freshness.timeouts = dict(timeouts)
-        self.rerender()
-
-    def set_raw_judged(self, keep: bool) -> None:
-        with self._lock:
-            self.raw_judged = keep
         self.rerender()
 
     def count_clock_jump(self) -> None:

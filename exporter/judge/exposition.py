@@ -25,7 +25,7 @@ HELP = {
     "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs ({QUIET}; the daily burn's: {BURN_RUNS}) "
               "on the driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent "
               "with fewer runs. Once published it stands in for the figure's own gauge, which the exporter then "
-              "leaves out (but the P2P matrix and the daily burn; server.raw_judged_figures keeps it).",
+              "leaves out (but the P2P matrix and the daily burn; each run stays in /results).",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
               "on it, and the change path asks it to confirm a drop. Published while the series is fresh only "
@@ -125,6 +125,6 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
 
 def smoothed(store: FigureStore, now: float, hold: Callable[[str], float]) -> set[figmod.SeriesKey]:
     """The series whose median is published now: the daemon's exposition leaves their figure's gauge out
-    (figures.STANDS_IN) unless server.raw_judged_figures keeps it."""
+    (figures.STANDS_IN)."""
     return {key for key, st, _ in store.snapshot() if st.median is not None
             and freshness.series_state(st.state, now - st.last, hold(figmod.BY_KEY[key[0]].probe)) != "stale"}

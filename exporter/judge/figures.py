@@ -160,7 +160,7 @@ def key_of(fig: Figure, labels: dict[str, Any]) -> SeriesKey | None:
 
 
 # metric -> the figure whose judged median stands in for its gauge once the series has one (the daemon's
-# exposition; server.raw_judged_figures keeps the gauges): every figure but a folded matrix, whose gauge says
+# exposition; each run stays in /results): every figure but a folded matrix, whose gauge says
 # which link is slow where the judge keeps only the slowest, and the daily burn, whose median is of 5 days
 # where each day's burn is the figure on-call reads
 STANDS_IN: dict[str, Figure] = {f.metric: f for f in FIGURES if not f.fold and not f.median_runs}
