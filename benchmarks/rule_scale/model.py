@@ -329,14 +329,13 @@ def stood_in(raw: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
 
 
 def judge_series(node: int, model: str, pool: str, driver: str, previous: str,
-                 raw: list[tuple[str, str, dict]], shares: dict | None = None) -> list[tuple[str, dict, float]]:
+                 raw: list[tuple[str, str, dict]], shares: dict) -> list[tuple[str, dict, float]]:
     """(family, labels, value) of the judge's statistics on one node: a series per judged figure that
     fleetcanary.judge.figures.extract finds in the node's raw exposition (the training step on each GPU),
     labelled as fleetcanary.judge.exposition labels them; the newest runs and the drift of a share of them
-    (`shares`, from published_shares(); every series without)."""
+    (`shares`, from published_shares())."""
     from fleetcanary.judge import figures as figmod
 
-    shares = shares or {"newest": 1.0, "drift": 1.0}
 
     by_metric = defaultdict(list)
     for fam, _, lab in raw:
@@ -480,11 +479,11 @@ def series_rng(name: str, lab: str) -> random.Random:
 class Node:
     """One node's raw and judge series."""
 
-    def __init__(self, i, node, model, pool, driver, previous, tmpl, targets, shares=None):
+    def __init__(self, i, node, model, pool, driver, previous, tmpl, targets, shares):
         self.i, self.node, self.model, self.pool = i, node, model, pool
         raw = raw_series(tmpl, i, model, pool, driver, targets)
         self.judge = judge_series(i, model, pool, driver, previous, raw, shares)
-        self.raw = stood_in(raw) if shares is not None else raw
+        self.raw = stood_in(raw)
 
     def body(self, t: float, kind: dict[str, str]) -> bytes:
         """The node's exposition (text format 0.0.4), with NOW and MINUTE where a value moves with the clock (a

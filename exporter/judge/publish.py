@@ -12,9 +12,9 @@ and node counts are taken over every node, so these two can never be left out wh
   are better than the median and the change is near 1, where they could not confirm a drop (the node's change
   over its newest runs is then within half the floor of 1; the change path needs it a floor under the peers'
   median change, about 1) and the fast path, which fires on the newest runs being far worse than the peers'
-  level, is not asked; a node whose
-  level is far off while its change is near 1 (slow since its first day) publishes its newest runs whenever
-  they are no better than its median, and the level path warns on its median all along.
+  level, is not asked; a node whose level is far off while its change is near 1 (slow since its first day)
+  publishes its newest runs whenever they are no better than its median, and the level path warns on its
+  median all along.
 - drift (the last day over the best day): published while its gap is past a quarter of the drift floor, and
   for the rules' hold gap after it last was, so the drift alert's hold (`last_over_time` over that gap) reads a
   value under half the floor before the series goes, never a stale one that keeps a resolved drift firing. A
