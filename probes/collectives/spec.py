@@ -9,7 +9,10 @@ from pydantic import Field
 from fleetcanary.probes.lib.gpu_probe import GpuProbeConfig, GpuSeconds
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-DEFAULT_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+# One size per regime: 8 B is latency-bound (its bus bandwidth is 1 / latency), 1 MiB sits where NCCL's protocols
+# (LL, LL128, Simple) change over, 64 MiB is bandwidth-bound on one NVLink node. Each size is 4 judged series a node
+# (8 in Prometheus); a sweep like nccl-tests' is `sizes_bytes`.
+DEFAULT_SIZES = (8, 1 << 20, 64 << 20)
 ELEMENT = 4  # float32
 FAULT_ENV = "FLEETCANARY_COLLECTIVES_FAULT"
 LABELS = ("collective", "size_bytes", "ranks", "backend")
@@ -49,5 +52,5 @@ class Config(GpuProbeConfig):
     detail: bool = Field(
         False, description="Opt-in: the algorithm bandwidth and the time per operation as series beside the bus "
         "bandwidth (fleetcanary_collective_algorithm_bandwidth_bytes_per_second, "
-        "fleetcanary_collective_latency_seconds: 48 series at the default collectives and sizes). Off: both in the "
+        "fleetcanary_collective_latency_seconds: 24 series at the default collectives and sizes). Off: both in the "
         "run record's figures only.")

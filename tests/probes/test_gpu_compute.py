@@ -29,8 +29,14 @@ def status(result, gpu):
             if s.metric == SDC_METRIC and s.labels["gpu"] == gpu}
 
 
+def test_default_dtypes_are_bf16_and_fp8():
+    """fp16 and tf32 share bf16's tensor cores; the default judges bf16 and fp8's own path (issue 42: half the
+    series)."""
+    assert Config().dtypes == ("bf16", "fp8")
+
+
 def test_cpu_products_give_bf16_and_fp16_figures_and_list_what_the_device_lacks(tmp_path):
-    r = GpuCompute().run(Config(**SMALL), ctx(tmp_path))
+    r = GpuCompute().run(Config(**SMALL, dtypes=("bf16", "fp16", "tf32", "fp8")), ctx(tmp_path))
     figs = {f.name: f for f in r.figures}
     assert set(figs) == {"bf16", "fp16"}
     for dt, f in figs.items():
