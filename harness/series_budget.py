@@ -314,8 +314,7 @@ def stood_in_by_median(node: dict[str, list[dict[str, str]]],
     from fleetcanary.judge import figures as figmod
 
     medians = {(lab["figure"], lab["series"], lab["gpu"]) for lab in steady.get("fleetcanary_judge_median", [])}
-    out = {m: sum(figmod.key_of(fig, lab) in medians for lab in node.get(m, []))
-           for m, fig in figmod.STANDS_IN.items()}
+    out = {m: sum(figmod.stood_in_key(m, lab) in medians for lab in node.get(m, [])) for m in figmod.STANDS_IN}
     return {m: n for m, n in sorted(out.items()) if n}
 
 
@@ -414,8 +413,9 @@ def doc_section(result: dict) -> str:
             "port's saturated counters; the alerts read them with `== 1`, `> 0` or `max_over_time`, which absence "
             "satisfies. NVLink links down per GPU (`fleetcanary_gpu_nvlink_links_down`, read with `> 0`).",
             "- A judged figure's own gauge once the judge has the series' median, which stands in for it (same unit, "
-            "labels `figure` and `series`; the node-detail dashboard reads whichever the node publishes), but the P2P "
-            "matrix and the daily burn's ratio; each run stays in `/results`. The judge's best "
+            "labels `figure` and `series`; the node-detail dashboard reads whichever the node publishes), the P2P "
+            "figure's slowest link per source GPU too, but the matrix of gpu_p2p's `pairs` and the daily burn's "
+            "ratio; each run stays in `/results`. The judge's best "
             "of the newest runs only where a rule could act on it (no baseline, no better than the median, a change "
             "past half its floor), its drift only near the drift alert (docs/alerting.md, \"The statistics\").",
             "- Facts that change rarely are labels of an info series: persistence mode, MIG mode and the power "

@@ -324,8 +324,7 @@ def stood_in(raw: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
     figure's gauge gives way to the median (fleetcanary.judge.figures.STANDS_IN)."""
     from fleetcanary.judge import figures as figmod
 
-    return [(f, s, lab) for f, s, lab in raw
-            if f not in figmod.STANDS_IN or figmod.key_of(figmod.STANDS_IN[f], lab) is None]
+    return [(f, s, lab) for f, s, lab in raw if figmod.stood_in_key(f, lab) is None]
 
 
 def judge_series(node: int, model: str, pool: str, driver: str, previous: str,

@@ -98,6 +98,11 @@ NODES_COL = [{"matcher": {"id": "byName", "options": "peer nodes"}, "properties"
 
 
 GBPS = "* 8 / 1000000000"  # bytes/s to Gb/s (no 1e9: the dashboard name check would read "e9" as a name)
+# The matrix's cells with pairs: true; by default each source GPU's slowest link, its last run's gauge while the
+# judge has no median of it, else the median, which stands in for it (one column, dst_gpu empty).
+P2P_RUNS = (f"max by (src_gpu, dst_gpu) (fleetcanary_gpu_p2p_bandwidth_bytes_per_second{{{N}}} or on(node, src_gpu) "
+            f'label_replace(fleetcanary_judge_median{{{N}, figure="gpu_p2p_bandwidth"}}, "src_gpu", "$1", "gpu", '
+            '"(.*)"))')
 MATRIX = [{"id": "groupingToMatrix", "options": {"columnField": "dst_gpu", "rowField": "src_gpu",
                                                  "valueField": "Value"}}]
 
@@ -157,10 +162,11 @@ panels = [
           "wrong NUMA placement.", "Bps", band("h2d|d2h"), w=12),
     panel("table", "P2P bandwidth matrix (source rows, destination columns)",
           "Unidirectional peer copy bandwidth for every ordered GPU pair, last run, with gpu_p2p's pairs: true; "
-          "by default one column, each source GPU's slowest link (the run record at /results has the matrix). "
+          "by default one column, each source GPU's slowest link, its median of 7 runs once the judge has one "
+          "(the run record at /results has the matrix). "
           "Good: a uniform matrix (NVSwitch: every pair alike); one low row or column is one GPU's links, one "
           "low cell one path.", "Bps",
-          [instant(f"fleetcanary_gpu_p2p_bandwidth_bytes_per_second{{{N}}}")], w=12, h=9, transformations=MATRIX),
+          [instant(P2P_RUNS)], w=12, h=9, transformations=MATRIX),
     panel("timeseries", "P2P: each GPU's slowest link against the peers",
           "The judged P2P figure is each source GPU's slowest link (one bad link moves it): its median of 7 runs "
           "over the median of its peers' GPUs (every GPU of the nodes of the same pool, model and driver). "

@@ -222,9 +222,8 @@ class _StateCollector:
                 help_text = f"{spec.help} {SCHEDULED}" if spec.type == "gauge" else spec.help
                 if spec.type == "gauge":
                     fam = GaugeMetricFamily(spec.name, help_text, labels=list(spec.labels))
-                    fig = figmod.STANDS_IN.get(spec.name) if smoothed else None
                     for key, v in st.gauges.get(spec.name, {}).items():
-                        if fig is None or figmod.key_of(fig, dict(key)) not in smoothed:
+                        if not smoothed or figmod.stood_in_key(spec.name, dict(key)) not in smoothed:
                             fam.add_metric([v2 for _, v2 in key], v)
                 elif spec.type == "counter":
                     fam = CounterMetricFamily(spec.name.removesuffix("_total"), help_text, labels=list(spec.labels))

@@ -25,7 +25,7 @@ HELP = {
     "median": f"Median of the series' newest {statsmod.MEDIAN_RUNS} runs ({QUIET}; the daily burn's: {BURN_RUNS}) "
               "on the driver now running, in the figure's unit (docs/metrics.md lists each figure's metric); absent "
               "with fewer runs. Once published it stands in for the figure's own gauge, which the exporter then "
-              "leaves out (but the P2P matrix and the daily burn; each run stays in /results).",
+              "leaves out (but the P2P matrix of gpu_p2p's pairs and the daily burn; each run stays in /results).",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
               "on it, and the change path asks it to confirm a drop. Published while the series is fresh only "

@@ -160,7 +160,17 @@ def key_of(fig: Figure, labels: dict[str, Any]) -> SeriesKey | None:
 
 
 # metric -> the figure whose judged median stands in for its gauge once the series has one (the daemon's
-# exposition; each run stays in /results): every figure but a folded matrix, whose gauge says
-# which link is slow where the judge keeps only the slowest, and the daily burn, whose median is of 5 days
-# where each day's burn is the figure on-call reads
-STANDS_IN: dict[str, Figure] = {f.metric: f for f in FIGURES if not f.fold and not f.median_runs}
+# exposition; each run stays in /results): every figure but the daily burn, whose median is of 5 days where each
+# day's burn is the figure on-call reads. A folded figure's gauge is stood in where it is already folded (the P2P
+# figure's slowest link per source GPU, dst_gpu empty), not a matrix's cells (gpu_p2p's `pairs`), which say which
+# link is slow where the judge keeps only the slowest.
+STANDS_IN: dict[str, Figure] = {f.metric: f for f in FIGURES if not f.median_runs}
+
+
+def stood_in_key(metric: str, labels: dict[str, Any]) -> SeriesKey | None:
+    """The judged series whose median stands in for this sample of a probe's gauge once it has one; None where
+    the sample stays (not a judged figure's gauge, a matrix's cell, a diagonal)."""
+    fig = STANDS_IN.get(metric)
+    if fig is None or (fig.fold and str(labels.get(fig.fold, ""))):
+        return None
+    return key_of(fig, labels)

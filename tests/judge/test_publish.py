@@ -67,7 +67,7 @@ def test_the_drift_window_is_kept_per_series():
 
 def test_the_judges_median_stands_in_for_a_judged_figures_gauge_once_it_has_one():
     """The daemon's exposition: each run's gauge of a judged figure until the judge has the series' median, then
-    the median alone (one series, not two); the P2P matrix stays (it says which link)."""
+    the median alone (one series, not two); the P2P matrix of gpu_p2p's `pairs` stays (it says which link)."""
     import random
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -101,3 +101,18 @@ def test_the_judges_median_stands_in_for_a_judged_figures_gauge_once_it_has_one(
     assert seen.get(host, 0) == 0 and seen[p2p] == 56
     assert seen["fleetcanary_judge_median"] == 3 + 8  # host: 3 ops; P2P: each source GPU's slowest link
 
+
+
+def test_the_default_p2p_gauge_each_source_gpus_slowest_link_gives_way_to_its_median_a_matrix_cell_does_not():
+    """gpu_p2p without `pairs` publishes each source GPU's slowest link with dst_gpu empty: the judged figure
+    itself, so its median stands in for it; a matrix cell (dst_gpu set) and the daily burn's ratio stay."""
+    from fleetcanary.judge import figures as figmod
+
+    p2p = "fleetcanary_gpu_p2p_bandwidth_bytes_per_second"
+    assert figmod.stood_in_key(p2p, {"src_gpu": "3", "dst_gpu": ""}) == ("gpu_p2p_bandwidth", "slowest_link", "3")
+    assert figmod.stood_in_key(p2p, {"src_gpu": "3"}) == ("gpu_p2p_bandwidth", "slowest_link", "3")
+    assert figmod.stood_in_key(p2p, {"src_gpu": "3", "dst_gpu": "5"}) is None
+    assert figmod.stood_in_key("fleetcanary_gpu_sustained_throughput_ratio", {"gpu": "0"}) is None
+    assert figmod.stood_in_key("fleetcanary_gpu_matmul_flops_per_second", {"gpu": "0", "dtype": "bf16"}) == (
+        "gpu_matmul_throughput", "bf16", "0")
+    assert figmod.stood_in_key("fleetcanary_gpus_visible", {}) is None
