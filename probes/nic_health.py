@@ -6,11 +6,13 @@ Every port under <sysfs_root>/class/infiniband and every configured interface un
 Non-invasive (reads a few hundred small files, sends nothing), so it runs on every node every
 minute. Per RDMA port: its identity (link layer, and its device's HCA type, firmware and board),
 up (ACTIVE and LinkUp), rate and width against the expected rate and the IBTA error counters
-(what the alerts read); a port that is expected but absent (present 0) and a port with
-saturated counters have a series for that, a healthy port none; opt-in, the logical and physical state as 0/1 series
-per state (``port_states``) and a bounded set of driver hardware counters (``hw_counters``), which
-no rule reads and which cost 13 and 13 series a port; per interface: operational state, speed,
-MTU, carrier changes, errors and drops. Ports expected but absent are reported
+(what the alerts read); with no expected_ports list, a port down now that was up within the last day
+is expected (the node's memory of its ports in the state directory, probes/lib/ports_seen, which the
+port-down alert reads instead of a day of Prometheus samples); a port that is expected but absent
+(present 0) and a port with saturated counters have a series for that, a healthy port none; opt-in,
+the logical and physical state as 0/1 series per state (``port_states``) and a bounded set of driver
+hardware counters (``hw_counters``), which no rule reads and which cost 13 and 13 series a port; per
+interface: operational state, speed, MTU, carrier changes, errors and drops. Ports expected but absent are reported
 (present 0), files that cannot be read or parsed are counted and named in the record; neither
 stops the run. Counters are the kernel's running totals, published as cumulative counters:
 rules use increase()/rate() on them. Of the IBTA error counters, link_downed is published from 0
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import ClassVar
 
 from pydantic import Field, field_validator
@@ -40,6 +43,7 @@ from fleetcanary.probes.base import (
     Sample,
 )
 from fleetcanary.probes.lib import nic_sysfs as sysfs
+from fleetcanary.probes.lib import ports_seen
 
 R = "fleetcanary_rdma_port_"
 N = "fleetcanary_net_interface_"
@@ -123,7 +127,8 @@ class NicHealth(Probe):
         MetricSpec(R + "present", "gauge", "0 for a port in expected_ports that does not exist; a port that exists "
                    "has no series (fleetcanary_rdma_port_info has it).", "boolean", DP),
         MetricSpec(R + "expected", "gauge", "1 if the port is in expected_ports, 0 if present but not listed; "
-                   "absent when no list is configured.", "boolean", DP),
+                   "with no list, 1 for a port down now that was up within the last day (the node's memory in its "
+                   "state directory), absent for the others.", "boolean", DP),
         MetricSpec(R + "up", "gauge", "1 if the port is ACTIVE with physical state LinkUp.", "boolean", DP),
         MetricSpec(R + "state", "gauge", "1 for the port's current logical state (IB PortState), 0 for the others; "
                    "with port_states only.", "boolean", DP + ("state",)),
@@ -161,7 +166,8 @@ class NicHealth(Probe):
         MetricSpec(N + "dropped_total", "counter", "Received or transmitted packets dropped.", "total",
                    ("interface", "direction"), cumulative=True),
         MetricSpec("fleetcanary_nic_sysfs_errors", "gauge", "Port and interface files the last run could not "
-                   "read or parse (named in the run record).", "count"),
+                   "read or parse, and its own memory of the ports up (probes/lib/ports_seen) where it could not "
+                   "read or write it (each named in the run record).", "count"),
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
@@ -191,6 +197,8 @@ class NicHealth(Probe):
             dev, port = key.split("/")
             add(R + "present", {"device": dev, "port": port}, 0)
             add(R + "expected", {"device": dev, "port": port}, 1)
+        if ports:
+            self._remember(ctx.state_dir, ports, add, expected, problems)
         add("fleetcanary_rdma_ports_present", {}, len(ports))
         add("fleetcanary_rdma_ports_up", {}, sum(1 for p in ports if p.up))
         if n_expected is not None:
@@ -205,6 +213,22 @@ class NicHealth(Probe):
                      "invasive": False},
             extra={"ports": [p.to_dict() for p in ports], "missing_ports": missing,
                    "interfaces": [i.to_dict() for i in interfaces], "problems": problems.items})
+
+    @staticmethod
+    def _remember(state_dir: str, ports: list[sysfs.Port], add, expected: list[str], problems) -> None:
+        """Without an expected_ports list, a port down now that was up within the last day is expected (1): the
+        node's memory of its ports (probes/lib/ports_seen), kept with or without a list."""
+        now = time.time()
+        seen, why = ports_seen.load(state_dir)
+        if not expected:
+            for p in ports:
+                if p.up is False and ports_seen.recently_up(seen, f"{p.device}/{p.port}", now):
+                    add(R + "expected", {"device": p.device, "port": p.port}, 1)
+        seen, changed = ports_seen.update(seen, [f"{p.device}/{p.port}" for p in ports if p.up], now)
+        if changed:
+            why = ports_seen.save(state_dir, seen) or why
+        if why:
+            problems.items.setdefault(str(ports_seen.path(state_dir)), why)
 
     @staticmethod
     def _port(config: Config, p: sysfs.Port, add, expected: list[str], device: dict[str, str]) -> None:

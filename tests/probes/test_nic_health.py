@@ -334,3 +334,81 @@ def test_carrier_changes_counted_when_a_real_link_goes_down_and_up(netns):
                    timeout=30, interval=0.2, what="fcva admin down")
     assert key(N + "speed_bytes_per_second") not in off
     assert off[("fleetcanary_nic_sysfs_errors", ())] == 0
+
+
+def _take_down(root: Path, device: str) -> None:
+    (root / f"class/infiniband/{device}/ports/1/state").write_text("1: DOWN\n")
+    (root / f"class/infiniband/{device}/ports/1/phys_state").write_text("2: Polling\n")
+
+
+def test_with_no_list_a_port_down_after_being_up_is_expected_by_the_nodes_memory_for_a_day(tmp_path, monkeypatch):
+    """The port-down alert reads `fleetcanary_rdma_port_expected == 1`: with no expected_ports list the probe
+    publishes it for a port down now that it saw up within the last day (its memory in the state directory, kept
+    across a restart of the exporter), never for a port it never saw up (mlx5_5: an uncabled port)."""
+    from fleetcanary.probes import nic_health
+    from fleetcanary.probes.lib import ports_seen
+
+    root = tmp_path / "sys"
+    shutil.copytree(SYSFS / "ndr_node", root)
+    state = tmp_path / "state"
+    t0 = 1_800_000_000.0
+    monkeypatch.setattr(nic_health.time, "time", lambda: t0)
+
+    def go():
+        return NicHealth().run(Config(sysfs_root=str(root)), ProbeContext(
+            node_name="t", state_dir=str(state), deadline_monotonic=time.monotonic() + 30))
+
+    first = go()
+    assert not [k for k in values(first) if k[0] == R + "expected"]  # a healthy node: no such series
+    assert port(first, R + "up", "mlx5_5") == 0
+    assert json.loads((state / "nic/ports_seen_up.json").read_text())["ports"]["mlx5_0/1"] == t0
+    _take_down(root, "mlx5_0")
+    monkeypatch.setattr(nic_health.time, "time", lambda: t0 + 3600)
+    down = go()  # a new probe object, as after a restart: the memory is the file
+    assert port(down, R + "up", "mlx5_0") == 0 and port(down, R + "expected", "mlx5_0") == 1
+    assert port(down, R + "expected", "mlx5_5") is None and port(down, R + "expected", "mlx5_1") is None
+    assert value(down, "fleetcanary_nic_sysfs_errors") == 0
+    monkeypatch.setattr(nic_health.time, "time", lambda: t0 + ports_seen.WINDOW + 1)
+    later = go()  # down for a day: forgotten, as the rule's day of history once forgot it
+    assert port(later, R + "up", "mlx5_0") == 0 and port(later, R + "expected", "mlx5_0") is None
+    assert "mlx5_0/1" not in json.loads((state / "nic/ports_seen_up.json").read_text())["ports"]
+
+
+def test_a_list_decides_alone_and_the_memory_is_kept_beside_it(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(SYSFS / "ndr_node", root)
+    run(tmp_path, root, expected_ports=["mlx5_1/1"])
+    _take_down(root, "mlx5_0")
+    r = run(tmp_path, root, expected_ports=["mlx5_1/1"])
+    assert port(r, R + "expected", "mlx5_0") == 0  # up yesterday, but not listed: the list decides
+    assert "mlx5_0/1" in json.loads((tmp_path / "nic/ports_seen_up.json").read_text())["ports"]
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"ports": [1, 2]}', b'{"ports": {"mlx5_0/1": "x"}}', b"\xff" * 10,
+                                     b"[]"])
+def test_a_malformed_memory_is_counted_named_and_rewritten_never_a_crash(tmp_path, content):
+    root = tmp_path / "sys"
+    shutil.copytree(SYSFS / "ndr_node", root)
+    (tmp_path / "nic").mkdir(mode=0o700)
+    (tmp_path / "nic/ports_seen_up.json").write_bytes(content)
+    r = run(tmp_path, root)
+    assert value(r, "fleetcanary_nic_sysfs_errors") == 1
+    assert r.extra["problems"] == {str(tmp_path / "nic/ports_seen_up.json"): r.extra["problems"][
+        str(tmp_path / "nic/ports_seen_up.json")]}
+    assert r.extra["problems"][str(tmp_path / "nic/ports_seen_up.json")].startswith("malformed")
+    assert port(r, R + "up", "mlx5_0") == 1  # the run is published whole
+    again = run(tmp_path, root)
+    assert value(again, "fleetcanary_nic_sysfs_errors") == 0
+    assert set(json.loads((tmp_path / "nic/ports_seen_up.json").read_text())["ports"]) == {
+        "mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_3/1", "mlx5_4/1"}
+
+
+def test_a_link_planted_as_the_memory_is_not_followed(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(SYSFS / "ndr_node", root)
+    target = tmp_path / "elsewhere.json"
+    target.write_text("keep")
+    (tmp_path / "nic").mkdir(mode=0o700)
+    (tmp_path / "nic/ports_seen_up.json").symlink_to(target)
+    r = run(tmp_path, root)
+    assert value(r, "fleetcanary_nic_sysfs_errors") == 1 and target.read_text() == "keep"
