@@ -114,7 +114,8 @@ def compute_main(out: Path) -> int:
     ref = json.loads(r.stdout)
     state = tempfile.mkdtemp(prefix="fc-gpu-compute-")
     cfg = Path(state) / "config.yaml"
-    cfg.write_text(f"state_dir: {state}\n")
+    # every dtype the probe knows (its default times bf16 and fp8 only): the validation records them all
+    cfg.write_text(f"state_dir: {state}\nprobes:\n  gpu_compute:\n    params:\n      dtypes: [bf16, fp16, tf32, fp8]\n")
     runs = []
     for probes in (("gpu_compute", "gpu_sustained", "train_step"), ("gpu_compute",)):
         cmd = [sys.executable, "-m", "fleetcanary", "once", "--config", str(cfg), "--json"]
