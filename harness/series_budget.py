@@ -51,7 +51,7 @@ GPUS, IB_PORTS = 8, 8
 # At most NODE_BUDGET series a node in Prometheus, scraped and recorded; of that, the judge statistics
 # (fleetcanary_judge_*) and the recorded series have their own share and everything else at most BUDGET. 480: the
 # node at 0.4.0 was 790.6; issue 42's cut (judge/publish.py, the judged gauges stood in by the median) made it 533.6,
-# and the default matmul dtypes (bf16, fp8) and collective sizes (8 B, 1 MiB, 64 MiB) 469.2.
+# the default matmul dtypes (bf16, fp8) and collective sizes (8 B, 1 MiB, 64 MiB) 469.2, the P2P gauge stood in 461.2.
 BUDGET, NODE_BUDGET, JUDGE_PREFIX = 400, 480, "fleetcanary_judge_"
 RULE_FILES = (ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml")
 POOL_NODES = 10     # nodes sharing a pool's (per pool, model and driver) recorded series

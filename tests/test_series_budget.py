@@ -83,7 +83,8 @@ def test_the_judge_and_the_rules_are_counted_at_steady_state(node):
     assert result["judge_steady_series"] == sum(steady.values())
     stood_in = result["stood_in_by_median"]
     assert stood_in["fleetcanary_gpu_memory_bandwidth_bytes_per_second"] == 3 * sb.GPUS
-    assert "fleetcanary_gpu_p2p_bandwidth_bytes_per_second" not in stood_in  # the matrix says which link
+    # the default P2P gauge is each source GPU's slowest link, the judged figure itself (a matrix cell stays)
+    assert stood_in["fleetcanary_gpu_p2p_bandwidth_bytes_per_second"] == sb.GPUS
     assert "fleetcanary_gpu_sustained_throughput_ratio" not in stood_in      # each day's burn
     rec = result["recorded"]
     assert rec["node:fleetcanary_gpu_model:info"] == 1  # per node: by (node, model)

@@ -82,6 +82,19 @@ def query(url: str, expr: str) -> list[dict]:
     return body["data"]["result"]
 
 
+def slowest_rules(url: str, n: int = 15) -> list[dict]:
+    """The n rules whose last evaluation took longest (/api/v1/rules: each rule's evaluationTime), with their
+    group: where a group's seconds go."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=600) as r:
+            body = json.loads(r.read())
+        rows = [{"group": g["name"], "rule": rule["name"], "seconds": round(float(rule.get("evaluationTime", 0)), 4)}
+                for g in body["data"]["groups"] for rule in g["rules"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a detail: never the run's result lost for it
+        return [{"error": f"{type(e).__name__}: {e}"}]
+    return sorted(rows, key=lambda x: -x["seconds"])[:n]
+
+
 def peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -190,7 +203,8 @@ def live(work: Path, data: Path, args, server: FleetServer, node_names: list[str
                     for r in query(url, f'count by (__name__) ({{node="{node0}"}})')}
         scraped = query(url, 'avg(scrape_samples_scraped{job="fleetcanary"})')
         alerts = query(url, "count by (alertname, alertstate) (ALERTS)")
-        return {"prometheus_ready_seconds": ready_s, "all_up_seconds": all_up - t0, "groups": groups,
+        return {"slowest_rules": slowest_rules(url), "prometheus_ready_seconds": ready_s,
+                "all_up_seconds": all_up - t0, "groups": groups,
                 "head_series": int(m.get(("prometheus_tsdb_head_series", ()), 0)),
                 "scraped_series_per_node": float(scraped[0]["value"][1]) if scraped else None,
                 "recorded_series": recorded, "recorded_series_total": sum(recorded.values()),
