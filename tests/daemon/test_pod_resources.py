@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from fleetcanary.daemon import podresources_pb2 as pb
 from fleetcanary.daemon.pod_resources import Client, PodResourcesError, Watcher, gpu_uuid
 from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
+from harness.poll import wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pod_resources"
 NVML = FACTS_DIR / "h100_8gpu_healthy.json"
@@ -234,7 +235,11 @@ def test_a_view_older_than_three_refreshes_is_dropped_and_a_freed_gpu_is_reporte
         k.stop()
     k = serve(sock, "none")                              # the pods ended
     try:
-        w.refresh()
+        # the client's channel reconnects to the restarted kubelet on its own time: a refresh before that fails
+        # (UNAVAILABLE, logged) and the next one tries again, as the daemon's refresh loop does (once beside two
+        # CPU burners)
+        wait_for(lambda: (w.refresh(), w.context())[1] is not None, timeout=30,
+                 what="a refresh against the restarted kubelet")
     finally:
         k.stop()
         w.client.close()
