@@ -42,12 +42,17 @@ def load(state_dir: str) -> tuple[dict[str, float], str]:
     return {k: v for k, v in seen.items() if v == v}, ""  # NaN never compares: dropped
 
 
+def _fresh(t: float, now: float) -> bool:
+    """Up within the window; a time in the clock's future counts as now."""
+    return now - min(t, now) <= WINDOW
+
+
 def update(seen: dict[str, float], up: list[str], now: float) -> tuple[dict[str, float], bool]:
     """The memory after a run at `now` that found the ports `up` up: (new memory, whether to write it)."""
-    out = {k: min(t, now) for k, t in seen.items() if now - min(t, now) <= WINDOW}
+    out = {k: min(t, now) for k, t in seen.items() if _fresh(t, now)}
     changed = len(out) != len(seen) or any(out[k] != seen[k] for k in out)
     for k in up:
-        if now - out.get(k, -WINDOW - REFRESH) > REFRESH:
+        if k not in out or now - out[k] > REFRESH:
             out[k], changed = now, True
     if len(out) > MAX_PORTS:
         out, changed = dict(sorted(out.items(), key=lambda kv: kv[1])[-MAX_PORTS:]), True
@@ -56,7 +61,7 @@ def update(seen: dict[str, float], up: list[str], now: float) -> tuple[dict[str,
 
 def recently_up(seen: dict[str, float], port: str, now: float) -> bool:
     t = seen.get(port)
-    return t is not None and now - min(t, now) <= WINDOW
+    return t is not None and _fresh(t, now)
 
 
 def save(state_dir: str, seen: dict[str, float]) -> str:
