@@ -81,6 +81,7 @@ import itertools
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetcanary.judge.figures import Figure
@@ -199,18 +200,23 @@ def lean(bins: tuple, profile: list[float | None]) -> float:
     return sum(w * n for w, n in seen) / sum(n for _, n in seen) if seen else 1.0
 
 
-def swing_at(profile: list[float | None], t: float) -> float:
-    """The daily swing (log) at time of day t: interpolated between the centres of the known bins on either
-    side (around midnight too), so a run early in a bin is not taken at the bin's average."""
+def swing_reader(profile: list[float | None]) -> Callable[[float], float]:
+    """The daily swing (log) at a time of day t: interpolated between the centres of the known bins on either
+    side (around midnight too), so a run early in a bin is not taken at the bin's average. The known bins are
+    found once per profile (a drift reads every run of its day through one)."""
     known = [(b + 0.5) * DAY / DAY_BINS for b, p in enumerate(profile) if p is not None]
-    if not known:
-        return 0.0
     values = [p for p in profile if p is not None]
-    x = t % DAY
-    i = bisect.bisect_right(known, x)
-    x0, y0 = (known[i - 1], values[i - 1]) if i > 0 else (known[-1] - DAY, values[-1])
-    x1, y1 = (known[i], values[i]) if i < len(known) else (known[0] + DAY, values[0])
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if not known:
+        return lambda t: 0.0
+
+    def at(t: float) -> float:
+        x = t % DAY
+        i = bisect.bisect_right(known, x)
+        x0, y0 = (known[i - 1], values[i - 1]) if i > 0 else (known[-1] - DAY, values[-1])
+        x1, y1 = (known[i], values[i]) if i < len(known) else (known[0] + DAY, values[0])
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    return at
 
 
 def run_noise(values: list[float]) -> float | None:
@@ -245,6 +251,10 @@ class Series:
         self._profile: list[float | None] | None = None  # the node's daily swing, until a day ends
         self._profile_day = -1
         self._rough: list[float | None] | None = None
+        # hour_for_hour's factor of each run time under one profile (a drift reads its whole day at every run)
+        self._factors_of: list[float | None] | None = None
+        self._factors: dict[float, float] = {}
+        self._swing_at: Callable[[float], float] = lambda t: 0.0
         self._rough_day = -1
 
     def add(self, t: float, value: float, driver: str) -> None:
@@ -338,7 +348,13 @@ class Series:
         profile = self.swing()
         if profile is None:
             return [v for _, v in runs]
-        return [v / math.exp(swing_at(profile, t)) for t, v in runs]
+        if profile is not self._factors_of:  # a new profile, at most daily: each run's factor read again
+            self._factors_of, self._factors, self._swing_at = profile, {}, swing_reader(profile)
+        factors = self._factors
+        for t, _ in runs:
+            if t not in factors:
+                factors[t] = math.exp(self._swing_at(t))
+        return [v / factors[t] for t, v in runs]
 
     def noise_on(self, driver: str | None) -> float | None:
         """The series' run-to-run noise on `driver` (None: on any), the median of its complete days'; None before
