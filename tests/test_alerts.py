@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from alerts import build_tests
+from tests.support import rule_tests
 from tests.support.helpers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,14 +68,32 @@ TEST_FILES = sorted(p.name for p in (ALERTS / "tests").glob("*.test.yml"))
 
 
 
-# Each rule-test file is its own test and its own promtool process (seconds; the hard failures' ~20 s on this
-# 2-core machine): under xdist they spread over the workers (tests/conftest.py SPREAD).
+# Each rule-test file is its own test and its own promtool process, over the shipped groups it reads (seconds;
+# the hard failures' 5 s on this 2-core machine, 20 s over every group): under xdist they spread over the
+# workers (tests/conftest.py SPREAD).
 @pytest.mark.parametrize("test_file", TEST_FILES)
-def test_promtool_rule_tests_pass(test_file):
+def test_promtool_rule_tests_pass(test_file, tmp_path):
     promtool = require_binary("promtool")
-    r = subprocess.run([promtool, "test", "rules", test_file], cwd=ALERTS / "tests", stdout=subprocess.PIPE,
+    test = rule_tests.subset(ALERTS / "tests" / test_file, tmp_path)
+    r = subprocess.run([promtool, "test", "rules", test.name], cwd=test.parent, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-6000:]
+
+
+def test_a_rule_test_runs_over_the_groups_its_alerts_read_and_those_alone(tmp_path):
+    """The hard failures' tests read the inventory's records (model, pool, NVLink domain) and nothing of the
+    peers; the own-history tests read the peers' alerts (the driver change holds back a peer verdict)."""
+    for name, want in (("hard_failures.test.yml", {"fleetcanary-inventory", "fleetcanary-hard-failures"}),
+                       ("own_history.test.yml", {"fleetcanary-own-history", "fleetcanary-peers"})):
+        copy = rule_tests.subset(ALERTS / "tests" / name, tmp_path / name)
+        assert copy.read_bytes() == (ALERTS / "tests" / name).read_bytes()
+        groups = {g["name"] for f in yaml.safe_load(copy.read_text())["rule_files"]
+                  for g in yaml.safe_load((copy.parent / f).read_text())["groups"]}
+        assert groups == want, (name, groups)
+    shipped = {g["name"]: g for f in rule_tests.RULE_FILES
+               for g in yaml.safe_load((ALERTS / f).read_text())["groups"]}
+    copied = yaml.safe_load((tmp_path / "hard_failures.test.yml" / "fleetcanary.alerts.yml").read_text())["groups"]
+    assert copied == [shipped["fleetcanary-hard-failures"]]   # the shipped group, rule for rule
 
 
 def test_the_generated_rule_tests_are_current_and_none_is_left_over():
