@@ -106,12 +106,18 @@ def test_port_in_use_is_one_line_and_nonzero(tmp_path, start_daemon):
 
 
 def test_daemon_never_imports_torch_or_nvml(tmp_path):
-    """Runs a daemon with every probe once, in a fresh interpreter, then checks its modules."""
+    """Runs a daemon with every probe once, in a fresh interpreter, then checks its modules. The two probes that
+    measure on a CPU at small sizes (what they import does not depend on the size; at the defaults they took 10
+    of the test's 13 s)."""
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(yaml.safe_dump({"probes": {"host_memory_bandwidth": SMALL_HOST_BW,
+                                              "collectives": {"params": {"sizes_bytes": [8, 1024],
+                                                                         "iterations": 2}}}}))
     script = f"""
 import sys, json
 from fleetcanary.core import config
 from fleetcanary.daemon.service import Daemon
-s = config.load(None, env={{"FLEETCANARY_STATE_DIR": {str(tmp_path)!r},
+s = config.load({str(cfg)!r}, env={{"FLEETCANARY_STATE_DIR": {str(tmp_path)!r},
                            "FLEETCANARY_LISTEN_ADDRESS": "127.0.0.1:{free_port()}"}})
 d = Daemon(s)
 outs = [d.run_probe(n).outcome for n in d.probe_map]

@@ -18,12 +18,10 @@ def files(tmp_path_factory):
     server, _ = start_in_thread(SimSettings(ttft_ms=20, itl_ms=4, max_tokens_default=32))
     try:
         cfg = config(tmp / "cfg", f"http://127.0.0.1:{server.server_address[1]}/v1")
-        out = {}
-        for side in ("base", "cand"):
-            r = once(cfg, tmp / f"{side}.json", ["collectives", "storage", "inference"], repeat=3)
-            assert r.returncode == 0, r.stderr[-2000:]
-            out[side] = tmp / f"{side}.json"
-        yield out
+        # one real result set: each candidate is a copy of it with a figure moved (see the first test)
+        r = once(cfg, tmp / "base.json", ["collectives", "storage", "inference"], repeat=3)
+        assert r.returncode == 0, r.stderr[-2000:]
+        yield {"base": tmp / "base.json"}
     finally:
         server.shutdown()
         server.server_close()

@@ -194,8 +194,11 @@ def test_the_sdist_carries_what_the_tests_need_and_they_pass_from_it(dist, venv,
                    "exporter/_build.json", "probes/lib/xid_catalogue.yaml"):
         assert (src / needed).exists(), needed
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # a sample that reads each kind of file the tests need from the sdist (every generator and its sources,
+    # the docs, the probes' contracts, config and state files); the whole suite runs from the checkout
     r = subprocess.run([str(venv / "bin/python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "tests/core", "tests/runner/test_history.py", "tests/probes/test_contract.py",
+                        "tests/core/test_config.py", "tests/core/test_statefile.py", "tests/runner/test_history.py",
+                        "tests/probes/test_contract.py",
                         "tests/test_docs.py", "tests/test_generated.py"],
                        capture_output=True, text=True, cwd=src, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

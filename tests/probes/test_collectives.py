@@ -61,7 +61,8 @@ def test_gloo_sweep_every_collective_consistent_with_nccl_tests_formulas(tmp_pat
     assert out.result["extra"]["torch"]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+# 4 ranks, the last corrupted: a rank other than the root's partner (2 ranks are the same check on fewer)
+@pytest.mark.parametrize("ranks", [4])
 def test_a_corrupted_rank_buffer_fails_the_probe(tmp_path, ranks):
     out = run_worker(tmp_path, params(ranks, collectives=["all_reduce", "all_to_all"], sizes_bytes=[4096]),
                      env={"FLEETCANARY_COLLECTIVES_FAULT": f"corrupt:{ranks - 1}"})
