@@ -38,7 +38,7 @@ def needed_groups(groups: list[dict], wanted: set[str]) -> set[str]:
     return seen
 
 
-def tested_names(test: dict) -> set[str]:
+def names_read(test: dict) -> set[str]:
     """Every alert a test file expects something of and every name its PromQL tests read."""
     names: set[str] = set()
     for t in test.get("tests", []):
@@ -58,7 +58,7 @@ def subset(test_file: Path, out: Path) -> Path:
             raise ValueError(f"{test_file.name}: rule file {rel} is not ../NAME")
         docs[Path(rel).name] = yaml.safe_load((test_file.parent / rel).read_text())
     groups = [g for d in docs.values() for g in d["groups"]]
-    keep = needed_groups(groups, tested_names(test))
+    keep = needed_groups(groups, names_read(test))
     (out / "tests").mkdir(parents=True, exist_ok=True)
     for name, doc in docs.items():
         (out / name).write_text(yaml.safe_dump({"groups": [g for g in doc["groups"] if g["name"] in keep]},
