@@ -81,8 +81,9 @@ run: $(STAMP)
 test: $(STAMP) os-deps tools lint lint-imports
 	$(PY) -m pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
-# The inner loop while developing: everything but the `long` tests (the live-Prometheus alerts, the fabric
-# fleet in namespaces, promtool's rule tests, the dashboards' live queries, the soak). `make test` runs all.
+# The inner loop while developing: everything but the `long` tests (half a minute or more of real time each: the
+# image, the release, the demo, live Prometheus and vmalert, the fabric fleets, the soak; README lists them).
+# `make test` runs all.
 quick: $(STAMP) tools
 	$(PY) -m pytest -q $(XDIST) -m "not long" $(PYTEST_ARGS)
 

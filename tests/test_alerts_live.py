@@ -20,6 +20,7 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from alerts import build
@@ -86,6 +87,7 @@ def wait_evaluated(url: str, predicate, groups: set[str], budget: int, what: str
         time.sleep(1)
 
 
+@pytest.mark.long
 def test_every_judged_alert_fires_on_its_node_and_none_elsewhere_on_a_live_prometheus(tmp_path):
     rules = []
     for name, text in build.render(scale=SCALE, settings=SETTINGS).items():

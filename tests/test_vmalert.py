@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from alerts import build
@@ -193,6 +194,7 @@ def test_the_scenario_judges_every_peer_path_on_one_node():
     assert {gpu for _, gpu, path in alerts if path} == {DEGRADED_GPU, ""}
 
 
+@pytest.mark.long
 def test_same_alerts_fire_on_vmalert_and_prometheus(tmp_path):
     want, on_prometheus, on_vmalert = run_fleet(tmp_path, scaled_rules(tmp_path / "rules"), fleet())
     assert on_prometheus == want, f"Prometheus: extra {sorted(on_prometheus - want)}"

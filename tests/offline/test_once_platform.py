@@ -2,6 +2,7 @@
 stand-in (tests/support/kube_api.py, with the in-cluster token and CA), the real worker for the run."""
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from fleetcanary.core import config as configmod
@@ -17,6 +18,7 @@ def settings(tmp_path, **kube):
     return configmod.load(p, env={})
 
 
+@pytest.mark.long
 def test_once_in_a_pod_records_the_nodes_platform(api, tmp_path):  # noqa: F811 - the fixture
     environ = {**api.environ, "FLEETCANARY_KUBE_TOKEN_FILE": str(api.token_file),
                "FLEETCANARY_KUBE_CA_FILE": str(api.ca_file), "POD_NAME": "fleetcanary-abcde",

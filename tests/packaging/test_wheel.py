@@ -184,6 +184,7 @@ def test_demo_loads_every_rule_group_into_prometheus(venv, outside, tmp_path):
     assert rc == 0, out.read_text()
 
 
+@pytest.mark.long
 def test_the_sdist_carries_what_the_tests_need_and_they_pass_from_it(dist, venv, tmp_path):
     (sdist,) = dist.glob("fleetcanary-*.tar.gz")
     with tarfile.open(sdist) as t:

@@ -91,6 +91,7 @@ def test_an_absent_partner_is_a_peer_unavailable_skip_not_a_failure(tmp_path, me
     assert SECRET not in rec.detail + rec.output_tail
 
 
+@pytest.mark.long
 def test_a_partner_that_stops_mid_sweep_ends_as_a_timeout_within_the_deadline(tmp_path):
     ports = (free_port(), free_port())
     a, b = run_pair(tmp_path, ports, env_b={"FLEETCANARY_FABRIC_FAULT": "hang"}, timeout=40.0, wait=15.0,

@@ -5,6 +5,8 @@ secret appears in neither /metrics, /results nor the logs.
 The slot is sized from what this machine measures (tests/support/realtime.py), and the wait for the
 first meeting ends on the daemons' own records: a meeting, or ATTEMPTS slots in which both ran and
 did not meet. The daemons start at any moment of a slot, so the first slot may find one alone."""
+import pytest
+
 from fleetcanary.probes import PROBES
 from tests.support.daemon import Daemon
 from tests.support.helpers import free_port, metric_value, wait_for
@@ -29,6 +31,7 @@ def config(me, ports, plan: SlotPlan):
                 "iterations": 3}}}}
 
 
+@pytest.mark.long
 def test_two_daemons_meet_on_the_slot_grid(tmp_path):
     ports = (free_port(), free_port())
     plan = SlotPlan.measure(workers=len(NAMES), sweep_seconds=SWEEP_SECONDS)

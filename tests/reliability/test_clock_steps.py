@@ -18,6 +18,8 @@ import random
 import time
 from pathlib import Path
 
+import pytest
+
 from fleetcanary.core import statefile
 from fleetcanary.core.record import RunRecord
 from fleetcanary.daemon.scheduler import GpuBudget
@@ -185,6 +187,7 @@ def test_the_traceback_filter_sets_aside_only_a_failed_sleep():
     assert tracebacks("no failure here") == []
 
 
+@pytest.mark.long
 def test_a_daemon_whose_clock_steps_30_days_forward_then_back_keeps_its_history(tmp_path):
     lib = _libfaketime()
     state = tmp_path / "state"
