@@ -254,7 +254,6 @@ class Series:
         # hour_for_hour's factor of each run time under one profile (a drift reads its whole day at every run)
         self._factors_of: list[float | None] | None = None
         self._factors: dict[float, float] = {}
-        self._swing_at: Callable[[float], float] = lambda t: 0.0
         self._rough_day = -1
 
     def add(self, t: float, value: float, driver: str) -> None:
@@ -349,11 +348,11 @@ class Series:
         if profile is None:
             return [v for _, v in runs]
         if profile is not self._factors_of:  # a new profile, at most daily: each run's factor read again
-            self._factors_of, self._factors, self._swing_at = profile, {}, swing_reader(profile)
+            self._factors_of, self._factors = profile, {}
         factors = self._factors
-        for t, _ in runs:
-            if t not in factors:
-                factors[t] = math.exp(self._swing_at(t))
+        if missing := [t for t, _ in runs if t not in factors]:
+            at = swing_reader(profile)
+            factors.update((t, math.exp(at(t))) for t in missing)
         return [v / factors[t] for t, v in runs]
 
     def noise_on(self, driver: str | None) -> float | None:

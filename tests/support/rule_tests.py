@@ -30,11 +30,8 @@ def needed_groups(groups: list[dict], wanted: set[str]) -> set[str]:
     while todo:
         name = todo.pop()
         seen.add(name)
-        text = exprs[name]
-        reads = {writes[n] for n in writes if _mentions(text, n)}
-        if "ALERTS" in text:
-            reads |= {writes[n] for n in re.findall(r'alertname="([^"]+)"', text) if n in writes}
-        todo |= reads - seen
+        # a recorded name, or an alert's in an ALERTS{alertname="..."} selector
+        todo |= {writes[n] for n in writes if _mentions(exprs[name], n)} - seen
     return seen
 
 
