@@ -58,7 +58,7 @@ from fleetcanary.rules import (
     rules_nic,
     rules_peers,
 )
-from fleetcanary.rules.common import CHANGE_GROUP, GROUP, HELD_BY, Group, Shard, counted, counted_value, dur
+from fleetcanary.rules.common import CHANGE_GROUP, GROUP, Group, Shard, counted, counted_value, dur
 
 HERE = Path(__file__).resolve().parent
 RUNBOOK = rulesettings.runbook_base()
@@ -194,9 +194,7 @@ def finish(groups: list[Group], s: RuleSettings, scale: float = 1.0) -> tuple[di
                 r["annotations"] = {"summary": notes["summary"], "description": notes["description"],
                                     "runbook_url": s.runbook_url.format(anchor=r["alert"].lower()),
                                     **{k: v for k, v in notes.items() if k not in ("summary", "description")}}
-            # a shard label keeps the same rule in two groups distinct (promtool lints duplicates); not a hold's
-            # record, whose pool matcher keeps it apart and whose labels its alert's held value takes on
-            if g.shard and HELD_BY not in r.get("labels", {}):
+            if g.shard:  # a shard label keeps the same rule in two groups distinct (promtool lints duplicates)
                 r["labels"] = {**r.get("labels", {}), "shard": g.shard}
             out["rules"].append(r)
 

@@ -11,7 +11,6 @@ does any of that itself, so none can do it differently.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from fleetcanary.core.rulesettings import RuleSettings
@@ -114,10 +113,6 @@ def worse(f: judged.Figure, ratio: str) -> str:
     return f"(1 - {ratio})" if f.higher_is_better else f"({ratio} - 1)"
 
 
-def _held_on(s: RuleSettings) -> str:
-    return ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
-
-
 def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless: str = "", gate: str = "") -> str:
     """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value`, the same gap
     the alert fires on (read through ``gap_of``: its newest sample of the last `hold_gap`), is past `floor`, half
@@ -127,49 +122,21 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
     (docs/detection.md, issue 38)."""
     if not s.hold:
         return ""
+    on_ = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
     node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
     cond = (f"or {value} > {floor:g}\n" if not gate else
             f"or {value}\n  and on({node}) {gate} > {floor:g}\n")
     value_note = "; the value is the newest runs' gap, the median's where those are not published" if gate else ""
     return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (its newest\n"
-            f"# figure of the last {s.hold_gap} while it alerted{value_note})\n"
+            f"# figure of the last {s.hold_gap}{value_note})\n"
             + cond
             + (f"  unless {unless}\n" if unless else "")
-            + f'  and on({_held_on(s)}) ALERTS{{alertname="{name}", alertstate="firing"}}')
+            + f'  and on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}')
 
 
-HELD_BY = "held_by"  # the label that keeps each alert's held figure apart in its record
-
-
-def _held_name(selector: str) -> str:
-    """The record a hold reads, of a raw judge selector."""
-    return f"series:{selector.partition('{')[0]}:held"
-
-
-def gap_of(s: RuleSettings, selector: str, name: str) -> str:
-    """A node's statistic as alert `name`'s hold reads it: its newest sample of the last `hold_gap` among those its
-    ``held_record`` kept while the alert was pending or firing. A range over that small record, not over every
-    series of the figure: six hours of every GPU's statistics were most of the judged groups' evaluation time
-    (docs/alerting-scale.md). The record's labels are the statistic's, `held_by` dropped again, so a held alert
-    keeps the labels it fired with."""
-    if not s.hold:
-        return selector
-    # the alert's name picks its figure; a sharded group's pool matcher keeps its shard's series apart
-    pool = re.findall(r'\bpool\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"', selector)
-    inner = ", ".join((f'{HELD_BY}="{name}"', *pool))
-    return f"max without({HELD_BY}) (last_over_time({_held_name(selector)}{{{inner}}}[{s.hold_gap}]))"
-
-
-def held_record(s: RuleSettings, name: str, selector: str) -> list[dict]:
-    """The record alert `name`'s hold reads (``gap_of``): the statistic while the alert is pending or firing, at
-    each evaluation of its group, before the alert (so the hold reads this evaluation's value where the statistic
-    is published). None without holds."""
-    if not s.hold:
-        return []
-    return [{"record": _held_name(selector),
-             "expr": f"# {name}'s statistic while it alerts: what its hold reads through a gap\n"
-                     f'{selector}\n  and on({_held_on(s)}) ALERTS{{alertname="{name}"}}',
-             "labels": {HELD_BY: name}}]
+def gap_of(s: RuleSettings, selector: str) -> str:
+    """A node's statistic as a hold reads it: its newest sample of the last `hold_gap` (held through a gap)."""
+    return f"last_over_time({selector}[{s.hold_gap}])" if s.hold else selector
 
 
 # --- templates -------------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from fleetcanary.rules.common import (
     dur,
     figures,
     gap_of,
-    held_record,
     hold,
     interval_minutes,
     on,
@@ -48,7 +47,6 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
     if f.fast:
         name = f"FleetCanary{f.alert}{'FarSlowerThanOwnHistory' if lower else 'FarBelowOwnHistory'}"
         peers_judge = f"on({on(s)}) (pool:fleetcanary_judge_median:peer_nodes{sel(fm)} >= {s.min_peers})"
-        out += held_record(s, name, cur)
         out.append(alert(
             name,
             f"# {f.title}, path own_fast: the gap, how far its change against its own best day is worse than 1,\n"
@@ -58,33 +56,31 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"unless {peers_judge}"
             # silent there once held too: where the peer records came late (a rule group that evaluated before the
             # peers' group at start), the hold would keep a page the peer fast path owns
-            + hold(s, name, worse(f, gap_of(s, cur, name)), s.fast_floor / 2, "the gap", unless=peers_judge),
+            + hold(s, name, worse(f, gap_of(s, cur)), s.fast_floor / 2, "the gap", unless=peers_judge),
             "0m", {"severity": "critical", "figure": f.key, "path": "own_fast"},
             f"{f.title} far off its own history",
             f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on driver "
             f"{{{{ $labels.baseline_driver }}}} (change {change}); fewer than {s.min_peers} peer nodes report. "
             f"{median}. Path own_fast."))
     name = f"FleetCanary{f.alert}Regression"
-    out += held_record(s, name, cur)
     out.append(alert(
         name,
         f"# {f.title}, path regression: the gap, how far its change against its own best day on this driver is\n"
         f"# worse than 1\n"
         f"{worse(f, cur)} > {f.history_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, cur, name)), f.history_floor / 2, "the gap"),
+        + hold(s, name, worse(f, gap_of(s, cur)), f.history_floor / 2, "the gap"),
         dur(max(2 * interval_minutes(s, f), 30) * 60), {"severity": "warning", "figure": f.key, "path": "regression"},
         f"{f.title} {'rose' if lower else 'fell'} against its own history",
         f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day of the last 14 on driver "
         f"{{{{ $labels.baseline_driver }}}} (change {change}). {median}. Path regression."))
     if f.per_driver:  # a figure without a driver (host memory, storage) has no previous driver's change
         name = f"FleetCanary{f.alert}{'RiseAfterDriverChange' if lower else 'DropAfterDriverChange'}"
-        out += held_record(s, name, prev)
         out.append(alert(
             name,
             f"# {f.title}, path driver_change: the gap, how far its change on the new driver against its best day\n"
             f"# on the previous one is worse than 1\n"
             f"{worse(f, prev)} > {f.history_floor:g}"
-            + hold(s, name, worse(f, gap_of(s, prev, name)), f.history_floor / 2, "the gap"),
+            + hold(s, name, worse(f, gap_of(s, prev)), f.history_floor / 2, "the gap"),
             dur(max(interval_minutes(s, f), 15) * 60),
             {"severity": "warning", "figure": f.key, "path": "driver_change"},
             f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
@@ -92,13 +88,12 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"{worse_word} its best day on the previous driver {{{{ $labels.baseline_driver }}}}. {median}. "
             "Path driver_change."))
     name = f"FleetCanary{f.alert}Drift"
-    out += held_record(s, name, drift)
     out.append(alert(
         name,
         f"# {f.title}, path drift: the gap, how far the median of its last day of runs against its best day on\n"
         f"# this driver is worse than 1\n"
         f"{worse(f, drift)} > {s.drift_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, drift, name)), s.drift_floor / 2, "the gap"),
+        + hold(s, name, worse(f, gap_of(s, drift)), s.drift_floor / 2, "the gap"),
         dur(60 * 60), {"severity": "warning", "figure": f.key, "path": "drift"},
         f"{f.title} drifted from its best day",
         f"{what(f)}: its last day of runs is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on "

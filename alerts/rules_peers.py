@@ -22,7 +22,6 @@ from fleetcanary.rules.common import (
     by,
     figures,
     gap_of,
-    held_record,
     hold,
     interval_minutes,
     on,
@@ -43,10 +42,10 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
         rules = recording(s, pool)
         for f in figures(s):
             if f.history:
-                rules += peer_alert(s, f, "change", pool)
-            rules += peer_alert(s, f, "level", pool)
+                rules.append(peer_alert(s, f, "change", pool))
+            rules.append(peer_alert(s, f, "level", pool))
             if f.fast:
-                rules += fast_alert(s, f, pool)
+                rules.append(fast_alert(s, f, pool))
         out.append(Group("alerts", f"fleetcanary-peers{suffix}", "interval", rules, suffix[1:]))
     return out
 
@@ -75,19 +74,12 @@ def recording(s: RuleSettings, pool: str) -> list[dict]:
     return out
 
 
-def _mine(f: judged.Figure, stat: str, pool: str) -> str:
-    """The node's statistic of figure `f` (`pool`: a sharded group's matcher)."""
-    fm = f'figure="{f.key}"'
-    return f"fleetcanary_judge_{stat}{sel(fm, pool)}"
-
-
-def _ratio(s: RuleSettings, f: judged.Figure, stat: str, pool: str, g: str, held: str = "",
+def _ratio(s: RuleSettings, f: judged.Figure, stat: str, pool: str, g: str, held: bool = False,
            peer: str = "") -> str:
-    """The node's statistic over its peers' median (of `peer`, default the same statistic); as alert `held`'s
-    hold reads it where given."""
+    """The node's statistic over its peers' median (of `peer`, default the same statistic)."""
     fm = f'figure="{f.key}"'
-    mine = _mine(f, stat, pool)
-    return (f"{gap_of(s, mine, held) if held else mine}\n"
+    mine = f"fleetcanary_judge_{stat}{sel(fm, pool)}"
+    return (f"{gap_of(s, mine) if held else mine}\n"
             f"    / on({g}) group_left pool:fleetcanary_judge_{peer or stat}:peer_median{sel(fm)}")
 
 
@@ -99,9 +91,8 @@ def _gate(s: RuleSettings, f: judged.Figure, stat: str, g: str, floor: float, k:
             f"  > on({g}) group_left() clamp_min({k:g} * {mad}, {floor:g})")
 
 
-def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> list[dict]:
-    """The change path (path=change) or the level path (path=level) of ...BelowPeers / ...SlowerThanPeers, after
-    the record its hold reads."""
+def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
+    """The change path (path=change) or the level path (path=level) of ...BelowPeers / ...SlowerThanPeers."""
     stat, extra, floor, k = (("change", CHANGE_GROUP, f.floor, f.k_mad) if path == "change"
                              else ("median", (), s.level_floor, s.level_k_mad))
     g = on(s, *extra)
@@ -129,7 +120,7 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> list[
                  f"and on({node}, baseline) {worse(f, confirm)} > {floor:g}")
     # The hold compares what fired, without the MAD gate: against the peers, not its own baseline, whose
     # previous driver's (baseline=previous_driver) carries the new driver's own effect for two weeks.
-    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=name)), floor / 2, "the gap")
+    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=True)), floor / 2, "the gap")
     word = "slower than" if lower else "below"
     if path == "change":
         desc = (f"{what(f)}: its change against its best day ({{{{ $labels.baseline }}}} "
@@ -140,10 +131,9 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> list[
         desc = f"{what(f)} is {{{{ $value | humanizePercentage }}}} {word} its peers' median. "
     desc += (f"Median {query('fleetcanary_judge_median', f.key)}; peers' "
              f"{peer_query(s, 'pool:fleetcanary_judge_median:peer_median', f.key)} ({peers(f)}). Path {path}.")
-    return [*held_record(s, name, _mine(f, stat, pool)),
-            _with(alert(name, expr, _dur(max(interval_minutes(s, f), 15) * 60),
-                        {"severity": "warning", "figure": f.key, "path": path}, f"{f.title} {word} peers", desc),
-                  peers_value(s, f))]
+    return _with(alert(name, expr, _dur(max(interval_minutes(s, f), 15) * 60),
+                       {"severity": "warning", "figure": f.key, "path": path}, f"{f.title} {word} peers", desc),
+                 peers_value(s, f))
 
 
 def peers(f: judged.Figure) -> str:
@@ -157,9 +147,8 @@ def _with(a: dict, more: dict) -> dict:
     return a
 
 
-def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
-    """The fast path: the best of the newest 3 runs far worse than the peers' median figure (a page), after the
-    record its hold reads."""
+def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> dict:
+    """The fast path: the best of the newest 3 runs far worse than the peers' median figure (a page)."""
     g = on(s)
     lower = not f.higher_is_better
     name = f"FleetCanary{f.alert}{'FarSlowerThanPeers' if lower else 'FarBelowPeers'}"
@@ -172,15 +161,14 @@ def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
     # one's are better than its median: fleetcanary.judge.publish), so the hold lasts as long as the median is
     fm = f'figure="{f.key}"'
     newest_or_median = (f"(fleetcanary_judge_newest{sel(fm, pool)} "
-                        f"or {gap_of(s, _mine(f, 'median', pool), name)})\n"
+                        f"or {gap_of(s, 'fleetcanary_judge_median' + sel(fm, pool))})\n"
                         f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}")
     expr += hold(s, name, worse(f, newest_or_median), s.fast_floor / 2,
-                 "the gap of its median", gate=worse(f, _ratio(s, f, "median", pool, g, held=name)))
+                 "the gap of its median", gate=worse(f, _ratio(s, f, "median", pool, g, held=True)))
     word = "far slower than" if lower else "far below"
     desc = (f"{what(f)}: the best of its newest 3 runs, {query('fleetcanary_judge_newest', f.key)}, is "
             f"{{{{ $value | humanizePercentage }}}} {'slower than' if lower else 'below'} its peers' median "
             f"{peer_query(s, 'pool:fleetcanary_judge_median:peer_median', f.key)} ({peers(f)}). Median "
             f"{query('fleetcanary_judge_median', f.key)}. Path fast.")
-    return [*held_record(s, name, _mine(f, "median", pool)),
-            _with(alert(name, expr, "0m", {"severity": "critical", "figure": f.key, "path": "fast"},
-                        f"{f.title} {word} peers", desc), peers_value(s, f))]
+    return _with(alert(name, expr, "0m", {"severity": "critical", "figure": f.key, "path": "fast"},
+                       f"{f.title} {word} peers", desc), peers_value(s, f))

@@ -50,12 +50,6 @@ HOLD = re.compile(r" or (?P<hold>.+?) and on\((?P<on>[^)]*)\) ALERTS\{(?P<alerts
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
 SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"
                       r"(?!\s*\()")
-# A hold reads its alert's held record (alerts/common.py `gap_of`): the statistic at each evaluation while the alert
-# was pending or firing, which reads ALERTS, which the replay does not write. The replay reads the statistic itself
-# over the same window: the same value, except where the statistic's last sample before a gap came after the
-# alert's last evaluation (at most one evaluation newer, and a judged statistic moves only when a run lands).
-HELD_READ = re.compile(r'max without\(held_by\) \(last_over_time\((?P<record>series:[a-z0-9_]+:held)'
-                       r'\{held_by="(?P<alert>[^"]*)"[^}]*\}\[(?P<window>[^\]]+)\]\)\)')
 METRIC_NAME = re.compile(r"\b(fleetcanary_[a-z0-9_]+|up)\b(?!\s*\()")
 EVAL_S = 60  # a group without an interval: Prometheus's global default here
 
@@ -208,27 +202,11 @@ def shipped_groups() -> list[dict]:
     return out
 
 
-def held_selectors() -> dict[tuple[str, str], str]:
-    """(held record, alert) -> the statistic's selector its record keeps (the part before its ALERTS clause)."""
-    out = {}
-    for g in shipped_groups():
-        for r in g["rules"]:
-            if "record" in r and "ALERTS{" in r["expr"]:
-                out[(r["record"], r["labels"]["held_by"])] = clean(r["expr"]).split(" and on(")[0]
-    return out
-
-
-def unheld(expr: str, selectors: dict[tuple[str, str], str]) -> str:
-    """A hold's read of its held record as the statistic's own newest sample of the window (HELD_READ)."""
-    return HELD_READ.sub(lambda m: f"last_over_time({selectors[(m['record'], m['alert'])]}[{m['window']}])", expr)
-
-
 def recording_rules() -> dict[str, list[Record]]:
-    """The shipped recording rules by name, but the holds' records (they read ALERTS; ``unheld``)."""
     out: dict[str, list[Record]] = defaultdict(list)
     for g in shipped_groups():
         for r in g["rules"]:
-            if "record" in r and "ALERTS{" not in r["expr"]:
+            if "record" in r:
                 expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
                 out[r["record"]].append(Record(r["record"], expr, g["name"], g["_interval"], g["_offset"]))
     return out
@@ -289,7 +267,7 @@ def substitute(expr: str, recs: dict[str, list[Record]], group: str, interval: i
 
 def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], list[dict]]:
     """The shipped alerts of the replayed groups that this fleet can exercise, and those it cannot (why)."""
-    recs, held = recording_rules(), held_selectors()
+    recs = recording_rules()
     chosen, skipped = [], []
     for g in shipped_groups():
         if not g["name"].startswith(GROUPS):
@@ -300,7 +278,7 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
             if "keep_firing_for" in r:
                 raise SystemExit(f"detection: {r['alert']} has keep_firing_for; the replay's state machine has none")
             # `group_left X` with X substituted by a parenthesised expression would read as a label list
-            expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", unheld(clean(r["expr"]), held))
+            expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
             held = HOLD.search(expr)
             if held:
                 if f'alertname="{r["alert"]}"' not in held.group("alerts"):
