@@ -14,9 +14,17 @@ SLOWDOWN = ("fleetcanary_gpu_sustained_slowdown_ratio * on(node) group_left(mode
             "* on(node) group_left(pool) node:fleetcanary_pool:info")
 
 
+# The canary's own health: an hour of every probe's run counters at each evaluation (a third of the hard failures'
+# seconds at 1,000 nodes), for warnings that wait 10-15 minutes anyway: evaluated at the judged groups' interval.
+PROBE_HEALTH = ("FleetCanaryProbeFailing", "FleetCanaryProbeStale")
+
+
 def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
+    rules = alerts(s)
     return [Group("rules", "fleetcanary-inventory", "hard_interval", inventory()),
-            Group("alerts", "fleetcanary-hard-failures", "hard_interval", alerts(s))]
+            Group("alerts", "fleetcanary-hard-failures", "hard_interval",
+                  [r for r in rules if r["alert"] not in PROBE_HEALTH]),
+            Group("alerts", "fleetcanary-probe-health", "interval", [r for r in rules if r["alert"] in PROBE_HEALTH])]
 
 
 XID_PAGING = "hardware|memory|bus|nvlink"   # the XID classes whose critical codes page on first sight

@@ -81,9 +81,11 @@ def test_promtool_rule_tests_pass(test_file, tmp_path):
 
 
 def test_a_rule_test_runs_over_the_groups_its_alerts_read_and_those_alone(tmp_path):
-    """The hard failures' tests read the inventory's records (model, pool, NVLink domain) and nothing of the
-    peers; the own-history tests read the peers' alerts (the driver change holds back a peer verdict)."""
-    for name, want in (("hard_failures.test.yml", {"fleetcanary-inventory", "fleetcanary-hard-failures"}),
+    """The hard failures' tests read the inventory's records (model, pool, NVLink domain) and the probe-health
+    group (a probe failing or stale) and nothing of the peers; the own-history tests read the peers' alerts (the
+    driver change holds back a peer verdict)."""
+    for name, want in (("hard_failures.test.yml", {"fleetcanary-inventory", "fleetcanary-hard-failures",
+                                                   "fleetcanary-probe-health"}),
                        ("own_history.test.yml", {"fleetcanary-own-history", "fleetcanary-peers"})):
         copy = rule_tests.subset(ALERTS / "tests" / name, tmp_path / name)
         assert copy.read_bytes() == (ALERTS / "tests" / name).read_bytes()
@@ -93,7 +95,8 @@ def test_a_rule_test_runs_over_the_groups_its_alerts_read_and_those_alone(tmp_pa
     shipped = {g["name"]: g for f in rule_tests.RULE_FILES
                for g in yaml.safe_load((ALERTS / f).read_text())["groups"]}
     copied = yaml.safe_load((tmp_path / "hard_failures.test.yml" / "fleetcanary.alerts.yml").read_text())["groups"]
-    assert copied == [shipped["fleetcanary-hard-failures"]]   # the shipped group, rule for rule
+    # the shipped groups, rule for rule
+    assert copied == [shipped["fleetcanary-hard-failures"], shipped["fleetcanary-probe-health"]]
 
 
 def test_the_generated_rule_tests_are_current_and_none_is_left_over():

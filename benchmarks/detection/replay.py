@@ -6,9 +6,9 @@ on it as a live Prometheus would evaluate them, evaluation by evaluation.
   statistics at each scrape (judge.py drives the exporter's own FigureStore and exposition) and the
   raw series the hard-failure alerts read.
 * Groups: the shipped `fleetcanary-peers*` group (its recording rules, then its alerts),
-  `fleetcanary-own-history*` and `fleetcanary-hard-failures`, each at its `interval:` and at its own
-  fixed offset within it (Prometheus derives a group's offset from a hash of its name and file; here
-  from its name), so each group evaluates at the times a live server would.
+  `fleetcanary-own-history*`, `fleetcanary-hard-failures` and `fleetcanary-probe-health`, each at its
+  `interval:` and at its own fixed offset within it (Prometheus derives a group's offset from a hash
+  of its name and file; here from its name), so each group evaluates at the times a live server would.
 * No rule output is backfilled. A live group evaluates its rules in order at one timestamp, so an
   alert of the peers group reads the recording rules' samples of that same evaluation: the replay
   substitutes each recorded series by its rule's expression (the selector's matchers pushed into
@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RULES = ROOT / "alerts/fleetcanary.rules.yml"
 ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
-GROUPS = ("fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures")  # and their pool shards
+GROUPS = ("fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures",
+          "fleetcanary-probe-health")  # and their pool shards
 HOLD = re.compile(r" or (?P<hold>.+?) and on\((?P<on>[^)]*)\) ALERTS\{(?P<alerts>[^}]*)\}$")
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
 SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"

@@ -12,7 +12,8 @@
    the exporter is down; the store survives a restart), beside the series the hard failures read.
 3. replay.py backfills that into a real Prometheus (promtool, raw series only) and replays the
    shipped groups fleetcanary-peers (recording rules, then alerts, every 5 minutes),
-   fleetcanary-own-history (5 minutes) and fleetcanary-hard-failures (1 minute), each at its own
+   fleetcanary-own-history (5 minutes), fleetcanary-hard-failures (1 minute) and
+   fleetcanary-probe-health (5 minutes), each at its own
    offset, every evaluation with query_range (recorded series substituted by their rules; no rule
    output backfilled, so no evaluation is lost), through the alert state machine (pending, `for`).
 4. score.py scores them: precision, false episodes per 1,000 GPU-days with their causes, recall
