@@ -334,6 +334,15 @@ def grid(start: int, interval: int, offset: int) -> int:
 _FLEET = None  # the fleet, inherited by the forked workers
 
 
+def _worker_start() -> None:
+    """A forked worker ends on SIGTERM as a process does: the run's handler (run.py: sys.exit, so its finally blocks
+    stop Prometheus) would raise SystemExit inside the pool's own locks when the pool terminates its workers at the
+    end of a `with`, and a worker left waiting on one of them held the run (seen once in the backfill)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _judge(i: int):
     from benchmarks.detection.judge import judge_node
     n = _FLEET.nodes[i]
@@ -364,7 +373,7 @@ def judge_fleet(fleet, work: Path, progress, jobs: int = 2) -> dict:
     _FLEET = fleet
     fleet.judged = {}
     t = time.monotonic()
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start) as pool:
         for k, (name, nj) in enumerate(pool.imap_unordered(_judge, range(len(fleet.nodes)), chunksize=4), 1):
             fleet.judged[name] = nj
             if k % 40 == 0:
@@ -393,7 +402,7 @@ def backfill_raw(fleet, data: Path, work: Path, progress, jobs: int = 2) -> int:
     _FLEET = fleet
     args = [(i, b0, b1, str(work), str(data)) for i, (b0, b1) in enumerate(fleet.blocks())]
     size = 0
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start) as pool:
         for k, s in enumerate(pool.imap_unordered(_raw_block, args), 1):
             size += s
             if k % 12 == 0:
