@@ -29,8 +29,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import multiprocessing
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections import defaultdict
@@ -334,13 +336,13 @@ def grid(start: int, interval: int, offset: int) -> int:
 _FLEET = None  # the fleet, inherited by the forked workers
 
 
-def _worker_start() -> None:
-    """A forked worker ends on SIGTERM as a process does: the run's handler (run.py: sys.exit, so its finally blocks
-    stop Prometheus) would raise SystemExit inside the pool's own locks when the pool terminates its workers at the
-    end of a `with`, and a worker left waiting on one of them held the run (seen once in the backfill)."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _pool(jobs: int):
+    """A pool of forked workers (they inherit the fleet through _FLEET) that end on SIGTERM as a process does: the
+    run's handler (run.py: sys.exit, so its finally blocks stop Prometheus) would raise SystemExit inside the pool's
+    own locks when the pool terminates its workers at the end of a `with`, and a worker left waiting on one of them
+    held the run (seen once in the backfill)."""
+    return multiprocessing.get_context("fork").Pool(
+        jobs, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL))
 
 
 def _judge(i: int):
@@ -365,15 +367,13 @@ def _raw_block(arg) -> int:
 
 def judge_fleet(fleet, work: Path, progress, jobs: int = 2) -> dict:
     """Drive every node's exporter judge (judge.py) over the fleet's runs and scrapes; the checks summed."""
-    import multiprocessing
-
     global _FLEET  # noqa: PLW0603 - the forked pool's workers inherit the fleet through it, unpickled
     fleet.prepare_scrapes()
     fleet._state_root = str(work / "state")
     _FLEET = fleet
     fleet.judged = {}
     t = time.monotonic()
-    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start) as pool:
+    with _pool(jobs) as pool:
         for k, (name, nj) in enumerate(pool.imap_unordered(_judge, range(len(fleet.nodes)), chunksize=4), 1):
             fleet.judged[name] = nj
             if k % 40 == 0:
@@ -395,14 +395,12 @@ def judge_fleet(fleet, work: Path, progress, jobs: int = 2) -> dict:
 
 def backfill_raw(fleet, data: Path, work: Path, progress, jobs: int = 2) -> int:
     """Generate the scrapes block by block and backfill each (`jobs` blocks at a time)."""
-    import multiprocessing
-
     global _FLEET  # noqa: PLW0603
     data.mkdir(parents=True, exist_ok=True)
     _FLEET = fleet
     args = [(i, b0, b1, str(work), str(data)) for i, (b0, b1) in enumerate(fleet.blocks())]
     size = 0
-    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_start) as pool:
+    with _pool(jobs) as pool:
         for k, s in enumerate(pool.imap_unordered(_raw_block, args), 1):
             size += s
             if k % 12 == 0:
