@@ -14,7 +14,7 @@ skip; fabric is off by default. A histogram's buckets, sum and count each count 
 
 What the CPU cannot show is counted from the measured labels as the node has it (node_series(), gpu_node()):
 - gpu_bandwidth and gpu_sustained measure one device on the CPU; a GPU node measures all 8;
-- gpu_sustained's temperature (and, with detail, power) comes from NVML samples the fake does not have (one per GPU);
+- gpu_sustained's temperature and power (with detail) come from NVML samples the fake does not have (one per GPU);
 - gpu_compute times tf32 and fp8 on an H100, which the CPU lacks;
 - collectives on gloo leaves out sizes over gloo_max_bytes; NCCL on the node runs every default size.
 
@@ -51,7 +51,8 @@ GPUS, IB_PORTS = 8, 8
 # At most NODE_BUDGET series a node in Prometheus, scraped and recorded; of that, the judge statistics
 # (fleetcanary_judge_*) and the recorded series have their own share and everything else at most BUDGET. 480: the
 # node at 0.4.0 was 790.6; issue 42's cut (judge/publish.py, the judged gauges stood in by the median) made it 533.6,
-# the default matmul dtypes (bf16, fp8) and collective sizes (8 B, 1 MiB, 64 MiB) 469.2, the P2P gauge stood in 461.2.
+# the default matmul dtypes (bf16, fp8) and collective sizes (8 B, 1 MiB, 64 MiB) 469.2, the P2P gauge stood in 461.2,
+# the burn's temperature opt-in 453.2.
 BUDGET, NODE_BUDGET, JUDGE_PREFIX = 400, 480, "fleetcanary_judge_"
 RULE_FILES = (ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml")
 POOL_NODES = 10     # nodes sharing a pool's (per pool, model and driver) recorded series
@@ -79,7 +80,7 @@ CPU_PARAMS: dict[str, dict] = {
 ONE_DEVICE_ON_CPU = ("gpu_bandwidth", "gpu_sustained")
 BURN_RAN = "fleetcanary_gpu_sustained_throughput_ratio"  # published by every burn
 # families gpu_sustained samples from NVML on each burning GPU -> the param that publishes them ("" always)
-NVML_SAMPLED = {"fleetcanary_gpu_sustained_temperature_celsius": "",
+NVML_SAMPLED = {"fleetcanary_gpu_sustained_temperature_celsius": "detail",
                 "fleetcanary_gpu_sustained_power_watts": "detail"}
 MATMUL = "fleetcanary_gpu_matmul_flops_per_second"
 COLLECTIVE_FAMILIES = ("fleetcanary_collective_bus_bandwidth_bytes_per_second",
@@ -426,7 +427,9 @@ def doc_section(result: dict) -> str:
             "runs, `/results` when), `fleetcanary_probe_enabled` (an enabled probe has its "
             "`fleetcanary_probe_interval_seconds`, one that is off nothing), `fleetcanary_start_time_seconds` "
             "(`process_start_time_seconds` is the same), `process_virtual_memory_bytes` and `process_max_fds`, "
-            "the burn's throttle seconds per reason (gpu_sustained `detail`; its slowdown share stays).", "",
+            "the burn's throttle seconds per reason (gpu_sustained `detail`; its slowdown share stays).",
+            "- Read by no rule, so with gpu_sustained's `detail` only: the burn's hottest temperature per GPU (the "
+            "slowdown share says whether heat slowed the burn; the run record keeps the temperature).", "",
             "Opt-in detail (read by no rule): set the param under the probe's `params` in the config file. A "
             "param that changes the labels of a counter (`per_link`) leaves the counter's other form exported "
             "until the exporter restarts.", "",

@@ -95,6 +95,8 @@ class MetricSpec:
     # first event of a series born above 0), and every other series only while it is above 0: a device
     # counter that stays at 0 on a healthy node is not a series there.
     zero_published: tuple[tuple[tuple[str, str], ...], ...] | None = None
+    # the probe's boolean param that publishes this family (opt-in detail, docs/metrics.md); "" always published
+    opt_in: str = ""
 
     def __post_init__(self) -> None:
         if not self.name.startswith("fleetcanary_"):

@@ -14,13 +14,12 @@ throttle reasons every ``sample_interval_seconds`` (probes/lib/load_trace.py).
 
 Published per GPU: the ratio of the sustained throughput (median chunk rate over the last
 ``tail_fraction`` of the burn) to the initial throughput (median over the first
-``initial_seconds`` after the first two chunks), the hottest temperature, and the share of the
-burn spent in a slowdown (thermal,
+``initial_seconds`` after the first two chunks) and the share of the burn spent in a slowdown (thermal,
 power brake, HW slowdown; the power cap is excluded because a healthy GPU reaches it under a
 full burn too). A GPU whose ratio or slowdown throttling differs from its peers' is the one
 with a failing fan, bad thermal contact or a power brake. The sustained throughput itself, the
-clocks and power over the tail, the seconds in each throttle reason that was active at all and the
-burn's length are in the run record (/results), and series only with ``detail``. Nothing about
+clocks and power over the tail, the hottest temperature, the seconds in each throttle reason that was
+active at all and the burn's length are in the run record (/results), and series only with ``detail``. Nothing about
 the GPU's clocks, power limit or modes is changed.
 
 If a compute process appears on a burning GPU (a job started), the burn stops at once and
@@ -86,9 +85,9 @@ class Config(GpuDeviceConfig):
     detail: bool = Field(
         False, description="Opt-in: the sustained throughput, the SM and memory clocks and the board power over the "
         "burn's tail, the seconds in each throttle reason and the burn's length as series "
-        "(fleetcanary_gpu_sustained_flops_per_second, _clock_hertz, _power_watts, _throttle_seconds, _burn_seconds: "
-        "5 series per GPU and one per throttle reason seen, 48 or more on an 8-GPU node). Off: in the run record "
-        "only; the throughput ratio, slowdown share and temperature are published either way.")
+        "(fleetcanary_gpu_sustained_flops_per_second, _clock_hertz, _power_watts, _throttle_seconds, _burn_seconds, "
+        "_temperature_celsius: 6 series per GPU and one per throttle reason seen, 56 or more on an 8-GPU node). Off: "
+        "in the run record only; the throughput ratio and slowdown share are published either way.")
 
     @model_validator(mode="after")
     def _windows(self) -> Config:
@@ -108,22 +107,23 @@ class GpuSustained(Probe):
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec(THROUGHPUT, "gauge", "Matmul throughput at the end of the sustained burn (median chunk rate over "
                    "its last quarter), 2 n^3 FLOP per product; with detail only.", "flops_per_second",
-                   ("gpu", "dtype")),
+                   ("gpu", "dtype"), opt_in="detail"),
         MetricSpec(RATIO, "gauge", "Sustained throughput over the initial throughput of the same burn (1 = no "
                    "slowdown under load).", "ratio", ("gpu",)),
         MetricSpec(CLOCK, "gauge", "SM and memory clock over the burn's last quarter (median of the NVML samples); "
-                   "with detail only.", "hertz", ("gpu", "clock")),
+                   "with detail only.", "hertz", ("gpu", "clock"), opt_in="detail"),
         MetricSpec(POWER, "gauge", "Board power over the burn's last quarter (median of the NVML samples); with "
-                   "detail only.", "watts", ("gpu",)),
-        MetricSpec(TEMP, "gauge", "Hottest GPU temperature seen during the burn.", "celsius", ("gpu",)),
+                   "detail only.", "watts", ("gpu",), opt_in="detail"),
+        MetricSpec(TEMP, "gauge", "Hottest GPU temperature seen during the burn; with detail only (the slowdown "
+                   "share says whether the heat slowed it).", "celsius", ("gpu",), opt_in="detail"),
         MetricSpec(THROTTLE, "gauge", "Seconds of the burn each throttle (clocks event) reason was active, from "
                    "NVML samples; reasons overlap. A reason never active in the burn has no series; with detail only.",
                    "seconds",
-                   ("gpu", "reason")),
+                   ("gpu", "reason"), opt_in="detail"),
         MetricSpec(SLOWDOWN, "gauge", "Share of the burn with a thermal, power-brake or hardware slowdown reason "
                    "active. The power cap is left out: a full-load burn reaches it on healthy GPUs too (see "
                    "throttle_seconds and the sustained ratio).", "ratio", ("gpu",)),
-        MetricSpec(BURN, "gauge", "Length of the last burn; with detail only.", "seconds", ("gpu",)),
+        MetricSpec(BURN, "gauge", "Length of the last burn; with detail only.", "seconds", ("gpu",), opt_in="detail"),
     )
 
     def run(self, config: Config, ctx: ProbeContext) -> ProbeResult:
@@ -220,7 +220,7 @@ class GpuSustained(Probe):
                             res.samples.append(Sample(CLOCK, {"gpu": g, "clock": clock}, acc[key] * 1e6))
                     if acc["power_w_tail"] is not None:
                         res.samples.append(Sample(POWER, {"gpu": g}, acc["power_w_tail"]))
-                if acc["temp_c_max"] is not None:
+                if config.detail and acc["temp_c_max"] is not None:
                     res.samples.append(Sample(TEMP, {"gpu": g}, acc["temp_c_max"]))
             res.gpu_seconds[g] = burn
             per_gpu[g] = {"chunks": len(c), "initial_chunks": len(initial), "tail_chunks": len(tail),

@@ -29,6 +29,7 @@ from .model import (
     fleet,
     metric_kinds,
     node_template,
+    probers,
     published_shares,
 )
 from .tables import on_disk, print_tables
@@ -47,6 +48,9 @@ def main() -> int:
                     help="share of each pool's nodes on a new driver (with a previous-driver change series)")
     ap.add_argument("--targets", default="storage,inference",
                     help="probes with targets configured (their families beside the budget's default config)")
+    ap.add_argument("--inference-probers", type=int, default=None,
+                    help="nodes that probe the inference target (default: the probe's probers_per_target; 0: every "
+                    "node, as the runs before 42f had it)")
     ap.add_argument("--scrape-interval", type=int, default=30, help="seconds")
     ap.add_argument("--cycles", type=int, default=3, help="evaluations of the slowest group to measure")
     ap.add_argument("--warmup", type=float, default=0, help="seconds of evaluation after all targets are up "
@@ -93,15 +97,28 @@ def main() -> int:
               flush=True)
         t = time.monotonic()
         result["published_shares"] = shares = published_shares()
-        nodes = [Node(*row, tmpl, targets, shares) for row in fl]
+        from fleetcanary.probes import PROBES
+
+        k = args.inference_probers
+        if k is None:
+            k = PROBES["inference"].Config().probers_per_target
+        chosen = probers([r[1] for r in fl], k) if "inference" in targets else set()
+        nodes = [Node(*row, tmpl, targets if row[1] in chosen else tuple(t for t in targets if t != "inference"),
+                      shares) for row in fl]
         n0 = next(n for n in nodes if n.node == fl[0][1])
+        prober = next((n for n in nodes if n.node in chosen), n0)
         result["model"] = {"raw_series_per_node": len(n0.raw), "judge_series_per_node": len(n0.judge),
                            "raw_by_family": dict(sorted(Counter(f for f, _, _ in n0.raw).items())),
                            "judge_by_family": dict(sorted(Counter(f for f, _, _ in n0.judge).items())),
                            "judged_series_by_figure": dict(sorted(Counter(
                                lab["figure"] for f, lab, _ in n0.judge if f == "fleetcanary_judge_median").items())),
-                           "upgraded_nodes": sum(1 for r in fl if r[5])}
-        print(f"model: {len(n0.raw)} raw + {len(n0.judge)} judge series per node "
+                           "upgraded_nodes": sum(1 for r in fl if r[5]),
+                           "inference_probers": sorted(chosen),
+                           "raw_series_per_prober": len(prober.raw),
+                           "raw_series_mean": round(sum(len(n.raw) for n in nodes) / len(nodes), 2),
+                           "judge_series_mean": round(sum(len(n.judge) for n in nodes) / len(nodes), 2)}
+        print(f"model: {len(n0.raw)} raw + {len(n0.judge)} judge series per node ({len(chosen)} inference "
+              f"probers: {len(prober.raw)} raw) "
               f"(budget's default config {b['series_without_judge']} raw, {b['written']}; targets {targets})",
               flush=True)
         rule_files = RULE_FILES

@@ -273,9 +273,25 @@ def raw_series(tmpl: dict[str, list[tuple[str, dict]]], node: int, model: str, p
         spec = spec_series(node, model, pool, driver)
         for probe in targets:
             for m in PROBES[probe].metrics:
-                if m.name not in tmpl:
+                if m.name not in tmpl and not m.opt_in:
                     out += [(m.name, s, lab) for s, lab in spec.get(m.name, [])]
+            # its run's outcome, as every probe that ran has (the budget's node skips the target probes)
+            out += [(f, f, {"probe": probe}) for f in RUN_FAMILIES
+                    if {"probe": probe} not in [lab for _, lab in tmpl.get(f, [])]]
     return out
+
+
+# the daemon's series of a probe that has run (a target probe skips at the budget's default config)
+RUN_FAMILIES = ("fleetcanary_probe_success", "fleetcanary_probe_duration_seconds",
+                "fleetcanary_probe_last_success_timestamp_seconds")
+
+
+def probers(names: list[str], k: int) -> set[str]:
+    """The nodes that probe the inference target: its k probers by rendezvous hashing over the fleet (the
+    probe's probers_per_target, members from the DaemonSet's pods), every node with k = 0."""
+    from fleetcanary.probes.lib import fanout
+
+    return set(fanout.choose(TARGETS["inference"][0], names, k))
 
 
 # --------------------------------------------------------------------------- the judge's statistics

@@ -293,7 +293,8 @@ panels = [
           "GPU of the node; one GPU hundreds of MHz lower is throttling.",
           "hertz", [(f"fleetcanary_gpu_sustained_clock_hertz{{{N}}}", "GPU {{gpu}} {{clock}}")], w=12),
     panel("timeseries", "Sustained burn: hottest temperature",
-          "The hottest GPU temperature seen during the burn. Good: every GPU within a few degrees of the "
+          "The hottest GPU temperature seen during the burn, with gpu_sustained's detail: true (else in the run "
+          "record at /results). Good: every GPU within a few degrees of the "
           "others and well below its slowdown temperature; one far hotter has a cooling fault.", "celsius",
           [(f"fleetcanary_gpu_sustained_temperature_celsius{{{N}}}", "GPU {{gpu}}")], w=8),
     panel("timeseries", "Sustained burn: board power",

@@ -63,9 +63,9 @@ class Collectives(Probe):
                    "x (n-1)/n for all_gather, reduce_scatter, all_to_all), median over iterations.",
                    "bytes_per_second", LABELS),
         MetricSpec(ALGBW, "gauge", "Collective algorithm bandwidth: size / time per operation, median over iterations; "
-                   "with detail only.", "bytes_per_second", LABELS),
+                   "with detail only.", "bytes_per_second", LABELS, opt_in="detail"),
         MetricSpec(LAT, "gauge", "Time per collective operation on the slowest rank, median over iterations; with "
-                   "detail only.", "seconds", LABELS),
+                   "detail only.", "seconds", LABELS, opt_in="detail"),
     )
 
     # ------------------------------------------------------------------ run

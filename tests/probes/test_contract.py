@@ -30,6 +30,11 @@ def test_probe_declares_a_valid_contract(name):
         assert spec.help.endswith(".")
         assert all(re.match(r"^[a-z_]+$", label) for label in spec.labels)
         assert "node" not in spec.labels, "node comes from relabeling, not the exporter"
+        # opt-in detail names its param, a boolean of the probe's config that is off by default, and says so
+        if spec.opt_in:
+            assert cls.Config.model_fields[spec.opt_in].annotation is bool, spec
+            assert getattr(cls.Config(), spec.opt_in) is False, spec
+        assert ("with detail only" in spec.help) == (spec.opt_in == "detail"), spec
     assert cls.exclusive in (None, "gpu")
     assert cls.default_timeout_seconds < cls.default_interval_seconds
 
