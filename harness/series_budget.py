@@ -403,7 +403,11 @@ def doc_section(result: dict) -> str:
             "1. `fleetcanary_probe_runs_total` has success, failure and skipped from the start, for the "
             "probe-health alerts and the dashboards; timeout and crash, `fleetcanary_probe_invalid_samples_total` "
             "and `fleetcanary_probe_confirmation_runs_total` once above 0. A probe that is off has no "
-            "`fleetcanary_probe_*` series; `fleetcanary_probe_interval_seconds` lists the enabled ones.",
+            "`fleetcanary_probe_*` series; `fleetcanary_probe_interval_seconds` lists the enabled ones. The "
+            "exporter's own error counters likewise appear once above 0, since no rule reads them "
+            "(`fleetcanary_history_write_errors_total`, `fleetcanary_clock_jumps_total`, "
+            "`fleetcanary_judge_store_errors_total` by kind, `fleetcanary_config_reloads_total`'s failures); the "
+            "exporter-health dashboard's `increase()` misses the first of each, which the log line names.",
             "- Device counters a healthy node keeps at 0 (`MetricSpec.zero_published`): the ECC counts but the "
             "uncorrected volatile one (its alert reads `increase()` from 0), the remapped rows, the NVLink error "
             "sums, the RDMA port error counters but `link_downed` (its alert fires on any increase). A counter "

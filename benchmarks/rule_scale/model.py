@@ -383,8 +383,7 @@ def judge_series(node: int, model: str, pool: str, driver: str, previous: str,
     out += [("fleetcanary_judge_series", {"pool": pool, "figure": f, "state": s}, float(n))
             for (f, s), n in sorted(states.items())]
     out.append(("fleetcanary_judge_store_bytes", {}, 3.1e6))
-    out += [("fleetcanary_judge_store_errors_total", {"kind": k}, 0.0) for k in ("unreadable_line", "write_failed")]
-    return out
+    return out  # fleetcanary_judge_store_errors_total: none on a healthy node (a kind once it happened)
 
 
 # --------------------------------------------------------------------------- the fleet and its values

@@ -118,8 +118,9 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
     yield aside
     bad = CounterMetricFamily("fleetcanary_judge_store_errors", _HELP["fleetcanary_judge_store_errors_total"],
                               labels=["kind"])
-    bad.add_metric(["unreadable_line"], store.bad_lines)
-    bad.add_metric(["write_failed"], store.write_errors)
+    for kind, n in (("unreadable_line", store.bad_lines), ("write_failed", store.write_errors)):
+        if n:  # as set_aside: a kind once it happened
+            bad.add_metric([kind], n)
     yield bad
 
 

@@ -32,7 +32,9 @@ BOARDS = ROOT / "dashboards"
 NEEDS_SYNTHETIC = re.compile(r"fleetcanary_gpu_|gpu:|node_gpu:|fleetcanary_gpu_model|ALERTS|"
                              r"collective_bus_bandwidth_bytes_per_second:peer|fleetcanary_train_step_|"
                              r"fleetcanary_rdma_|fleetcanary_net_interface_|fabric|"
-                             r"fleetcanary_judge_(median|newest|change|drift)|:fleetcanary_judge_")
+                             r"fleetcanary_judge_(median|newest|change|drift)|:fleetcanary_judge_|"
+                             # the exporter's own error counters: none on a healthy daemon (a series once above 0)
+                             r"fleetcanary_(history_write_errors|judge_store_errors|config_reloads)_total")
 PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "ALERTS", "ALERTS_FOR_STATE", "process_resident_memory_bytes",
                   "process_cpu_seconds_total", "process_open_fds"}
 PROMQL_WORDS = {"by", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "without", "bool",

@@ -68,7 +68,7 @@ def test_sighup_reload_under_scrape_load_keeps_serving(tmp_path):
     assert d.stop() == 0
     assert failures == []
     assert value(text, "fleetcanary_config_reloads_total", result="success") == reloads
-    assert value(text, "fleetcanary_config_reloads_total", result="failure") == 0
+    assert value(text, "fleetcanary_config_reloads_total", result="failure") is None  # a result once above 0
     assert value(text, "fleetcanary_probe_interval_seconds", probe="quick") in (1.0, 2.0)
 
 

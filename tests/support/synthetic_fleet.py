@@ -8,7 +8,7 @@ step) and a firing ALERTS series. One GPU is 8% slow, one NVLink is down, one GP
 10% slower matmuls, one gives a wrong SDC checksum, one throttles in the burn and one trains
 5% slower, so worst-N panels have a worst. Coverage: node 4's GPUs 0-2 are held by a pod after the
 first hour. nic_health's RDMA ports and interface (nic()): node 2 has a downtrained port and one
-counting symbol errors.
+counting symbol errors, and its state disk filled for an hour (the exporter's error counters).
 
 The compute figures are placeholders, not measurements: matmul 7.8e14 FLOP/s (the bf16
 figure issue #19 reports for the H200 lent to the project, used for every dtype), the burn's
@@ -89,6 +89,18 @@ def write(path: Path, end: int) -> tuple[int, int]:
         add("fleetcanary_build_info", "gauge", {"node": node, "job": "fleetcanary", "version": "0.1.0"}, const(1))
         # coverage: gpu_bandwidth every 15 minutes on every GPU but node 4's GPUs 0-2 (held by a pod since the
         # fleet's first hour), train_step per node every hour
+        if n == 2:
+            # the exporter's own error counters, published once above 0: node 2's state disk filled for its
+            # fourth hour (history appends and figure store writes failing), and its config was reloaded twice,
+            # the first time with a typo
+            full = [max(0, min(k, 36) - 24) for k in range(steps)]
+            add("fleetcanary_history_write_errors_total", "counter", {"node": node}, [f or math.nan for f in full])
+            add("fleetcanary_judge_store_errors_total", "counter", {"node": node, "kind": "write_failed"},
+                [f or math.nan for f in full])
+            add("fleetcanary_config_reloads_total", "counter", {"node": node, "result": "failure"},
+                [math.nan] * 40 + [1] * (steps - 40))
+            add("fleetcanary_config_reloads_total", "counter", {"node": node, "result": "success"},
+                [math.nan] * 44 + [1] * (steps - 44))
         for probe, interval in (("gpu_bandwidth", 900), ("train_step", 3600)):
             add("fleetcanary_probe_interval_seconds", "gauge", {"node": node, "probe": probe}, const(interval))
         add("fleetcanary_gpu_last_measured_timestamp_seconds", "gauge",
