@@ -52,7 +52,8 @@ GPUS, IB_PORTS = 8, 8
 # (fleetcanary_judge_*) and the recorded series have their own share and everything else at most BUDGET. 480: the
 # node at 0.4.0 was 790.6; issue 42's cut (judge/publish.py, the judged gauges stood in by the median) made it 533.6,
 # the default matmul dtypes (bf16, fp8) and collective sizes (8 B, 1 MiB, 64 MiB) 469.2, the P2P gauge stood in 461.2,
-# the burn's temperature opt-in 453.2.
+# the burn's temperature opt-in 453.2, the exporter's error counters once above 0 447.2, a target probe without a
+# target off in all but name 432.2.
 BUDGET, NODE_BUDGET, JUDGE_PREFIX = 400, 480, "fleetcanary_judge_"
 RULE_FILES = (ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml")
 POOL_NODES = 10     # nodes sharing a pool's (per pool, model and driver) recorded series
@@ -403,7 +404,9 @@ def doc_section(result: dict) -> str:
             "1. `fleetcanary_probe_runs_total` has success, failure and skipped from the start, for the "
             "probe-health alerts and the dashboards; timeout and crash, `fleetcanary_probe_invalid_samples_total` "
             "and `fleetcanary_probe_confirmation_runs_total` once above 0. A probe that is off has no "
-            "`fleetcanary_probe_*` series; `fleetcanary_probe_interval_seconds` lists the enabled ones. The "
+            "`fleetcanary_probe_*` series, nor has a target probe (storage, object_storage, inference) with no "
+            "target, whose runs skip `not_configured` (in `/results`); `fleetcanary_probe_interval_seconds` lists "
+            "the others. The "
             "exporter's own error counters likewise appear once above 0, since no rule reads them "
             "(`fleetcanary_history_write_errors_total`, `fleetcanary_clock_jumps_total`, "
             "`fleetcanary_judge_store_errors_total` by kind, `fleetcanary_config_reloads_total`'s failures); the "

@@ -215,9 +215,17 @@ class Probe:
     default_interval_seconds: ClassVar[float] = 300.0
     default_timeout_seconds: ClassVar[float] = 60.0
     default_enabled: ClassVar[bool] = True
+    # A probe of targets its config lists (storage, object storage, inference): with none it is off in all but
+    # name (each run skips not_configured, in /results) and publishes no fleetcanary_probe_* series.
+    needs_targets: ClassVar[bool] = False
 
     def run(self, config: ProbeConfig, ctx: ProbeContext) -> ProbeResult:  # pragma: no cover
         raise TypeError(f"{type(self).__name__} must implement run()")
+
+    @classmethod
+    def configured(cls, config: ProbeConfig) -> bool:
+        """Whether the probe has something to measure (needs_targets: a target)."""
+        return not cls.needs_targets or bool(getattr(config, "targets", ()))
 
     @classmethod
     def spec(cls, metric: str) -> MetricSpec:

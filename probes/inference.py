@@ -198,6 +198,7 @@ def read_token(t: Target) -> str | None:
 
 class Inference(Probe):
     name = "inference"
+    needs_targets = True
     Config = Config
     failure_reasons = ("http_4xx", "http_429", "http_5xx", "connect_error", "timeout", "stream_error", "empty",
                        "truncated", "quality_fail", "members_unavailable")

@@ -189,6 +189,7 @@ def fetch(url: str, t: Target) -> tuple[dict[str, float], int, int]:
 
 class ObjectStorage(Probe):
     name = "object_storage"
+    needs_targets = True
     Config = Config
     failure_reasons = FAILURE_REASONS
     default_interval_seconds = 900.0

@@ -90,6 +90,7 @@ def classify(exc: OSError) -> str:
 
 class Storage(Probe):
     name = "storage"
+    needs_targets = True
     Config = Config
     failure_reasons = FAILURE_REASONS
     default_interval_seconds = 1800.0

@@ -132,17 +132,18 @@ def test_detail_no_rule_reads_is_off_by_default(node):
         assert not fams.get(family), family
     assert {lab["reason"] for lab in fams["fleetcanary_gpu_clock_throttle_active"]} == {"gpu_idle"}  # active only
     assert {lab["status"] for lab in fams["fleetcanary_gpu_sdc_status"]} == {"match"}  # the current one only
-    # the probes' own series: an enabled probe's runs from 0 for success, failure and skipped; fabric is off
+    # the probes' own series: an enabled probe's runs from 0 for success, failure and skipped; fabric is off, and
+    # the three target probes have no target (off in all but name: their runs skipped not_configured)
     runs = {(lab["probe"], lab["outcome"]) for lab in fams["fleetcanary_probe_runs_total"]}
-    on = {n for n, cls in PROBES.items() if cls.default_enabled}
+    targetless = {n for n, cls in PROBES.items() if cls.needs_targets}
+    assert targetless == {"storage", "object_storage", "inference"}
+    on = {n for n, cls in PROBES.items() if cls.default_enabled} - targetless
     assert runs == {(p, o) for p in on for o in ("success", "failure", "skipped")}
-    assert "fabric" not in [lab["probe"] for lab in fams["fleetcanary_probe_interval_seconds"]]
-    assert not [lab for f, labs in fams.items() if f.startswith("fleetcanary_probe_")
-                for lab in labs if lab.get("probe") == "fabric"]
-    # reasons: what happened (three probes without targets skipped) and what the rules read from 0
-    skips = {(lab["probe"], lab["reason"]) for lab in fams["fleetcanary_probe_skips_total"]}
-    assert skips == {("storage", "not_configured"), ("object_storage", "not_configured"),
-                     ("inference", "not_configured")}
+    for off in ("fabric", *targetless):
+        assert not [lab for f, labs in fams.items() if f.startswith("fleetcanary_probe_")
+                    for lab in labs if lab.get("probe") == off], off
+    # reasons: what happened and what the rules read from 0
+    assert not fams.get("fleetcanary_probe_skips_total")
     assert [(lab["probe"], lab["reason"]) for lab in fams["fleetcanary_probe_failures_total"]] == [
         ("collectives", "wrong_result")]
     assert not fams.get("fleetcanary_probe_crashes_total") and len(CRASH_REASONS) > 1

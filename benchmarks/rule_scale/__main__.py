@@ -103,8 +103,9 @@ def main() -> int:
         if k is None:
             k = PROBES["inference"].Config().probers_per_target
         chosen = probers([r[1] for r in fl], k) if "inference" in targets else set()
-        nodes = [Node(*row, tmpl, targets if row[1] in chosen else tuple(t for t in targets if t != "inference"),
-                      shares) for row in fl]
+        others = tuple(t for t in targets if t != "inference")
+        nodes = [Node(*row, tmpl, targets, shares) if row[1] in chosen or "inference" not in targets
+                 else Node(*row, tmpl, others, shares, idle=("inference",)) for row in fl]
         n0 = next(n for n in nodes if n.node == fl[0][1])
         prober = next((n for n in nodes if n.node in chosen), n0)
         result["model"] = {"raw_series_per_node": len(n0.raw), "judge_series_per_node": len(n0.judge),

@@ -171,10 +171,7 @@ def spec_series(node: int, model: str, pool: str, driver: str) -> dict[str, list
 
 # Families the spec model does not have (exported at 0 from the start, per the series budget) and their labels.
 MISSING = {"fleetcanary_gpu_lost": lambda: [{"gpu": str(g)} for g in range(GPUS)],
-           "fleetcanary_probe_failures_total": lambda: [{"probe": "collectives", "reason": "wrong_result"}],
-           "fleetcanary_probe_skips_total": lambda: [{"probe": p, "reason": r} for p, r in (
-               ("storage", "not_configured"), ("object_storage", "not_configured"), ("inference", "not_configured"),
-               ("fabric", "peer_unavailable"))]}
+           "fleetcanary_probe_failures_total": lambda: [{"probe": "collectives", "reason": "wrong_result"}]}
 
 
 def fit(family: str, entries: list[tuple[str, dict]], n: int) -> list[tuple[str, dict]]:
@@ -254,9 +251,10 @@ def node_template(work: Path, counts: dict[str, int]) -> tuple[dict[str, list[tu
 
 
 def raw_series(tmpl: dict[str, list[tuple[str, dict]]], node: int, model: str, pool: str, driver: str,
-               targets: tuple[str, ...]) -> list[tuple[str, str, dict]]:
+               targets: tuple[str, ...], idle: tuple[str, ...] = ()) -> list[tuple[str, str, dict]]:
     """(family, sample name, labels) of every raw series one node exposes: the template with the node's own
-    identity (node_info, gpu_info), plus the families of the configured target probes (--targets)."""
+    identity (node_info, gpu_info), plus the families of the configured target probes (--targets) and their
+    runs; `idle`: target probes configured whose targets other nodes probe (runs skipped not_assigned)."""
     from fleetcanary.probes import PROBES
 
     out = []
@@ -275,13 +273,20 @@ def raw_series(tmpl: dict[str, list[tuple[str, dict]]], node: int, model: str, p
             for m in PROBES[probe].metrics:
                 if m.name not in tmpl and not m.opt_in:
                     out += [(m.name, s, lab) for s, lab in spec.get(m.name, [])]
-            # its run's outcome, as every probe that ran has (the budget's node skips the target probes)
-            out += [(f, f, {"probe": probe}) for f in RUN_FAMILIES
-                    if {"probe": probe} not in [lab for _, lab in tmpl.get(f, [])]]
+    # the daemon's series of each configured target probe (at the budget's default config it has no target and
+    # publishes none)
+    for probe in (*targets, *idle):
+        out += [(f, f, {"probe": probe}) for f in ("fleetcanary_probe_interval_seconds",
+                                                    *(RUN_FAMILIES if probe in targets else ()))]
+        out += [("fleetcanary_probe_runs_total", "fleetcanary_probe_runs_total", {"probe": probe, "outcome": o})
+                for o in ("success", "failure", "skipped")]
+        if probe in idle:
+            out.append(("fleetcanary_probe_skips_total", "fleetcanary_probe_skips_total",
+                        {"probe": probe, "reason": "not_assigned"}))
     return out
 
 
-# the daemon's series of a probe that has run (a target probe skips at the budget's default config)
+# the daemon's series of a probe that has run
 RUN_FAMILIES = ("fleetcanary_probe_success", "fleetcanary_probe_duration_seconds",
                 "fleetcanary_probe_last_success_timestamp_seconds")
 
@@ -493,9 +498,9 @@ def series_rng(name: str, lab: str) -> random.Random:
 class Node:
     """One node's raw and judge series."""
 
-    def __init__(self, i, node, model, pool, driver, previous, tmpl, targets, shares):
+    def __init__(self, i, node, model, pool, driver, previous, tmpl, targets, shares, idle=()):
         self.i, self.node, self.model, self.pool = i, node, model, pool
-        raw = raw_series(tmpl, i, model, pool, driver, targets)
+        raw = raw_series(tmpl, i, model, pool, driver, targets, idle)
         self.judge = judge_series(i, model, pool, driver, previous, raw, shares)
         self.raw = stood_in(raw)
 

@@ -73,8 +73,9 @@ PROBE_FAILURES = _m("fleetcanary_probe_failures_total", "counter",
 PROBE_CRASHES = _m("fleetcanary_probe_crashes_total", "counter",
                    "Crashed probe runs by reason: " + ", ".join(CRASH_REASONS) + ".", ("probe", "reason"))
 PROBE_INTERVAL = _m("fleetcanary_probe_interval_seconds", "gauge",
-                    "The probe's configured interval, one series per enabled probe (a probe that is off publishes "
-                    "no fleetcanary_probe_* series); staleness and coverage rules use it.", ("probe",))
+                    "The probe's configured interval, one series per enabled probe (a probe that is off, or a "
+                    "target probe with no target, publishes no fleetcanary_probe_* series); staleness and coverage "
+                    "rules use it.", ("probe",))
 PROBE_CONFIRMATIONS = _m("fleetcanary_probe_confirmation_runs_total", "counter",
                          "Extra runs started a few minutes apart after a run in which a figure the alerts' fast path "
                          "judges jumped, while they confirm it (confirm_change, confirm_runs); counted in runs_total "

@@ -70,10 +70,10 @@ class Daemon:
         self.state_files = StateFiles(settings.state_dir)  # gpu-budget.json, coverage.json
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
         self.state_files.restore_budget(self.budget)
-        self.store = ResultStore(self.probe_map, self._enabled(settings), judge=FigureStore(
+        self.store = ResultStore(self.probe_map, self._published(settings), judge=FigureStore(
             settings.state_dir, clock=self.clock, figures=figmod.configured(settings.alerts),
             publish=Policy.from_settings(settings.alerts)))
-        self.store.set_enabled(self._enabled(settings), self._intervals(settings), self._timeouts(settings))
+        self.store.set_enabled(self._published(settings), self._intervals(settings), self._timeouts(settings))
         # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
         # exporter restart must not look like a driver change to the fleet's rules).
@@ -110,6 +110,12 @@ class Daemon:
     @staticmethod
     def _enabled(settings) -> list[str]:
         return [n for n, e in settings.probe_entries().items() if e.enabled]
+
+    def _published(self, settings) -> list[str]:
+        """The enabled probes that publish their fleetcanary_probe_* series: not a target probe without targets
+        (off in all but name; its runs skip not_configured, in /results)."""
+        return [n for n, e in settings.probe_entries().items()
+                if e.enabled and self.probe_map[n].configured(e.params)]
 
     @staticmethod
     def _intervals(settings) -> dict[str, float]:
@@ -310,7 +316,7 @@ class Daemon:
             if self.kube is not None:
                 self.kube.cfg = new.kubernetes
             self.history = self._history(new)
-        self.store.set_enabled(self._enabled(new), self._intervals(new), self._timeouts(new))
+        self.store.set_enabled(self._published(new), self._intervals(new), self._timeouts(new))
         self.store.set_node_extra_labels(self._extra_node_labels(new))
         jobs = self._jobs()
         self.scheduler.set_jobs(jobs, delays=self.first_delays(jobs))

@@ -1,6 +1,7 @@
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -220,6 +221,29 @@ def bandwidth_daemon(tmp_path) -> Daemon:
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
     return Daemon(configmod.load(p, env={}), config_path=str(p))
+
+
+def test_a_target_probe_without_targets_is_off_in_all_but_name_until_a_reload_gives_it_one(tmp_path):
+    """storage, object_storage and inference are enabled by default; with no target each run skips
+    not_configured (in /results) and the probe publishes no fleetcanary_probe_* series, as a probe that is off."""
+    d = bandwidth_daemon(tmp_path)
+    try:
+        out = d.run_probe("storage")
+        assert (out.outcome, out.reason) == ("skipped", "not_configured")
+        text = d.store.exposition.decode()
+        assert 'fleetcanary_probe_interval_seconds{probe="gpu_bandwidth"}' in text
+        assert not re.search(r'probe="(storage|object_storage|inference)"', text)
+        path = Path(d.config_path)
+        cfg = yaml.safe_load(path.read_text())
+        cfg["probes"]["storage"] = {"params": {"targets": [{"name": "scratch", "path": str(tmp_path)}]}}
+        path.write_text(yaml.safe_dump(cfg))
+        assert d.reload()
+        text = d.store.exposition.decode()
+        assert 'fleetcanary_probe_interval_seconds{probe="storage"}' in text
+        assert value(text, "fleetcanary_probe_runs_total", probe="storage", outcome="skipped") == 1
+        assert not re.search(r'probe="(object_storage|inference)"', text)
+    finally:
+        d.server.stop()
 
 
 def test_gpu_seconds_feed_the_metric_and_the_hourly_budget(tmp_path):
