@@ -80,9 +80,8 @@ CPU_PARAMS: dict[str, dict] = {
 }
 ONE_DEVICE_ON_CPU = ("gpu_bandwidth", "gpu_sustained")
 BURN_RAN = "fleetcanary_gpu_sustained_throughput_ratio"  # published by every burn
-# families gpu_sustained samples from NVML on each burning GPU -> the param that publishes them ("" always)
-NVML_SAMPLED = {"fleetcanary_gpu_sustained_temperature_celsius": "detail",
-                "fleetcanary_gpu_sustained_power_watts": "detail"}
+# families gpu_sustained samples from NVML on each burning GPU (published with their spec's opt_in param, if any)
+NVML_SAMPLED = ("fleetcanary_gpu_sustained_temperature_celsius", "fleetcanary_gpu_sustained_power_watts")
 MATMUL = "fleetcanary_gpu_matmul_flops_per_second"
 COLLECTIVE_FAMILIES = ("fleetcanary_collective_bus_bandwidth_bytes_per_second",
                        "fleetcanary_collective_algorithm_bandwidth_bytes_per_second",
@@ -173,7 +172,8 @@ def node_series(fams: dict[str, list[dict[str, str]]],
                 out[spec.name] = [{**lab, "gpu": str(g)} for g in range(GPUS) for lab in seen]
                 why[spec.name] = f"{probe} measures one device on the CPU, all {GPUS} GPUs on a node"
     if fams.get(BURN_RAN):  # the burn ran: the node samples these on each GPU
-        for name, param in NVML_SAMPLED.items():
+        for name in NVML_SAMPLED:
+            param = PROBES["gpu_sustained"].spec(name).opt_in
             if (not param or getattr(sustained, param)) and len(fams.get(name, [])) < GPUS:
                 out[name] = [{"gpu": str(g)} for g in range(GPUS)]
                 why[name] = "NVML samples of each burning GPU (not in the fake)"

@@ -225,7 +225,7 @@ class Probe:
     @classmethod
     def configured(cls, config: ProbeConfig) -> bool:
         """Whether the probe has something to measure (needs_targets: a target)."""
-        return not cls.needs_targets or bool(getattr(config, "targets", ()))
+        return not cls.needs_targets or bool(config.targets)
 
     @classmethod
     def spec(cls, metric: str) -> MetricSpec:

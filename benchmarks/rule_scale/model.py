@@ -255,6 +255,7 @@ def raw_series(tmpl: dict[str, list[tuple[str, dict]]], node: int, model: str, p
     """(family, sample name, labels) of every raw series one node exposes: the template with the node's own
     identity (node_info, gpu_info), plus the families of the configured target probes (--targets) and their
     runs; `idle`: target probes configured whose targets other nodes probe (runs skipped not_assigned)."""
+    from fleetcanary.daemon.collector import RUNS_FROM_ZERO
     from fleetcanary.probes import PROBES
 
     out = []
@@ -279,7 +280,7 @@ def raw_series(tmpl: dict[str, list[tuple[str, dict]]], node: int, model: str, p
         out += [(f, f, {"probe": probe}) for f in ("fleetcanary_probe_interval_seconds",
                                                     *(RUN_FAMILIES if probe in targets else ()))]
         out += [("fleetcanary_probe_runs_total", "fleetcanary_probe_runs_total", {"probe": probe, "outcome": o})
-                for o in ("success", "failure", "skipped")]
+                for o in RUNS_FROM_ZERO]
         if probe in idle:
             out.append(("fleetcanary_probe_skips_total", "fleetcanary_probe_skips_total",
                         {"probe": probe, "reason": "not_assigned"}))
