@@ -3,38 +3,51 @@
 Adding a probe is one module, one line here, one test module. Probe modules must not
 import torch, NVML or prometheus_client at module level: the daemon imports this map
 for configuration and metric specs, and it never loads those.
+
+The map is built on first use (PEP 562): a probe worker imports only `fleetcanary.probes.base` and its
+own probe's module, not all thirteen (about 60 ms of CPU on every probe run, and every run is a new process).
 """
 from __future__ import annotations
 
-from fleetcanary.probes.base import Probe
-from fleetcanary.probes.collectives import Collectives
-from fleetcanary.probes.fabric import Fabric
-from fleetcanary.probes.gpu_bandwidth import GpuBandwidth
-from fleetcanary.probes.gpu_compute import GpuCompute
-from fleetcanary.probes.gpu_health import GpuHealth
-from fleetcanary.probes.gpu_p2p import GpuP2P
-from fleetcanary.probes.gpu_sustained import GpuSustained
-from fleetcanary.probes.host_memory_bandwidth import HostMemoryBandwidth
-from fleetcanary.probes.inference import Inference
-from fleetcanary.probes.nic_health import NicHealth
-from fleetcanary.probes.object_storage import ObjectStorage
-from fleetcanary.probes.storage import Storage
-from fleetcanary.probes.train_step import TrainStep
+import importlib
+from typing import TYPE_CHECKING, Any
 
-PROBES: dict[str, type[Probe]] = {
-    HostMemoryBandwidth.name: HostMemoryBandwidth,
-    GpuHealth.name: GpuHealth,
-    NicHealth.name: NicHealth,
-    GpuBandwidth.name: GpuBandwidth,
-    GpuCompute.name: GpuCompute,
-    GpuP2P.name: GpuP2P,
-    GpuSustained.name: GpuSustained,
-    Collectives.name: Collectives,
-    Fabric.name: Fabric,
-    Storage.name: Storage,
-    ObjectStorage.name: ObjectStorage,
-    Inference.name: Inference,
-    TrainStep.name: TrainStep,
-}
+from fleetcanary.probes.base import Probe
+
+# (module under fleetcanary.probes, class), in the order the map lists them
+_ENTRIES = (
+    ("host_memory_bandwidth", "HostMemoryBandwidth"),
+    ("gpu_health", "GpuHealth"),
+    ("nic_health", "NicHealth"),
+    ("gpu_bandwidth", "GpuBandwidth"),
+    ("gpu_compute", "GpuCompute"),
+    ("gpu_p2p", "GpuP2P"),
+    ("gpu_sustained", "GpuSustained"),
+    ("collectives", "Collectives"),
+    ("fabric", "Fabric"),
+    ("storage", "Storage"),
+    ("object_storage", "ObjectStorage"),
+    ("inference", "Inference"),
+    ("train_step", "TrainStep"),
+)
+
+if TYPE_CHECKING:
+    PROBES: dict[str, type[Probe]]
+
+
+def _build() -> dict[str, type[Probe]]:
+    out: dict[str, type[Probe]] = {}
+    for module, cls_name in _ENTRIES:
+        cls = getattr(importlib.import_module(f"{__name__}.{module}"), cls_name)
+        out[cls.name] = cls
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PROBES":
+        probes = globals()["PROBES"] = _build()
+        return probes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["PROBES", "Probe"]
