@@ -48,6 +48,7 @@ from pydantic import ValidationError
 from fleetcanary.core import rulesettings
 from fleetcanary.core.rulesettings import RuleSettings, seconds
 from fleetcanary.judge import figures as judged
+from fleetcanary.probes.lib import yamltext
 from fleetcanary.rules import (
     prometheusrule,
     rules_coverage,
@@ -219,7 +220,7 @@ def load_settings(path: str | None) -> RuleSettings:
     if not path:
         return SETTINGS
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yamltext.load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise SystemExit(f"rules settings {path}: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -355,7 +356,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         if fmt == "prometheusrule":
             try:
                 labels = prometheusrule.parse_labels(getattr(args, "labels", ""))
-                groups = [g for t in texts.values() for g in yaml.safe_load(t)["groups"]]
+                groups = [g for t in texts.values() for g in yamltext.load(t)["groups"]]
                 objs = prometheusrule.objects(groups, args.name, args.namespace, labels)
             except ValueError as exc:
                 raise SystemExit(str(exc)) from None

@@ -35,12 +35,11 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import yaml
-
 from benchmarks.common import write_result
 from benchmarks.detection.replay import classify
 from benchmarks.detection.score import HARD_EVENTS, matches, relevant
 from fleetcanary.offline.demo_kube import merge
+from fleetcanary.probes.lib import yamltext
 from fleetcanary.remediate import ownership
 from fleetcanary.remediate.config import Settings
 from fleetcanary.remediate.controller import Controller
@@ -58,7 +57,7 @@ PERF_PATHS = ("change", "level", "fast", "own_fast", "regression", "drift", "dri
 def policies() -> dict[str, dict]:
     """The policies compared: the shipped config, and three of its variations (the shipped breaker, release and
     hard-fault rule throughout; each node labelled with its pool, which the breaker counts per)."""
-    base = yaml.safe_load(SHIPPED.read_text())
+    base = yamltext.load(SHIPPED.read_text())
     base.update(dry_run=False, audit_log="", pool_label=POOL_LABEL, lease={"enabled": False})
     hard = [r for r in base["rules"] if r["name"] == "hard-fault"]
     critical = {"name": "critical", "match": {"severities": ["critical"]}, "actions": DEGRADED,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from fleetcanary.probes.lib import yamltext
 from harness.ports import free_port
 from harness.processes import stop_process
 from harness.prometheus import binary
@@ -102,7 +103,7 @@ def create_blocks(openmetrics: Path, data: Path) -> None:
 
 def rule_stages(wanted, rules_path: Path = RULES) -> list[list[dict]]:
     """The recording rules `wanted` needs, transitively, split into dependency levels."""
-    rules = {r["record"]: r for g in yaml.safe_load(rules_path.read_text())["groups"] for r in g["rules"]}
+    rules = {r["record"]: r for g in yamltext.load(rules_path.read_text())["groups"] for r in g["rules"]}
     needed: dict[str, dict] = {}
 
     def add(name):

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import yaml
 
+from fleetcanary.probes.lib import yamltext
 from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,7 +291,7 @@ def recorded_per_node(node: dict[str, list[dict[str, str]]],
     have = {f: list(labs) for f, labs in node.items()}
     out: dict[str, float] = {}
     for path in rule_files:
-        for group in yaml.safe_load(path.read_text())["groups"]:
+        for group in yamltext.load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 if "record" not in rule:
                     continue

@@ -5,14 +5,16 @@ import torch, NVML or prometheus_client at module level: the daemon imports this
 for configuration and metric specs, and it never loads those.
 
 The map is built on first use (PEP 562): a probe worker imports only `fleetcanary.probes.base` and its
-own probe's module, not all thirteen (about 60 ms of CPU on every probe run, and every run is a new process).
+own probe's module, not all thirteen (about 60 ms of CPU on every probe run, and every run is a new process),
+and the XID reader under `fleetcanary.probes.lib` imports neither.
 """
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fleetcanary.probes.base import Probe
+if TYPE_CHECKING:
+    from fleetcanary.probes.base import Probe
 
 # (module under fleetcanary.probes, class), in the order the map lists them
 _ENTRIES = (
@@ -47,6 +49,9 @@ def __getattr__(name: str) -> Any:
     if name == "PROBES":
         probes = globals()["PROBES"] = _build()
         return probes
+    if name == "Probe":  # not at import: a helper under fleetcanary.probes.lib (the XID reader) needs no pydantic
+        from fleetcanary.probes.base import Probe
+        return Probe
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-import yaml
+from fleetcanary.probes.lib import yamltext
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ def alerts() -> dict[str, list[str]]:
     """Each shipped alert: the labels it sets itself and those its annotations read from its expression's series
     ($labels.X), the ones a route, a silence or a receiver's template is written against."""
     out: dict[str, list[str]] = {}
-    for g in yaml.safe_load((ROOT / "alerts" / "fleetcanary.alerts.yml").read_text())["groups"]:
+    for g in yamltext.load((ROOT / "alerts" / "fleetcanary.alerts.yml").read_text())["groups"]:
         for r in g["rules"]:
             if "alert" in r:
                 carried = set(r.get("labels", {}))
@@ -63,7 +63,7 @@ def current() -> dict:
             metrics[spec.name] = sorted(spec.labels)
     recorded = set()
     for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
-        for g in yaml.safe_load((ROOT / "alerts" / f).read_text())["groups"]:
+        for g in yamltext.load((ROOT / "alerts" / f).read_text())["groups"]:
             recorded |= {r["record"] for r in g["rules"] if "record" in r}
     return {"version": version(), "metrics": dict(sorted(metrics.items())), "recorded": sorted(recorded),
             "alerts": alerts(), "config": config_keys(), "dashboards": dashboards()}

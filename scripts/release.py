@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 import tomllib
-import yaml
+
+from fleetcanary.probes.lib import yamltext
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "fleetcanary"
@@ -87,7 +88,7 @@ def checks(v: str, allow_dirty: bool) -> None:
         raise ReleaseError(f"release/names-{v}.json is missing: scripts/names --write")
     run([sys.executable, str(ROOT / "scripts/names"), "--check"], "scripts/names --check")
     run([sys.executable, str(ROOT / "scripts/generate"), "--check"], "scripts/generate --check (make generate)")
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    chart = yamltext.load((CHART / "Chart.yaml").read_text())
     if str(chart.get("version")) != v or str(chart.get("appVersion")) != v:
         raise ReleaseError(f"charts/fleetcanary/Chart.yaml: version {chart.get('version')} and appVersion "
                            f"{chart.get('appVersion')} must both be {v}")
@@ -201,7 +202,7 @@ def packages(v: str, wheel: Path | None, image_files: list[tuple[str, Path]], ch
                 "digest": build_image.image_facts(layout, tag)["digest"], "python": pins,
                 "debian": _dpkg_packages(_base_layer(layout, tag))}
     if chart is not None:
-        values = yaml.safe_load((CHART / "values.yaml").read_text())
+        values = yamltext.load((CHART / "values.yaml").read_text())
         image = values.get("image", {})
         doc["artifacts"][chart.name] = {"kind": "helm chart", "images": [
             f"{image.get('repository', '')}:{image.get('tag') or v}"]}

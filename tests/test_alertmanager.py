@@ -18,13 +18,13 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from alerts import build
 from fleetcanary.judge import exposition as judge
 from fleetcanary.probes.gpu_health import GpuHealth
+from fleetcanary.probes.lib import yamltext
 from tests.support import nvl72
 from tests.support.alertmanager import Alertmanager, Exposition, WebhookReceiver
 from tests.support.helpers import wait_for
@@ -50,14 +50,14 @@ def scaled_rules(dest: Path) -> dict[str, dict]:
     by_name = {}
     for name, text in build.render(scale=TIME_SCALE).items():
         (dest / name).write_text(text)
-        for g in yaml.safe_load(text)["groups"]:
+        for g in yamltext.load(text)["groups"]:
             by_name.update({r["alert"]: r for r in g["rules"] if "alert" in r})
     return by_name
 
 
 def test_the_scaled_rules_differ_from_the_shipped_only_in_intervals_and_for():
     for name, text in build.render(scale=TIME_SCALE).items():
-        shipped, scaled = yaml.safe_load((ALERTS / name).read_text()), yaml.safe_load(text)
+        shipped, scaled = yamltext.load((ALERTS / name).read_text()), yamltext.load(text)
         assert [g["name"] for g in scaled["groups"]] == [g["name"] for g in shipped["groups"]]
         for a, b in zip(shipped["groups"], scaled["groups"], strict=True):
             assert build.seconds(b["interval"]) == round(build.seconds(a["interval"]) * TIME_SCALE) >= 1, a["name"]
@@ -96,9 +96,9 @@ def test_every_alert_name_the_example_matches_exists():
     at least one alert of the rule files: a renamed alert leaves no matcher that matches nothing."""
     names = set()
     for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
-        names |= {r["alert"] for g in yaml.safe_load((ALERTS / f).read_text())["groups"] for r in g["rules"]
+        names |= {r["alert"] for g in yamltext.load((ALERTS / f).read_text())["groups"] for r in g["rules"]
                   if "alert" in r}
-    cfg = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
+    cfg = yamltext.load((ALERTS / "alertmanager.example.yml").read_text())
     matchers = [m for r in cfg["route"].get("routes", []) for m in r.get("matchers", [])]
     matchers += [m for r in cfg["inhibit_rules"] for k in ("source_matchers", "target_matchers") for m in r.get(k, [])]
     problems, checked = [], 0
@@ -117,7 +117,7 @@ def test_every_alert_name_the_example_matches_exists():
 def alertmanager_config(webhook: str) -> tuple[dict, dict]:
     """(shipped, test): the test copy sends every webhook to `webhook` (keeping the URL's path, so the
     receiver is known) and shortens the timing; nothing else changes."""
-    shipped = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
+    shipped = yamltext.load((ALERTS / "alertmanager.example.yml").read_text())
     cfg = copy.deepcopy(shipped)
     cfg.setdefault("global", {})["resolve_timeout"] = AM_TIMING["resolve_timeout"]
     cfg["route"]["group_wait"] = AM_TIMING["group_wait"]
@@ -364,7 +364,7 @@ def candidates() -> list[dict]:
     judges (node and GPU; a judged series' figure and series)."""
     out = []
     for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
-        for g in yaml.safe_load((ALERTS / f).read_text())["groups"]:
+        for g in yamltext.load((ALERTS / f).read_text())["groups"]:
             for r in g["rules"]:
                 if "alert" not in r:
                     continue
@@ -382,7 +382,7 @@ def test_every_inhibit_rule_mutes_an_alert_the_rules_raise(tmp_path):
     import json
     import urllib.request
 
-    cfg = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
+    cfg = yamltext.load((ALERTS / "alertmanager.example.yml").read_text())
     alerts = candidates()
     pairs = []
     for rule in cfg["inhibit_rules"]:

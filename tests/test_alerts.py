@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from alerts import build_tests
+from fleetcanary.probes.lib import yamltext
 from tests.support import rule_tests
 from tests.support.helpers import require_binary
 
@@ -30,7 +31,7 @@ MAX_EXPR_OVERRIDE = 1500
 
 
 def all_alerts(doc: dict | None = None):
-    doc = doc or yaml.safe_load((ALERTS / "fleetcanary.alerts.yml").read_text())
+    doc = doc or yamltext.load((ALERTS / "fleetcanary.alerts.yml").read_text())
     return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
 
 
@@ -56,7 +57,7 @@ def override(tmp_path_factory) -> tuple[Path, dict, dict]:
     out = tmp_path_factory.mktemp("override")
     r = render_with(out, OVERRIDE)
     assert r.returncode == 0, r.stdout + r.stderr
-    return out, *(yaml.safe_load((out / n).read_text()) for n in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"))
+    return out, *(yamltext.load((out / n).read_text()) for n in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"))
 
 
 def test_promtool_check_rules_is_clean():
@@ -89,12 +90,12 @@ def test_a_rule_test_runs_over_the_groups_its_alerts_read_and_those_alone(tmp_pa
                        ("own_history.test.yml", {"fleetcanary-own-history", "fleetcanary-peers"})):
         copy = rule_tests.subset(ALERTS / "tests" / name, tmp_path / name)
         assert copy.read_bytes() == (ALERTS / "tests" / name).read_bytes()
-        groups = {g["name"] for f in yaml.safe_load(copy.read_text())["rule_files"]
-                  for g in yaml.safe_load((copy.parent / f).read_text())["groups"]}
+        groups = {g["name"] for f in yamltext.load(copy.read_text())["rule_files"]
+                  for g in yamltext.load((copy.parent / f).read_text())["groups"]}
         assert groups == want, (name, groups)
     shipped = {g["name"]: g for f in rule_tests.RULE_FILES
-               for g in yaml.safe_load((ALERTS / f).read_text())["groups"]}
-    copied = yaml.safe_load((tmp_path / "hard_failures.test.yml" / "fleetcanary.alerts.yml").read_text())["groups"]
+               for g in yamltext.load((ALERTS / f).read_text())["groups"]}
+    copied = yamltext.load((tmp_path / "hard_failures.test.yml" / "fleetcanary.alerts.yml").read_text())["groups"]
     # the shipped groups, rule for rule
     assert copied == [shipped["fleetcanary-hard-failures"], shipped["fleetcanary-probe-health"]]
 
@@ -167,7 +168,7 @@ def test_every_path_of_every_figure_is_tested_firing():
     """Each (figure, path) alert appears with its path label among the expected alerts of a rule test."""
     tested = set()
     for name in build_tests.outputs():
-        for case in yaml.safe_load((ALERTS / "tests" / name).read_text())["tests"]:
+        for case in yamltext.load((ALERTS / "tests" / name).read_text())["tests"]:
             for check in case.get("alert_rule_test", []):
                 tested |= {(e["exp_labels"].get("figure"), e["exp_labels"].get("path")) for e in check["exp_alerts"]}
     paths = {(a["labels"]["figure"], a["labels"]["path"]) for a in all_alerts() if "path" in a["labels"]}
@@ -187,7 +188,7 @@ def known_names() -> set[str]:
             if s.type == "histogram":
                 names |= {s.name + "_bucket", s.name + "_sum", s.name + "_count"}
     for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
-        for g in yaml.safe_load((ALERTS / f).read_text())["groups"]:
+        for g in yamltext.load((ALERTS / f).read_text())["groups"]:
             names |= {r["record"] for r in g["rules"] if "record" in r}
     return names
 
@@ -196,7 +197,7 @@ def test_rules_and_alerts_use_only_defined_metric_names():
     known = known_names()
     used = set()
     for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
-        for g in yaml.safe_load((ALERTS / f).read_text())["groups"]:
+        for g in yamltext.load((ALERTS / f).read_text())["groups"]:
             for r in g["rules"]:
                 expr = "\n".join(line for line in r["expr"].splitlines() if not line.lstrip().startswith("#"))
                 used |= set(re.findall(r"\b((?:[a-z_]+:)?fleetcanary_[a-z0-9_]+(?::[a-z0-9_]+)?)", expr))
@@ -238,9 +239,9 @@ def test_a_floor_changed_in_the_settings_moves_the_rules_and_the_exporter_alike(
     r = subprocess.run([sys.executable, str(ALERTS / "build.py"), "--settings", str(f), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    alerts = [a for g in yaml.safe_load((tmp_path / "fleetcanary.alerts.yml").read_text())["groups"]
+    alerts = [a for g in yamltext.load((tmp_path / "fleetcanary.alerts.yml").read_text())["groups"]
               for a in g["rules"] if "alert" in a]
-    rules = [x for g in yaml.safe_load((tmp_path / "fleetcanary.rules.yml").read_text())["groups"] for x in g["rules"]]
+    rules = [x for g in yamltext.load((tmp_path / "fleetcanary.rules.yml").read_text())["groups"] for x in g["rules"]]
     assert all(a["annotations"]["runbook_url"] == f"https://wiki.example.com/gpu#{a['alert'].lower()}"
                for a in alerts)
     raw = re.compile(r"\b(fleetcanary_[a-z0-9_]+)(\{[^}]*\})?(?![a-z0-9_:])")
@@ -307,7 +308,7 @@ def test_an_override_puts_its_matcher_on_every_raw_selector_and_its_labels_in_ev
 def test_every_alert_expression_reads_in_one_go(settings, override):
     """At most MAX_EXPR characters without its comment lines for the shipped rules, MAX_EXPR_OVERRIDE with the
     override's matchers and labels."""
-    doc = yaml.safe_load((ALERTS / "fleetcanary.alerts.yml").read_text()) if settings == "default" else override[2]
+    doc = yamltext.load((ALERTS / "fleetcanary.alerts.yml").read_text()) if settings == "default" else override[2]
     cap = MAX_EXPR if settings == "default" else MAX_EXPR_OVERRIDE
     lengths = sorted(((len(without_comments(a["expr"])), a["alert"], a["labels"].get("path", ""))
                       for a in all_alerts(doc)), reverse=True)

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from alerts import build
+from fleetcanary.probes.lib import yamltext
 from tests.support.fleet_exporter import FleetExporter, Member, build_tests, judged_pages
 from tests.support.prometheus import Prometheus
 from tests.support.vmalert import alerts, evaluations
@@ -93,7 +93,7 @@ def test_every_judged_alert_fires_on_its_node_and_none_elsewhere_on_a_live_prome
     for name, text in build.render(scale=SCALE, settings=SETTINGS).items():
         rules.append(tmp_path / name)
         rules[-1].write_text(text)
-    docs = [yaml.safe_load(p.read_text()) for p in rules]
+    docs = [yamltext.load(p.read_text()) for p in rules]
     groups = {g["name"] for d in docs for g in d["groups"]}
     assert {g["interval"] for d in docs for g in d["groups"]} == {"1s"}
     longest = max(build.seconds(r.get("for", "0s")) for d in docs for g in d["groups"] for r in g["rules"])

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from fleetcanary.core import config as configmod
+from fleetcanary.probes.lib import yamltext
 from tests.support import prometheus_operator
 from tests.support.helpers import require_tool
 from tests.support.pod_security import pod_specs, violations
@@ -65,7 +66,7 @@ def _render(values_json: str, release: str = RELEASE) -> tuple[dict, ...]:
     r = subprocess.run([helm(), "template", release, str(CHART), "--namespace", NAMESPACE, "--values", "-"],
                        input=values_json, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
+    return tuple(d for d in yamltext.load_all(r.stdout) if d)
 
 
 def render(values: dict, release: str = RELEASE) -> list[dict]:
@@ -73,7 +74,7 @@ def render(values: dict, release: str = RELEASE) -> list[dict]:
 
 
 def config_of(docs) -> dict:
-    return yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
+    return yamltext.load(one(docs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
 
 
 @pytest.mark.parametrize("values", [{}, COMBINATIONS["all"]], ids=["defaults", "all"])
@@ -154,7 +155,7 @@ def test_a_feature_renders_the_pod_its_kustomize_component_does(path):
 
 def _kconfig(docs) -> dict:
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("fleetcanary-config")]
-    return yaml.safe_load(cm["data"]["config.yaml"])
+    return yamltext.load(cm["data"]["config.yaml"])
 
 
 @pytest.mark.parametrize("values, wrong", [
@@ -188,7 +189,7 @@ def test_the_schema_is_closed_at_every_level():
 
     walk(schema, "#")
     assert not open_, open_
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values = yamltext.load((CHART / "values.yaml").read_text())
     assert set(values) <= set(schema["properties"]), set(values) - set(schema["properties"])
 
 
@@ -260,7 +261,7 @@ def test_runtime_class_priority_image_and_resources_are_values():
 
 
 def _chart() -> dict:
-    return yaml.safe_load((CHART / "Chart.yaml").read_text())
+    return yamltext.load((CHART / "Chart.yaml").read_text())
 
 
 def test_the_chart_runs_the_image_of_this_version():
@@ -272,7 +273,7 @@ def test_the_chart_runs_the_image_of_this_version():
 
 def test_one_prometheus_rule_per_group_as_fleetcanary_rules_makes_them():
     source = [g for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
-              for g in yaml.safe_load((ROOT / "alerts" / f).read_text())["groups"]]
+              for g in yamltext.load((ROOT / "alerts" / f).read_text())["groups"]]
     docs = render({})
     rules = [d for d in docs if d["kind"] == "PrometheusRule"]
     assert [g for d in rules for g in d["spec"]["groups"]] == source
@@ -359,10 +360,10 @@ def test_claim_pods_are_outside_the_selector_and_alone_admitted():
 
 def test_the_remediation_controller_is_dry_run_unless_told():
     docs = render(COMBINATIONS["remediate"])
-    cfg = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-remediate-config")["data"]["remediate.yaml"])
+    cfg = yamltext.load(one(docs, "ConfigMap", f"{RELEASE}-remediate-config")["data"]["remediate.yaml"])
     assert cfg["dry_run"] is True and cfg["rules"]
     docs = render({"remediate": {"enabled": True, "dryRun": False, "config": {"breaker": {"max_nodes": 1}}}})
-    cfg = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-remediate-config")["data"]["remediate.yaml"])
+    cfg = yamltext.load(one(docs, "ConfigMap", f"{RELEASE}-remediate-config")["data"]["remediate.yaml"])
     assert cfg["dry_run"] is False and cfg["breaker"]["max_nodes"] == 1
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from fleetcanary.core import config as configmod
+from fleetcanary.probes.lib import yamltext
 from harness.kube_api import K8S_VERSION
 from tests.support import prometheus_operator
 from tests.support.helpers import require_binary
@@ -41,7 +42,7 @@ def _kustomize(path: str) -> tuple[dict, ...]:
     kubectl = require_binary("kubectl")
     r = subprocess.run([kubectl, "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
+    return tuple(d for d in yamltext.load_all(r.stdout) if d)
 
 
 def one(docs, kind, name=None):
@@ -54,7 +55,7 @@ def config_of(docs) -> dict:
     """The fleetcanary config in the generated (hash-suffixed) ConfigMap."""
     maps = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("fleetcanary-config")]
     assert len(maps) == 1
-    return yaml.safe_load(maps[0]["data"]["config.yaml"])
+    return yamltext.load(maps[0]["data"]["config.yaml"])
 
 
 @pytest.fixture(scope="module", params=VARIANTS)
@@ -238,7 +239,7 @@ def test_prometheus_rule_matches_its_source(tmp_path):
     docs = kustomize("deploy")
     rules = [d for d in docs if d["kind"] == "PrometheusRule"]
     source = [g for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
-              for g in yaml.safe_load((ROOT / "alerts" / f).read_text())["groups"]]
+              for g in yamltext.load((ROOT / "alerts" / f).read_text())["groups"]]
     by_name = sorted(source, key=lambda g: g["name"])  # kustomize sorts objects of a kind by name
     assert [d["spec"]["groups"] for d in sorted(rules, key=lambda d: d["metadata"]["name"])] == [[g] for g in by_name]
     f = tmp_path / "rules.yml"
@@ -252,7 +253,7 @@ def test_prometheus_rule_matches_its_source(tmp_path):
 
 
 def test_plain_prometheus_scrape_example_is_valid(tmp_path):
-    cfg = yaml.safe_load((DEPLOY / "prometheus-scrape.example.yml").read_text())
+    cfg = yamltext.load((DEPLOY / "prometheus-scrape.example.yml").read_text())
     cfg["rule_files"] = [str(ROOT / "alerts/fleetcanary.rules.yml"), str(ROOT / "alerts/fleetcanary.alerts.yml")]
     job = cfg["scrape_configs"][0]
     # Debian's Prometheus is built without Kubernetes service discovery, so promtool checks everything
@@ -433,7 +434,7 @@ def test_components_combine(pair, tmp_path):
     r = subprocess.run([require_binary("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    docs = [d for d in yamltext.load_all(r.stdout) if d]
     spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     names = {v["name"] for v in spec["volumes"]} | {i["name"] for i in spec.get("initContainers", [])}
     assert {MARKS[c] for c in pair if c in MARKS} <= names, (pair, names)

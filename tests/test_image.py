@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
-import yaml
 
+from fleetcanary.probes.lib import yamltext
 from harness.container import Container, is_root, uid_of
 from scripts import build_image
 from tests.support.helpers import StopWaiting, free_port, http_get, require_binary, unavailable, wait_for
@@ -109,7 +109,7 @@ def test_the_dockerfile_installs_the_same_lock_files():
 
 
 def test_the_manifests_name_the_repository_the_images_are_built_for():
-    images = [c["image"] for d in yaml.safe_load_all((ROOT / "deploy/base/daemonset.yaml").read_text()) if d
+    images = [c["image"] for d in yamltext.load_all((ROOT / "deploy/base/daemonset.yaml").read_text()) if d
               for c in d["spec"]["template"]["spec"]["containers"]]
     assert f"{build_image.REPOSITORY}:{VERSION}" in images
     # the GPU nodes' tag is the CUDA flavour's
@@ -219,7 +219,7 @@ def test_the_container_serves_metrics_of_this_version_as_65532(container, cpu_im
             if s.name == "fleetcanary_build_info"]
     assert len(info) == 1, info
     manifest_tags = [c_["image"].rsplit(":", 1)[1]
-                     for d in yaml.safe_load_all((ROOT / "deploy/base/daemonset.yaml").read_text()) if d
+                     for d in yamltext.load_all((ROOT / "deploy/base/daemonset.yaml").read_text()) if d
                      for c_ in d["spec"]["template"]["spec"]["containers"]]
     assert info[0]["version"] == VERSION == record["version"] == manifest_tags[0]
     assert f"{VERSION}-cpu" in record["tags"]

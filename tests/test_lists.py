@@ -22,11 +22,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from setuptools.command.egg_info import FileList
 
 from fleetcanary.cli import TOOLS, build_parser
 from fleetcanary.probes import PROBES
+from fleetcanary.probes.lib import yamltext
 
 try:
     import tomllib
@@ -68,7 +68,7 @@ def test_the_readme_probe_table_has_a_row_per_probe():
 
 
 def test_the_example_config_shows_every_probe():
-    shown = yaml.safe_load((ROOT / "config.example.yaml").read_text())["probes"]
+    shown = yamltext.load((ROOT / "config.example.yaml").read_text())["probes"]
     assert_no_problems([f"config.example.yaml: no entry under probes: for `{n}` (its interval, or enabled: false "
                  "with a pointer to its docs)" for n in PROBES if n not in shown])
 
@@ -77,7 +77,7 @@ def test_the_cpu_only_overlay_decides_every_gpu_probe():
     """A CPU-only node would only count no_gpu skips of a GPU probe: the overlay turns each off or sets
     it up for the CPU (collectives on gloo). Probes off by default need no line."""
     path = ROOT / "deploy/overlays/cpu-only/config.yaml"
-    entries = yaml.safe_load(path.read_text())["probes"]
+    entries = yamltext.load(path.read_text())["probes"]
     gpu = [n for n, cls in PROBES.items()
            if cls.default_enabled and (cls.exclusive == "gpu" or n.startswith("gpu_"))]
     assert len(gpu) >= 7, gpu
@@ -296,7 +296,7 @@ def test_every_overlay_is_named_where_the_variants_are_listed():
 def test_every_manifest_is_in_its_kustomization():
     problems = []
     for kust in sorted((ROOT / "deploy").rglob("kustomization.yaml")):
-        doc = yaml.safe_load(kust.read_text())
+        doc = yamltext.load(kust.read_text())
         named = set(doc.get("resources", []))
         for gen in doc.get("configMapGenerator", []) + doc.get("secretGenerator", []):
             named |= set(gen.get("files", []))

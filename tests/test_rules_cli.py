@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 
+from fleetcanary.probes.lib import yamltext
 from fleetcanary.rules import matchers, prometheusrule
 from tests.support.helpers import require_binary
 
@@ -70,7 +71,7 @@ def test_prometheusrule_objects_stay_under_the_apply_limit_and_carry_the_labels(
     r = rules("--settings", "s.yml", "--out", "op", "--format", "prometheusrule", "--labels",
               "release=kube-prometheus-stack,team=gpu", "--namespace", "monitoring", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    docs = [d for d in yaml.safe_load_all((tmp_path / "op/fleetcanary.prometheusrule.yaml").read_text()) if d]
+    docs = [d for d in yamltext.load_all((tmp_path / "op/fleetcanary.prometheusrule.yaml").read_text()) if d]
     sizes = [len(json.dumps(d, separators=(",", ":"))) for d in docs]
     whole = sum(sizes)
     assert whole > prometheusrule.ANNOTATION_LIMIT, "the case must be one that one object could not hold"
@@ -82,7 +83,7 @@ def test_prometheusrule_objects_stay_under_the_apply_limit_and_carry_the_labels(
         assert d["metadata"]["namespace"] == "monitoring"
     # every group of the rule files, once and in order
     expected = [g for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
-                for g in yaml.safe_load((tmp_path / "plain" / f).read_text())["groups"]]
+                for g in yamltext.load((tmp_path / "plain" / f).read_text())["groups"]]
     assert [g for d in docs for g in d["spec"]["groups"]] == expected
 
 

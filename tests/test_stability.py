@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
+from fleetcanary.probes.lib import yamltext
 from scripts import names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def last_release(current: str) -> dict:
 
 
 def deprecations() -> list[dict]:
-    return yaml.safe_load((ROOT / "release" / "deprecations.yaml").read_text())["deprecations"] or []
+    return yamltext.load((ROOT / "release" / "deprecations.yaml").read_text())["deprecations"] or []
 
 
 def unretired(last: dict, now: dict) -> list[str]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from alerts import build
+from fleetcanary.probes.lib import yamltext
 from tests.support.fleet_exporter import FleetExporter, Member, build_tests, judged_pages
 from tests.support.helpers import wait_for
 from tests.support.prometheus import Prometheus
@@ -137,7 +137,7 @@ def run_fleet(tmp_path: Path, rule_files: list[Path], nodes: dict) -> tuple[set[
     node, gpu, path)."""
     want = {(name, node, gpu, path) for node, (_, alerts) in nodes.items() for name, gpu, path in alerts}
     assert_loads(rule_files)
-    docs = [yaml.safe_load(p.read_text()) for p in rule_files]
+    docs = [yamltext.load(p.read_text()) for p in rule_files]
     groups = {g["name"] for d in docs for g in d["groups"]}
     assert {build.seconds(g["interval"]) for d in docs for g in d["groups"]} == {1}, "every group each second"
     longest_for = max(build.seconds(r.get("for", "0s")) for d in docs for g in d["groups"] for r in g["rules"])

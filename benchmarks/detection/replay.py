@@ -41,6 +41,7 @@ from pathlib import Path
 
 import yaml
 
+from fleetcanary.probes.lib import yamltext
 from harness.backfill import PROMTOOL_BLOCK_S, BackfilledPrometheus, binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,7 +200,7 @@ def classify(name: str, labels: dict) -> str:
 def shipped_groups() -> list[dict]:
     out = []
     for f in (RULES, ALERTS):
-        for g in yaml.safe_load(f.read_text())["groups"]:
+        for g in yamltext.load(f.read_text())["groups"]:
             iv = seconds(g.get("interval")) or EVAL_S
             out.append(g | {"_interval": iv, "_offset": group_offset(g["name"], f.name, iv), "_file": f.name})
     return out

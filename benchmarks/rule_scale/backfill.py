@@ -6,8 +6,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
-
+from fleetcanary.probes.lib import yamltext
 from harness.backfill import create_blocks
 from harness.durations import seconds
 
@@ -20,7 +19,7 @@ def windows_read(rule_files: list[Path]) -> dict[str, float]:
     out: dict[str, float] = {}
     pat = re.compile(r"\b(fleetcanary_[a-z0-9_]+)(?:\{[^}]*\})?\[(\w+)(?::\w+)?\](?:\s*offset\s+(\w+))?")
     for f in rule_files:
-        for g in yaml.safe_load(f.read_text())["groups"]:
+        for g in yamltext.load(f.read_text())["groups"]:
             for r in g["rules"]:
                 for name, rng, off in pat.findall(r["expr"]):
                     out[name] = max(out.get(name, 0), seconds(rng) + (seconds(off) if off else 0))

@@ -24,6 +24,7 @@ from fleetcanary.core import config_keys, statefile
 from fleetcanary.core.rulesettings import RuleSettings
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import Probe
+from fleetcanary.probes.lib import yamltext
 
 DEFAULT_PORT = 9835
 
@@ -50,7 +51,7 @@ MAX_CONFIG_BYTES = 4 << 20  # a config is kilobytes; anything near this is not o
 MAX_DEPTH = 64              # nesting of mappings and lists; the settings themselves go 8 deep
 MAX_NODES = 1_000_000       # scalars and collections once aliases are expanded (a billion laughs is refused)
 
-_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it
+_YAML_LOADER: Any = yamltext.LOADER  # libyaml's when built with it
 
 
 def _where(mark: Any) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from fleetcanary.core.textfile import TextFileError, read_text
+from fleetcanary.probes.lib import yamltext
 
 TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTIONAL,
@@ -165,7 +166,7 @@ def load(path: str | None) -> WebConfig:
     if not path:
         return WebConfig()
     try:
-        data = yaml.safe_load(read_text(path))
+        data = yamltext.load(read_text(path))
     except TextFileError as exc:
         raise WebConfigError(str(exc)) from None
     except yaml.YAMLError as exc:

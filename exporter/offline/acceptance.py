@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fleetcanary.core.textfile import TextFileError, read_text
 from fleetcanary.core.units import human, text_table
 from fleetcanary.probes import PROBES
+from fleetcanary.probes.lib import yamltext
 
 
 class Check(BaseModel):
@@ -102,7 +103,7 @@ class ExpectationsError(Exception):
 
 def load(path: str) -> Expectations:
     try:
-        data = yaml.safe_load(read_text(path))
+        data = yamltext.load(read_text(path))
     except TextFileError as exc:
         raise ExpectationsError([str(exc)]) from None
     except yaml.YAMLError as exc:

@@ -36,6 +36,7 @@ from fleetcanary.core.stats import dispersion
 from fleetcanary.core.textfile import TextFileError, read_text
 from fleetcanary.core.units import human, text_table
 from fleetcanary.offline import results
+from fleetcanary.probes.lib import yamltext
 
 EXIT = {"Pass": 0, "Blocked": 1, "Conditional pass": 3}
 EXIT_ERROR = 2
@@ -146,7 +147,7 @@ class Thresholds:
         if not path:
             return cls()
         try:
-            data = yaml.safe_load(read_text(path))
+            data = yamltext.load(read_text(path))
         except TextFileError as exc:
             raise results.ResultsError(str(exc)) from None
         except yaml.YAMLError as exc:

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleetcanary.offline import demo_kube
 from fleetcanary.probes import PROBES
+from fleetcanary.probes.lib import yamltext
 from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
 
 POOL = "demo-h100"
@@ -126,7 +125,7 @@ def alertmanager_config(example: str, webhook_url: str, remediate_url: str = "")
     """The shipped example's routes and inhibit rules, with every receiver sending to the demo's own webhook
     (and to the demo's `fleetcanary remediate`, when given) and the waits shortened (a real pager groups for a
     minute; a newcomer should not wait for it)."""
-    cfg = yaml.safe_load(example)
+    cfg = yamltext.load(example)
     cfg["route"].update({"group_wait": "2s", "group_interval": "5s"})
     for route in cfg["route"].get("routes", []):
         route.pop("group_wait", None)

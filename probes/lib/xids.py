@@ -32,10 +32,10 @@ class XidInfo:
 
 @functools.lru_cache(maxsize=1)
 def _load() -> tuple[dict[int, XidInfo], tuple[str, ...]]:
-    import yaml
+    from fleetcanary.probes.lib import yamltext
 
     text = resources.files("fleetcanary.probes.lib").joinpath("xid_catalogue.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = yamltext.load(text)
     out = {}
     for code, e in data["xids"].items():
         if e["class"] not in CLASSES or e["severity"] not in SEVERITIES:

@@ -5,7 +5,6 @@ has its enabled 0 and nothing else."""
 import re
 from pathlib import Path
 
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetcanary.core.record import CRASH_REASONS, RunRecord
@@ -14,6 +13,7 @@ from fleetcanary.daemon.kube import ERROR_REASONS, OPERATIONS, Snapshot
 from fleetcanary.daemon.state import ResultStore
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.base import SKIP_REASONS
+from fleetcanary.probes.lib import yamltext
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = (ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.alerts.yml")
@@ -92,7 +92,7 @@ def test_every_reason_the_rules_read_starts_at_zero():
     them as alerts/build.py's counted() does (a series born counting counts too): then nothing needs a zero."""
     read, born_counting = set(), set()
     for path in RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
+        for group in yamltext.load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 for name, sel in re.findall(r"(fleetcanary_probe_(?:skips|failures|crashes)_total)(\{[^}]*\})?",
                                             rule["expr"]):
@@ -181,7 +181,7 @@ def test_every_zero_published_series_a_rule_reads_with_increase_starts_at_zero()
     specs = {spec.name: spec for cls in PROBES.values() for spec in cls.metrics if spec.zero_published is not None}
     late = set()
     for path in RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
+        for group in yamltext.load(path.read_text())["groups"]:
             for rule in group["rules"]:
                 for name, sel in re.findall(r"(fleetcanary_\w+_total)(\{[^}]*\})?", rule["expr"]):
                     if name not in specs:

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetcanary.core import config as configmod
 from fleetcanary.daemon.service import Daemon
 from fleetcanary.probes import PROBES
+from fleetcanary.probes.lib import yamltext
 from tests.conftest import SMALL_HOST_BW
 from tests.support.clock import FakeClock
 from tests.support.fault_probes import FAULT_PROBES
@@ -234,7 +235,7 @@ def test_a_target_probe_without_targets_is_off_in_all_but_name_until_a_reload_gi
         assert 'fleetcanary_probe_interval_seconds{probe="gpu_bandwidth"}' in text
         assert not re.search(r'probe="(storage|object_storage|inference)"', text)
         path = Path(d.config_path)
-        cfg = yaml.safe_load(path.read_text())
+        cfg = yamltext.load(path.read_text())
         cfg["probes"]["storage"] = {"params": {"targets": [{"name": "scratch", "path": str(tmp_path)}]}}
         path.write_text(yaml.safe_dump(cfg))
         assert d.reload()
@@ -288,7 +289,7 @@ def test_a_reload_applies_the_connection_caps_to_the_next_connections(start_daem
     import socket
     d = start_daemon({"probes": {"host_memory_bandwidth": SMALL_HOST_BW}})
     host, port = d.url.removeprefix("http://").rsplit(":", 1)
-    conf = yaml.safe_load(d.config_path.read_text())
+    conf = yamltext.load(d.config_path.read_text())
 
     def hold(n: int) -> list[socket.socket]:
         socks = []

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from dashboards import build
+from fleetcanary.probes.lib import yamltext
 from harness import backfill
 from harness.backfill import RECORD_NAME, BackfilledPrometheus, backfill_rules, create_blocks
 from tests.support import synthetic_fleet
@@ -73,7 +74,7 @@ RULE_FILES = (ROOT / "alerts/fleetcanary.rules.yml", ROOT / "alerts/fleetcanary.
 
 def recording_rules() -> list[dict]:
     """Every recording rule shipped: the peer statistics are recorded in the alert file's peers group."""
-    return [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "record" in r]
+    return [r for f in RULE_FILES for g in yamltext.load(f.read_text())["groups"] for r in g["rules"] if "record" in r]
 
 
 def judge_families() -> set[str]:

@@ -20,6 +20,7 @@ import yaml
 
 from fleetcanary.core import resources
 from fleetcanary.offline import demo_fleet as fleet
+from fleetcanary.probes.lib import yamltext
 from tests.support.helpers import require_binary, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ def test_every_node_has_its_own_gpus_and_only_the_bad_gpu_differs_from_the_recor
 def test_the_demo_configs_pass_promtool_amtool_and_the_exporters_own_check(tmp_path):
     promtool, amtool = require_binary("promtool"), require_binary("amtool")
     am = fleet.alertmanager_config(resources.alertmanager_example(), "http://127.0.0.1:1/")
-    example = yaml.safe_load(resources.alertmanager_example())
+    example = yamltext.load(resources.alertmanager_example())
     assert am["inhibit_rules"] == example["inhibit_rules"]  # the shipped inhibitions, as shipped
     assert [r.get("matchers") for r in am["route"]["routes"]] == [r.get("matchers") for r in example["route"]["routes"]]
     assert {r["name"] for r in am["receivers"]} == {r["name"] for r in example["receivers"]}

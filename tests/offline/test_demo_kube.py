@@ -11,6 +11,7 @@ import yaml
 
 from fleetcanary.offline import demo_fleet as fleet
 from fleetcanary.offline import demo_kube
+from fleetcanary.probes.lib import yamltext
 from tests.support.helpers import StopWaiting, free_port, http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +100,7 @@ def test_a_status_patch_merges_conditions_by_type_and_the_pod_list_is_empty():
 
 
 def test_the_demos_rule_is_the_shipped_hard_fault_rule():
-    shipped = yaml.safe_load((ROOT / "deploy/components/remediate/remediate.yaml").read_text())
+    shipped = yamltext.load((ROOT / "deploy/components/remediate/remediate.yaml").read_text())
     assert next(r for r in shipped["rules"] if r["name"] == "hard-fault") == fleet.HARD_FAULT_RULE
 
 

@@ -9,8 +9,8 @@ import sys
 import tarfile
 
 import pytest
-import yaml
 
+from fleetcanary.probes.lib import yamltext
 from scripts import release
 from tests.conftest import ROOT
 from tests.support.helpers import require_tool
@@ -34,7 +34,7 @@ def test_the_release_writes_each_artifact_with_a_checksum_that_verifies(tmp_path
     for name, digest in sums.items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
     with tarfile.open(out / f"fleetcanary-{VERSION}.tgz") as chart:
-        meta = yaml.safe_load(chart.extractfile("fleetcanary/Chart.yaml"))
+        meta = yamltext.load(chart.extractfile("fleetcanary/Chart.yaml"))
         assert meta["version"] == VERSION and meta["appVersion"] == VERSION
         assert "fleetcanary/values.schema.json" in chart.getnames()
     listing = json.loads((out / f"fleetcanary-{VERSION}.packages.json").read_text())

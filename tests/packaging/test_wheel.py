@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetcanary.probes.lib import yamltext
 from tests.support.helpers import require_binary, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +111,7 @@ def test_rules_render_with_a_deployers_settings_from_outside_the_repo(venv, outs
     out.mkdir()
     r = fc(venv, outside, "rules", "--settings", str(settings), "--out", str(out))
     assert r.returncode == 0, r.stderr
-    alerts = yaml.safe_load((out / "fleetcanary.alerts.yml").read_text())
+    alerts = yamltext.load((out / "fleetcanary.alerts.yml").read_text())
     names = {g["name"] for g in alerts["groups"]}
     assert {"fleetcanary-peers-train-a", "fleetcanary-peers-other-pools"} <= names
     assert 'job="gpu-canary"' in (out / "fleetcanary.alerts.yml").read_text()
@@ -157,7 +158,7 @@ def test_demo_loads_every_rule_group_into_prometheus(venv, outside, tmp_path):
     require_binary("prometheus")
     require_binary("prometheus-alertmanager")
     expected = {g["name"] for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
-                for g in yaml.safe_load((ROOT / "alerts" / f).read_text())["groups"]}
+                for g in yamltext.load((ROOT / "alerts" / f).read_text())["groups"]}
     out = tmp_path / "demo.out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     with open(out, "wb") as log:

@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from fleetcanary.probes import PROBES
+from fleetcanary.probes.lib import yamltext
 from tests.support.helpers import StopWaiting, metric_value, require_binary, unavailable, wait_for
 from tests.support.netns import NamespaceNet
 from tests.support.prometheus import Prometheus
@@ -93,7 +94,7 @@ def scaled_rules(workdir: Path) -> list[str]:
     rewritten here; the expressions are the shipped ones, 1h windows included."""
     out, scaled = [], set()
     for name in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml"):
-        doc = yaml.safe_load((ALERTS / name).read_text())
+        doc = yamltext.load((ALERTS / name).read_text())
         for group in doc["groups"]:
             group["interval"] = RULE_INTERVAL
             if not group["name"].startswith("fleetcanary-fabric"):

@@ -8,6 +8,7 @@ import subprocess
 import kubernetes_validate
 import yaml
 
+from fleetcanary.probes.lib import yamltext
 from fleetcanary.remediate import config
 from tests.support.helpers import require_binary
 from tests.test_deploy import K8S_VERSION, ROOT, kustomize, one
@@ -58,13 +59,13 @@ def test_the_alertmanager_example_checks_and_routes_to_the_service():
     r = subprocess.run([require_binary("amtool"), "check-config", str(COMPONENT / "alertmanager-route.example.yml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    am = yaml.safe_load((COMPONENT / "alertmanager-route.example.yml").read_text())
+    am = yamltext.load((COMPONENT / "alertmanager-route.example.yml").read_text())
     (hook,) = next(x for x in am["receivers"] if x["name"] == "fleetcanary-remediate")["webhook_configs"]
     assert hook["url"] == "http://fleetcanary-remediate.fleetcanary.svc:9841/webhook" and hook["send_resolved"]
 
 
 def test_the_breaker_alert_passes_promtool_and_fires(tmp_path):
-    rule = yaml.safe_load((COMPONENT / "prometheusrule.yaml").read_text())
+    rule = yamltext.load((COMPONENT / "prometheusrule.yaml").read_text())
     breaker = next(r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "FleetCanaryRemediationBreakerOpen")
     annotations = {k: v.replace("{{ $labels.pool }}", "a") for k, v in breaker["annotations"].items()}
     (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))

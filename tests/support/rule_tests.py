@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from fleetcanary.probes.lib import yamltext
+
 RULE_FILES = ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
 
 
@@ -48,12 +50,12 @@ def names_read(test: dict) -> set[str]:
 def subset(test_file: Path, out: Path) -> Path:
     """`test_file` copied byte for byte into `out`/tests/ (a YAML round trip would read a series' `0x60` as
     the number 96), with its rule files (../NAME) beside it over the groups it needs: -> the copy's path."""
-    test = yaml.safe_load(test_file.read_text())
+    test = yamltext.load(test_file.read_text())
     docs = {}
     for rel in test["rule_files"]:
         if Path(rel).parent != Path(".."):
             raise ValueError(f"{test_file.name}: rule file {rel} is not ../NAME")
-        docs[Path(rel).name] = yaml.safe_load((test_file.parent / rel).read_text())
+        docs[Path(rel).name] = yamltext.load((test_file.parent / rel).read_text())
     groups = [g for d in docs.values() for g in d["groups"]]
     keep = needed_groups(groups, names_read(test))
     (out / "tests").mkdir(parents=True, exist_ok=True)
