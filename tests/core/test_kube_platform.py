@@ -10,6 +10,7 @@ import yaml
 
 from fleetcanary.core import kube_platform
 from fleetcanary.daemon.kube import Kube
+from tests.conftest import SMALL_HOST_BW
 from tests.support.helpers import free_port
 from tests.support.kube_api import KubeAPI, node, pod
 
@@ -102,7 +103,7 @@ def daemon_on(api, tmp_path):
 
     cfg = {"node_name": NODE, "state_dir": str(tmp_path / "state"),
            "server": {"listen_address": f"127.0.0.1:{free_port()}"}, "gpu": {"xid_watch": "off"},
-           "kubernetes": {"mode": "off"}}
+           "kubernetes": {"mode": "off"}, "probes": {"host_memory_bandwidth": SMALL_HOST_BW}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     d = Daemon(configmod.load(path, env={}), config_path=str(path))

@@ -2,23 +2,23 @@
 stand-in (tests/support/kube_api.py, with the in-cluster token and CA), the real worker for the run."""
 from __future__ import annotations
 
-import pytest
 import yaml
 
 from fleetcanary.core import config as configmod
 from fleetcanary.offline import once
 from fleetcanary.probes import PROBES
+from tests.conftest import SMALL_HOST_BW
 from tests.core.test_kube_platform import DIGEST, NODE, api  # noqa: F401 - the stand-in fixture with its node
 
 
 def settings(tmp_path, **kube):
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump({"node_name": NODE, "state_dir": str(tmp_path / "state"),
-                                 "kubernetes": {"api_timeout_seconds": 2.0, **kube}}))
+                                 "kubernetes": {"api_timeout_seconds": 2.0, **kube},
+                                 "probes": {"host_memory_bandwidth": SMALL_HOST_BW}}))
     return configmod.load(p, env={})
 
 
-@pytest.mark.long
 def test_once_in_a_pod_records_the_nodes_platform(api, tmp_path):  # noqa: F811 - the fixture
     environ = {**api.environ, "FLEETCANARY_KUBE_TOKEN_FILE": str(api.token_file),
                "FLEETCANARY_KUBE_CA_FILE": str(api.ca_file), "POD_NAME": "fleetcanary-abcde",
