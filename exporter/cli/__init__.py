@@ -7,9 +7,10 @@ import logging
 import os
 import sys
 
-from fleetcanary.core import config as configmod
 from fleetcanary.core.version import git_commit, version
-from fleetcanary.probes import PROBES
+
+# The config model (every probe's settings) and the probe map are imported by the commands that use them: an
+# offline tool (compare, report, rules, loadtest...) starts without building the exporter's pydantic models.
 
 EXIT_CONFIG = 2
 
@@ -46,6 +47,8 @@ def _setup_logging(level: str) -> None:
 
 
 def _load(path: str | None):
+    from fleetcanary.core import config as configmod
+
     try:
         return configmod.load(path)
     except configmod.ConfigError as exc:
@@ -64,6 +67,8 @@ def cmd_run(args) -> int:
         os.environ["FLEETCANARY_WEB_CONFIG_FILE"] = args.web_config_file
     settings = _load(args.config)
     if args.listen_address:
+        from fleetcanary.core import config as configmod
+
         try:
             configmod.parse_listen_address(args.listen_address)
         except ValueError as exc:
@@ -92,6 +97,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_once(args) -> int:
+    from fleetcanary.probes import PROBES
+
     settings = _load(args.config)
     _setup_logging("warning")
     entries = settings.probe_entries()
@@ -122,6 +129,8 @@ def cmd_version(args) -> int:
 
 
 def cmd_probes(args) -> int:
+    from fleetcanary.probes import PROBES
+
     for name, cls in PROBES.items():
         print(f"{name:28} every {cls.default_interval_seconds:>6g}s  "
               f"{'exclusive=' + cls.exclusive if cls.exclusive else ''}")
