@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fleetcanary.probes.base import Probe
 
+    PROBES: dict[str, type[Probe]]
+
 # (module under fleetcanary.probes, class), in the order the map lists them
 _ENTRIES = (
     ("host_memory_bandwidth", "HostMemoryBandwidth"),
@@ -32,9 +34,6 @@ _ENTRIES = (
     ("inference", "Inference"),
     ("train_step", "TrainStep"),
 )
-
-if TYPE_CHECKING:
-    PROBES: dict[str, type[Probe]]
 
 
 def _build() -> dict[str, type[Probe]]:

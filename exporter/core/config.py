@@ -51,9 +51,6 @@ MAX_CONFIG_BYTES = 4 << 20  # a config is kilobytes; anything near this is not o
 MAX_DEPTH = 64              # nesting of mappings and lists; the settings themselves go 8 deep
 MAX_NODES = 1_000_000       # scalars and collections once aliases are expanded (a billion laughs is refused)
 
-_YAML_LOADER: Any = yamltext.LOADER  # libyaml's when built with it
-
-
 def _where(mark: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
 
@@ -62,7 +59,7 @@ def _mark(node_or_event: Any) -> str:
     return _where(getattr(node_or_event, "start_mark", None))
 
 
-class _Loader(_YAML_LOADER):  # type: ignore[misc, valid-type]
+class _Loader(yamltext.LOADER):  # type: ignore[misc, valid-type]
     """yaml's safe loader that refuses a key given twice in one mapping (yaml keeps the last one silently)."""
 
     def construct_mapping(self, node, deep=False):  # type: ignore[override]
@@ -90,7 +87,7 @@ def _check_shape(text: str) -> None:
     anchors: dict[str, tuple[int, int]] = {}   # anchor -> (nodes, height) of the node it names
     open_: list[tuple[str | None, int, int]] = []  # (anchor, total at its start, depth at its start)
     max_below: list[int] = []                  # deepest depth reached inside each open collection
-    for ev in yaml.parse(text, Loader=_YAML_LOADER):
+    for ev in yaml.parse(text, Loader=yamltext.LOADER):
         if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             total += 1

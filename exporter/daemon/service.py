@@ -70,10 +70,11 @@ class Daemon:
         self.state_files = StateFiles(settings.state_dir)  # gpu-budget.json, coverage.json
         self.budget = GpuBudget(settings.gpu.budget_ratio, monotonic=self.clock.monotonic)
         self.state_files.restore_budget(self.budget)
-        self.store = ResultStore(self.probe_map, self._published(settings), judge=FigureStore(
+        published = self._published(settings)
+        self.store = ResultStore(self.probe_map, published, judge=FigureStore(
             settings.state_dir, clock=self.clock, figures=figmod.configured(settings.alerts),
             publish=Policy.from_settings(settings.alerts)))
-        self.store.set_enabled(self._published(settings), self._intervals(settings), self._timeouts(settings))
+        self.store.set_enabled(published, self._intervals(settings), self._timeouts(settings))
         # This process never loads NVML: until a worker reports the GPU facts, the node's driver and
         # model are the ones its last runs had (the figure store keeps them), never "unknown" (an
         # exporter restart must not look like a driver change to the fleet's rules).
