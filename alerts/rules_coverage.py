@@ -30,9 +30,10 @@ def measured(window: str, pool: str = "") -> str:
 
 def share(window: str, by: str, pool: str = "") -> str:
     """The share of (GPU, probe) pairs measured within `window`, by `by` (the recording rule, the alert, the
-    dashboards' coverage panel)."""
-    return (f"sum by ({by}) ({measured(window, pool)}) "
-            f"/ count by ({by}) ({COVERED} * {POOL}{pool and '{' + pool + '}'})")
+    dashboards' coverage panel): the mean of the 0-or-1 `measured`, one pass over the GPUs' series. Every
+    series of the numerator has its probe's interval (the node publishes both for the same enabled probes), so
+    this is the sum over the count of the same series (the form before 42, which read them twice)."""
+    return f"avg by ({by}) ({measured(window, pool)})"
 
 
 def intervals(n: int) -> str:

@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from alerts import build
@@ -100,7 +101,8 @@ def test_pool_coverage_is_recorded_and_the_held_pool_alone_is_reported_on_a_live
     # increased while scraped (alerts/tests/coverage.test.yml shows the reasons of counters that do)
     assert fired[0]["annotations"]["description"].endswith("by reason: none")
     # pool b: GPU 0 and the node's training step of 5 (GPU, probe) pairs per node
-    assert share == {"pool-a": 1.0, "pool-b": 0.4}
+    # (a mean of 0s and 1s: Prometheus's avg sums incrementally, 0.39999999999999997 for 2 of 5)
+    assert share == pytest.approx({"pool-a": 1.0, "pool-b": 0.4}, rel=1e-12)
     assert len(per_node) == len(NODES) * (len(GPUS) + 1)
     assert per_node[("b1", "1", "gpu_bandwidth")] == 0.0  # never measured
     assert abs(per_node[("b1", "0", "gpu_bandwidth")] - (now - 50)) < 1e-3  # when the run ended
