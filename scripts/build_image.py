@@ -1,15 +1,19 @@
 """Build fleetcanary's OCI images without a Docker engine (docs/image.md): `make image`.
 
     scripts/build-image [--flavour cpu|cuda12|cuda ...] [--out build/image] [--docker-archive]
+                        [--cache DIR | --no-cache] [--cache-max-age DAYS]
     scripts/build-image --lock [--flavour ...]      # refresh image/requirements-*.txt
 
-Two layers per image, the first shared by every flavour:
+Three layers per image, the first shared by every flavour:
   1. Debian bookworm (mmdebstrap, minbase): python3, ca-certificates, user and group 65532, an empty
      /var/lib/fleetcanary owned by them. Nothing else: the driver (libcuda, libnvidia-ml, nvidia-smi) is
      mounted by the NVIDIA container runtime, and the CUDA torch wheel brings its own CUDA libraries.
-  2. /opt/fleetcanary, a venv with the project's wheel (stamped with its commit) and the locked dependencies
-     (image/requirements-<flavour>.txt: == pins with hashes, torch included), installed offline inside the
-     Debian root from a wheelhouse the host's pip downloaded (so it sees the host's indexes).
+  2. /opt/fleetcanary, a venv with the locked dependencies (image/requirements-<flavour>.txt: == pins with
+     hashes, torch included), installed offline inside the Debian root from a wheelhouse the host's pip
+     downloaded (so it sees the host's indexes).
+  3. The project's wheel (stamped with its commit) installed into that venv: what changes with each commit.
+The first two are kept between builds in the layer cache (scripts/image_cache.py) under the hash of their
+inputs, so a build that changes only fleetcanary installs and compresses only the third.
 umoci assembles them into an OCI layout (build/image/oci); the tags are the package's version: <version> and
 <version>-cuda for the CUDA 13 flavour (what deploy/base runs on GPU nodes), <version>-cuda12 for the CUDA 12
 one (drivers older than R580), <version>-cpu for the CPU one.
@@ -22,6 +26,7 @@ with the time of each step and the layers' sizes (benchmarks/image.py reads it).
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import os
@@ -35,6 +40,8 @@ import time
 from pathlib import Path
 
 import tomllib
+
+from scripts import image_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "image"
@@ -220,8 +227,10 @@ def check_host() -> None:
                          f"(Debian packages mmdebstrap umoci util-linux coreutils tar)")
 
 
-def build_wheel(work: Path, steps: Steps, stamp: str) -> Path:
-    """The project's wheel, from a copy of its sources (a parallel build in the checkout cannot clash)."""
+def build_wheel(work: Path, steps: Steps, stamp: str, epoch: int) -> Path:
+    """The project's wheel, from a copy of its sources (a parallel build in the checkout cannot clash); its zip
+    entries dated `epoch` (SOURCE_DATE_EPOCH), so that one commit gives one wheel, byte for byte, and the pip
+    metadata that records its hash (direct_url.json) is the same in every build."""
     src = work / "src"
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
@@ -233,7 +242,7 @@ def build_wheel(work: Path, steps: Steps, stamp: str) -> Path:
             shutil.copy2(p, src / name)
     dist = work / "dist"
     shutil.rmtree(dist, ignore_errors=True)
-    env = {**os.environ, "FLEETCANARY_GIT_COMMIT": stamp}
+    env = {**os.environ, "FLEETCANARY_GIT_COMMIT": stamp, "SOURCE_DATE_EPOCH": str(epoch)}
     isolation = ["--no-isolation"] if _has_build_backend() else []
     steps.run("wheel", [pip_python(), "-m", "build", "--wheel", *isolation, "--outdir", str(dist), str(src)],
               env=env)
@@ -250,28 +259,47 @@ def _has_build_backend() -> bool:
     return subprocess.run([pip_python(), "-c", probe], capture_output=True).returncode == 0
 
 
-def wheelhouse(out: Path, flavour: str, steps: Steps) -> tuple[Path, Path]:
-    """Every locked wheel (and pip's), downloaded by the host's pip into out/wheelhouse (kept between builds:
-    a file already there with the locked hash is not fetched again). -> (wheelhouse, pip's wheel)."""
+def wheelhouse(out: Path, flavour: str | None, steps: Steps) -> tuple[Path, Path]:
+    """Every locked wheel of `flavour` (None: pip's alone, for a build whose dependency layer is cached) and
+    pip's, downloaded by the host's pip into out/wheelhouse (kept between builds: a file already there with the
+    locked hash is not fetched again). -> (wheelhouse, pip's wheel)."""
     house = out / "wheelhouse"
     house.mkdir(parents=True, exist_ok=True)
-    for lock_path in (lock_file(flavour), LOCK_DIR / "requirements-tools.txt"):
+    for lock_path in ([lock_file(flavour)] if flavour else []) + [LOCK_DIR / "requirements-tools.txt"]:
         read_lock(lock_path)
-        steps.run(f"download-{flavour}", [pip_python(), "-m", "pip", "download", "--quiet", "--no-deps",
-                                          "--require-hashes", "--only-binary=:all:", "--dest", str(house),
-                                          "-r", str(lock_path)])
+        steps.run(f"download-{flavour or 'pip'}", [pip_python(), "-m", "pip", "download", "--quiet", "--no-deps",
+                                                   "--require-hashes", "--only-binary=:all:", "--dest", str(house),
+                                                   "-r", str(lock_path)])
     (_pip, pip_version), = read_lock(LOCK_DIR / "requirements-tools.txt")
     pip_wheel = next(iter(house.glob(f"pip-{pip_version}-*.whl")), None)
     if pip_wheel is None:
-        raise BuildError(f"download-{flavour}: pip {pip_version}'s wheel is not in {house}")
+        raise BuildError(f"download: pip {pip_version}'s wheel is not in {house}")
     return house, pip_wheel
 
 
-def debian_layer(work: Path, steps: Steps, epoch: int) -> Path:
-    """The Debian root as a tar (mmdebstrap sorts it and clamps its times to SOURCE_DATE_EPOCH)."""
-    tar = work / "debian.tar"
-    mirror = [str(SOURCES)] if SOURCES.is_file() else []
-    hooks = [
+def base_epoch() -> int:
+    """The time of the Debian and dependency layers' files: SOURCE_DATE_EPOCH when set, else the time of the last
+    commit that changed their inputs (image/, this script). They, and their cache keys, stay the same over the
+    commits that change only fleetcanary's code."""
+    env = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if env.isdigit():
+        return int(env)
+    last = git("log", "-1", "--format=%ct", "--", "image", "scripts/build_image.py")
+    return int(last) if last and last.isdigit() else source_date_epoch()
+
+
+def created(epoch: int) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def init_layout(layout: Path, steps: Steps) -> None:
+    if not (layout / "index.json").is_file():
+        shutil.rmtree(layout, ignore_errors=True)
+        steps.run("oci-init", ["umoci", "init", "--layout", str(layout)])
+
+
+def debian_hooks() -> list[str]:
+    return [
         f"chroot \"$1\" groupadd --system --gid {GID} fleetcanary",
         f"chroot \"$1\" useradd --system --uid {UID} --gid {GID} --home-dir {STATE_DIR} --no-create-home "
         "--shell /usr/sbin/nologin fleetcanary",
@@ -280,29 +308,66 @@ def debian_layer(work: Path, steps: Steps, epoch: int) -> Path:
         ": > \"$1/etc/resolv.conf\"; echo localhost > \"$1/etc/hostname\"",
         "rm -f \"$1\"/var/cache/debconf/*-old \"$1\"/var/lib/dpkg/*-old \"$1\"/etc/*-",
     ]
+
+
+DEBIAN_BY = f"mmdebstrap --variant=minbase --include={','.join(DEB_PACKAGES)} {SUITE}"
+
+
+def debian_layer(cache: image_cache.Cache, work: Path, steps: Steps, epoch: int) -> tuple[str, dict, bool]:
+    """The Debian root as a tar (mmdebstrap sorts it and clamps its times to `epoch`), kept in the cache under
+    the hash of its inputs. -> (cache entry, its meta, built by this run)."""
+    sources = SOURCES.read_text() if SOURCES.is_file() else ""
+    name = "debian-" + image_cache.key("debian", SUITE, DEB_PACKAGES, DPKG_EXCLUDES, debian_hooks(), sources, epoch)
+    meta = cache.entry(name)
+    if meta:
+        return name, meta, False
+    tar = cache.tmp / "debian.tar"
+    mirror = [str(SOURCES)] if SOURCES.is_file() else []
     cmd = ["unshare", "--mount", "--propagation", "private", "mmdebstrap", "--mode=root", "--variant=minbase",
            f"--include={','.join(DEB_PACKAGES)}", "--format=tar", "--skip=output/dev",
-           *(f"--dpkgopt={o}" for o in DPKG_EXCLUDES), *(f"--customize-hook={h}" for h in hooks),
+           *(f"--dpkgopt={o}" for o in DPKG_EXCLUDES), *(f"--customize-hook={h}" for h in debian_hooks()),
            SUITE, str(tar), *mirror]
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch), "TMPDIR": str(work)}
     steps.run("debian", cmd, env=env)
-    return tar
+    init_layout(cache.layout, steps)
+    ref = f"{cache.layout}:{name}"
+    steps.run("debian-oci", ["umoci", "new", "--image", ref])
+    steps.run("debian-oci", ["umoci", "raw", "add-layer", "--image", ref, "--history.created", created(epoch),
+                             "--history.created_by", DEBIAN_BY, str(tar)])
+    meta = cache.put(name, tar, {"created_by": DEBIAN_BY})
+    cache.evict("debian-", name)
+    return name, meta, True
 
 
-# Inside the Debian root (chroot), with the wheelhouse and the inputs bind-mounted read-only:
-INSTALL = r"""
+# Inside the Debian root (chroot), with the wheelhouse and the inputs bind-mounted read-only. The dependencies'
+# layer: the venv and the locked packages; one mtime for every file, then .pyc files that record it
+# (reproducible, and valid after the tar clamps times). As pip does, a file that is not Python 3.11 (torch's
+# py312_intrinsics.py) is left uncompiled.
+DEPS_INSTALL = r"""
 set -eu
 python3 -m venv --without-pip {venv}
 pip="{venv}/bin/python /inputs/{pip_wheel}/pip"
 $pip install --no-index --find-links /wheelhouse --require-hashes --only-binary=:all: --no-compile \
     -r /inputs/requirements.txt
-$pip install --no-index --no-deps --no-compile /inputs/{wheel}
 $pip check
-# one mtime for every file, then .pyc files that record it: reproducible, and valid after the tar clamps times
 find {venv} -exec touch -h -d @{epoch} {{}} +
-# (as pip does, a file that is not Python 3.11, like torch's py312_intrinsics.py, is left uncompiled)
 {venv}/bin/python -c "import compileall, py_compile; compileall.compile_dir('{venv}/lib', quiet=2, workers=0, \
     invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)"
+"""
+
+# fleetcanary's layer: its wheel into that venv, and pip check of the whole
+APP_INSTALL = r"""
+set -eu
+{venv}/bin/python /inputs/{pip_wheel}/pip install --no-index --no-deps --no-compile /inputs/{wheel}
+{venv}/bin/python /inputs/{pip_wheel}/pip check
+"""
+
+# ... its .pyc files once the host set its files' mtimes, and the entry point's answer
+APP_COMPILE = r"""
+set -eu
+{venv}/bin/python -c "import compileall, py_compile, sys; raise SystemExit(0 if all([compileall.compile_dir(d, \
+    quiet=2, workers=0, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP) for d in sys.argv[1:]]) else 1)" \
+    {dirs}
 {venv}/bin/fleetcanary version
 """
 
@@ -318,59 +383,131 @@ exec chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/roo
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 /bin/sh -c "$4"
 """
 
+TAR = ["tar", "--sort=name", "--numeric-owner", "--format=posix", "--clamp-mtime",
+       "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime"]
 
-def app_layer(work: Path, flavour: str, debian: Path, house: Path, pip_wheel: Path, wheel: Path,
-              steps: Steps, epoch: int) -> tuple[Path, str]:
-    """The venv layer: the Debian root unpacked, the venv installed in it by chroot, /opt/fleetcanary tarred."""
+
+def fresh_rootfs(work: Path, flavour: str, tars: list[Path], steps: Steps) -> Path:
+    """A root with `tars` unpacked in order, beside an empty inputs/ for the chroot's read-only inputs."""
+    fdir = work / flavour
+    shutil.rmtree(fdir, ignore_errors=True)
+    rootfs = fdir / "rootfs"
+    rootfs.mkdir(parents=True)
+    (fdir / "inputs").mkdir()
+    for tar in tars:
+        steps.run(f"unpack-{flavour}", ["tar", "-C", str(rootfs), "-xpf", str(tar), "--numeric-owner"])
+    (rootfs / "dev").mkdir(exist_ok=True)
+    return rootfs
+
+
+def in_chroot(step: str, rootfs: Path, house: Path, script: str, steps: Steps) -> str:
+    """`script` by sh in the root, every mount in a private namespace. -> its output."""
+    log = steps.run(step, ["unshare", "--mount", "--propagation", "private", "sh", "-c", MOUNTS, "mounts",
+                           str(rootfs), str(house), str(rootfs.parent / "inputs"), script])
+    for d in ("wheelhouse", "inputs"):
+        (rootfs / d).rmdir()  # the mount points (empty once the namespace is gone)
+    return log
+
+
+def deps_layer(cache: image_cache.Cache, work: Path, out: Path, flavour: str, debian: tuple[str, dict],
+               steps: Steps, epoch: int) -> tuple[str, dict, bool, Path, Path]:
+    """The venv with the flavour's locked packages, kept in the cache under the hash of the Debian layer's
+    content and the lock files, with the root it was installed in (fleetcanary's layer is installed into a
+    clone of it). -> (cache entry, its meta, built by this run, wheelhouse, pip's wheel)."""
+    lock_text, tools = lock_file(flavour).read_text(), (LOCK_DIR / "requirements-tools.txt").read_text()
+    name = f"deps-{flavour}-" + image_cache.key("deps", flavour, debian[1]["diffid"], lock_text, tools,
+                                                DEPS_INSTALL, VENV, epoch)
+    meta = cache.entry(name)
+    if meta:
+        return (name, meta, False, *wheelhouse(out, None, steps))
+    house, pip_wheel = wheelhouse(out, flavour, steps)
+    rootfs = fresh_rootfs(work, flavour, [cache.tar(debian[0])], steps)
+    shutil.copy2(lock_file(flavour), rootfs.parent / "inputs/requirements.txt")
+    shutil.copy2(pip_wheel, rootfs.parent / "inputs" / pip_wheel.name)
+    in_chroot(f"install-{flavour}", rootfs, house,
+              DEPS_INSTALL.format(venv=VENV, pip_wheel=pip_wheel.name, epoch=epoch), steps)
+    tar = cache.tmp / f"deps-{flavour}.tar"
+    steps.run(f"layer-{flavour}", [*TAR, "-C", str(rootfs), f"--mtime=@{epoch}", "-cf", str(tar), "." + VENV])
+    by = f"venv {VENV}: {shown(lock_file(flavour))}"
+    ref = f"{cache.layout}:{name}"
+    steps.run(f"deps-oci-{flavour}", ["umoci", "tag", "--image", f"{cache.layout}:{debian[0]}", name])
+    steps.run(f"deps-oci-{flavour}", ["umoci", "raw", "add-layer", "--image", ref, "--history.created",
+                                      created(epoch), "--history.created_by", by, str(tar)])
+    meta = cache.put(name, tar, {"created_by": by}, root=rootfs)
+    cache.evict(f"deps-{flavour}-", name)
+    return name, meta, True, house, pip_wheel
+
+
+def installed_roots(rootfs: Path) -> list[str]:
+    """What pip installed of fleetcanary's wheel (its RECORD): the top-level package directories and
+    dist-info under site-packages, and the entry-point scripts; paths relative to the root."""
+    records = list(rootfs.glob(VENV.lstrip("/") + "/lib/python3*/site-packages/fleetcanary-*.dist-info/RECORD"))
+    if len(records) != 1:
+        raise BuildError(f"app: expected one fleetcanary RECORD in the venv, found {len(records)}")
+    site = records[0].parent.parent
+    roots = set()
+    for row in csv.reader(records[0].read_text().splitlines()):
+        if not row:
+            continue
+        path = Path(os.path.normpath(site / row[0]))
+        top = site / path.relative_to(site).parts[0] if path.is_relative_to(site) else path
+        roots.add(str(top.relative_to(rootfs)))
+    return sorted(roots)
+
+
+def app_layer(work: Path, flavour: str, cache: image_cache.Cache, deps: str, house: Path, pip_wheel: Path,
+              wheel: Path, steps: Steps, epoch: int) -> tuple[Path, str]:
+    """fleetcanary's layer: its wheel installed into the venv, in a clone of the dependency layer's cached
+    root, the files pip installed tarred. -> (tar, what `fleetcanary version` said)."""
     fdir = work / flavour
     shutil.rmtree(fdir, ignore_errors=True)
     rootfs, inputs = fdir / "rootfs", fdir / "inputs"
-    rootfs.mkdir(parents=True)
+    t0 = time.monotonic()
+    image_cache.clone_root(cache.root_of(deps), rootfs)
+    steps.times[f"clone-{flavour}"] = time.monotonic() - t0
     inputs.mkdir()
-    steps.run(f"unpack-{flavour}", ["tar", "-C", str(rootfs), "-xpf", str(debian), "--numeric-owner"])
-    (rootfs / "dev").mkdir(exist_ok=True)
-    shutil.copy2(lock_file(flavour), inputs / "requirements.txt")
-    shutil.copy2(wheel, inputs / wheel.name)
-    shutil.copy2(pip_wheel, inputs / pip_wheel.name)
-    script = INSTALL.format(venv=VENV, pip_wheel=pip_wheel.name, wheel=wheel.name, epoch=epoch)
-    log = steps.run(f"install-{flavour}", ["unshare", "--mount", "--propagation", "private", "sh", "-c", MOUNTS,
-                                           "mounts", str(rootfs), str(house), str(inputs), script])
-    for d in ("wheelhouse", "inputs"):
-        (rootfs / d).rmdir()  # the mount points (empty once the namespace is gone)
+    for f in (wheel, pip_wheel):
+        shutil.copy2(f, inputs / f.name)
+    in_chroot(f"app-{flavour}", rootfs, house, APP_INSTALL.format(venv=VENV, pip_wheel=pip_wheel.name,
+                                                                  wheel=wheel.name), steps)
+    roots = installed_roots(rootfs)
+    for top in roots:  # one mtime, then .pyc files that record it
+        for dirpath, dirnames, filenames in os.walk(rootfs / top):
+            for n in dirnames + filenames:
+                os.utime(os.path.join(dirpath, n), (epoch, epoch), follow_symlinks=False)
+        os.utime(rootfs / top, (epoch, epoch), follow_symlinks=False)
+    dirs = " ".join("/" + t for t in roots if (rootfs / t).is_dir())
+    log = in_chroot(f"app-{flavour}", rootfs, house, APP_COMPILE.format(venv=VENV, dirs=dirs), steps)
     version_line = log.strip().splitlines()[-1] if log.strip() else ""
-    tar = fdir / "fleetcanary.tar"
-    steps.run(f"layer-{flavour}", ["tar", "-C", str(rootfs), "--sort=name", "--numeric-owner", "--format=posix",
-                                   f"--mtime=@{epoch}", "--clamp-mtime",
-                                   "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
-                                   "-cf", str(tar), "." + VENV])
+    tar = rootfs.parent / "fleetcanary.tar"
+    steps.run(f"layer-app-{flavour}", [*TAR, "-C", str(rootfs), f"--mtime=@{epoch}", "-cf", str(tar),
+                                       *("./" + t for t in roots)])
     shutil.rmtree(rootfs)
     return tar, version_line
 
 
-def assemble(out: Path, flavour: str, layers: list[tuple[Path, str]], steps: Steps, epoch: int,
-             stamp: str) -> None:
+def assemble(out: Path, flavour: str, cache: image_cache.Cache, deps: str, app: tuple[Path, str], steps: Steps,
+             epoch: int, stamp: str) -> None:
+    """The flavour's image in out/oci: the cached Debian and dependency layers' blobs copied, fleetcanary's
+    layer added, the config, the tags."""
     layout = out / "oci"
-    if not (layout / "index.json").is_file():
-        shutil.rmtree(layout, ignore_errors=True)
-        steps.run("oci-init", ["umoci", "init", "--layout", str(layout)])
-    created = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    init_layout(layout, steps)
     work_ref = f"{layout}:build-{flavour}"
-    steps.run(f"oci-{flavour}", ["umoci", "new", "--image", work_ref])
-    for tar, created_by in layers:
-        steps.run(f"oci-{flavour}", ["umoci", "raw", "add-layer", "--image", work_ref, "--history.created", created,
-                                     "--history.created_by", created_by, str(tar)])
+    image_cache.copy_image(cache.layout, deps, layout, f"build-{flavour}")
+    steps.run(f"oci-{flavour}", ["umoci", "raw", "add-layer", "--image", work_ref, "--history.created",
+                                 created(epoch), "--history.created_by", app[1], str(app[0])])
     meta = {"org.opencontainers.image.title": "fleetcanary",
             "org.opencontainers.image.description": "Prometheus exporter and canary benchmarker for GPU nodes",
             "org.opencontainers.image.version": version(),
             "org.opencontainers.image.revision": stamp,
             "org.opencontainers.image.source": SOURCE_URL,
             "org.opencontainers.image.licenses": "Apache-2.0",
-            "org.opencontainers.image.created": created,
+            "org.opencontainers.image.created": created(epoch),
             "org.opencontainers.image.base.name": f"debian:{SUITE} (mmdebstrap {SUITE} minbase)",
             "io.fleetcanary.flavour": flavour,
             "io.fleetcanary.torch": FLAVOURS[flavour]["torch"].split("==", 1)[1],
             "io.fleetcanary.cuda": FLAVOURS[flavour]["cuda"] or "none"}
-    cmd = ["umoci", "config", "--image", work_ref, "--no-history", "--created", created, "--os", "linux",
+    cmd = ["umoci", "config", "--image", work_ref, "--no-history", "--created", created(epoch), "--os", "linux",
            "--architecture", "amd64", "--config.user", f"{UID}:{GID}", "--config.workingdir", "/",
            "--config.entrypoint", "fleetcanary", "--config.cmd", "run", "--config.exposedports", f"{PORT}/tcp"]
     cmd += [a for k, v in ENV.items() for a in ("--config.env", f"{k}={v}")]
@@ -417,7 +554,9 @@ def docker_archive(out: Path, flavour: str, steps: Steps) -> Path:
     return dest
 
 
-def build(flavours: list[str], out: Path, archive: bool) -> None:
+def build(flavours: list[str], out: Path, archive: bool, cache_dir: Path | None,
+          max_age_days: float = image_cache.MAX_AGE_DAYS) -> None:
+    """`cache_dir` None: a cache for this build alone (in its work directory, removed at the end)."""
     check_host()
     for f in flavours:
         read_lock(lock_file(f))
@@ -426,36 +565,48 @@ def build(flavours: list[str], out: Path, archive: bool) -> None:
     shutil.rmtree(work, ignore_errors=True)  # a previous run's leftovers (an interrupted mmdebstrap's tempdir)
     work.mkdir()
     steps = Steps(out)
-    epoch, stamp = source_date_epoch(), commit()
+    epoch, stamp, base = source_date_epoch(), commit(), base_epoch()
     t_start = time.monotonic()
-    wheel = build_wheel(work, steps, stamp)
-    debian = debian_layer(work, steps, epoch)
-    shared = time.monotonic() - t_start  # the wheel and the Debian layer serve every flavour
-    for flavour in flavours:
-        t0 = time.monotonic()
-        house, pip_wheel = wheelhouse(out, flavour, steps)
-        app, version_line = app_layer(work, flavour, debian, house, pip_wheel, wheel, steps, epoch)
-        base_by = f"mmdebstrap --variant=minbase --include={','.join(DEB_PACKAGES)} {SUITE}"
-        app_by = f"venv {VENV}: {wheel.name}[{','.join(EXTRAS)}], {shown(lock_file(flavour))}"
-        sizes = [debian.stat().st_size, app.stat().st_size]
-        assemble(out, flavour, [(debian, base_by), (app, app_by)], steps, epoch, stamp)
-        dest = docker_archive(out, flavour, steps) if archive else None
-        app.unlink()
-        facts = image_facts(out / "oci", tags(flavour)[0])
-        record = {"flavour": flavour, "tags": tags(flavour), "repository": REPOSITORY, "version": version(),
-                  "revision": stamp, "source_date_epoch": epoch, "digest": facts["digest"],
-                  "torch": FLAVOURS[flavour]["torch"].split("==", 1)[1], "fleetcanary_version_output": version_line,
-                  "layers_compressed_bytes": facts["layers"], "layers_uncompressed_bytes": sizes,
-                  "docker_archive": str(dest) if dest else None,
-                  "seconds": {"shared (wheel, debian layer)": round(shared, 1),
-                              "flavour": round(time.monotonic() - t0, 1),
-                              "total": round(shared + time.monotonic() - t0, 1)},
-                  "steps": {k: round(v, 1) for k, v in steps.times.items()
-                            if not any(k.endswith(f"-{o}") for o in FLAVOURS if o != flavour)}}
-        (out / f"build-{flavour}.json").write_text(json.dumps(record, indent=2) + "\n")
-        mib = sum(facts["layers"]) / 2**20
-        print(f"oci:{out / 'oci'}:{tags(flavour)[0]}  {', '.join(tags(flavour))}  {facts['digest'][:19]}  "
-              f"{mib:.0f} MiB compressed  {record['seconds']['total']:.0f} s")
+    cache = image_cache.Cache(cache_dir or work / "cache", max_age_days * 86400)
+    try:
+        wheel = build_wheel(work, steps, stamp, epoch)
+        debian_name, debian_meta, debian_built = debian_layer(cache, work, steps, base)
+        shared = time.monotonic() - t_start  # the wheel and the Debian layer serve every flavour
+        for flavour in flavours:
+            t0 = time.monotonic()
+            deps_name, deps_meta, deps_built, house, pip_wheel = deps_layer(
+                cache, work, out, flavour, (debian_name, debian_meta), steps, base)
+            app, version_line = app_layer(work, flavour, cache, deps_name, house, pip_wheel, wheel, steps, epoch)
+            app_by = f"{VENV}: {wheel.name}[{','.join(EXTRAS)}]"
+            sizes = [debian_meta["uncompressed_bytes"], deps_meta["uncompressed_bytes"], app.stat().st_size]
+            assemble(out, flavour, cache, deps_name, (app, app_by), steps, epoch, stamp)
+            dest = docker_archive(out, flavour, steps) if archive else None
+            app.unlink()
+            facts = image_facts(out / "oci", tags(flavour)[0])
+            record = {"flavour": flavour, "tags": tags(flavour), "repository": REPOSITORY, "version": version(),
+                      "revision": stamp, "source_date_epoch": epoch, "base_epoch": base, "digest": facts["digest"],
+                      "torch": FLAVOURS[flavour]["torch"].split("==", 1)[1],
+                      "fleetcanary_version_output": version_line,
+                      "layers": ["debian", "dependencies", "fleetcanary"],
+                      "layers_compressed_bytes": facts["layers"], "layers_uncompressed_bytes": sizes,
+                      "cache": {"dir": str(cache_dir) if cache_dir else None,
+                                "debian": "built" if debian_built else "cached",
+                                "dependencies": "built" if deps_built else "cached"},
+                      "docker_archive": str(dest) if dest else None,
+                      "seconds": {"shared (wheel, debian layer)": round(shared, 1),
+                                  "flavour": round(time.monotonic() - t0, 1),
+                                  "total": round(shared + time.monotonic() - t0, 1)},
+                      "steps": {k: round(v, 1) for k, v in steps.times.items()
+                                if not any(k.endswith(f"-{o}") for o in FLAVOURS if o != flavour)}}
+            (out / f"build-{flavour}.json").write_text(json.dumps(record, indent=2) + "\n")
+            mib = sum(facts["layers"]) / 2**20
+            print(f"oci:{out / 'oci'}:{tags(flavour)[0]}  {', '.join(tags(flavour))}  {facts['digest'][:19]}  "
+                  f"{mib:.0f} MiB compressed  {record['seconds']['total']:.0f} s  (layers: Debian "
+                  f"{record['cache']['debian']}, dependencies {record['cache']['dependencies']})")
+        if cache_dir:
+            steps.run("cache-gc", ["umoci", "gc", "--layout", str(cache.layout)])
+    finally:
+        cache.close()
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -467,6 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docker-archive", action="store_true",
                    help="also write <out>/fleetcanary-<tag>.docker.tar (docker load, ctr import) with skopeo")
     p.add_argument("--lock", action="store_true", help="refresh image/requirements-*.txt instead of building")
+    p.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                   help="the layer cache: the Debian and dependency layers kept between builds (default: "
+                        "$FLEETCANARY_IMAGE_CACHE, else $XDG_CACHE_HOME/fleetcanary/image)")
+    p.add_argument("--no-cache", action="store_true", help="build every layer; keep none")
+    p.add_argument("--cache-max-age", type=float, default=image_cache.MAX_AGE_DAYS, metavar="DAYS",
+                   help=f"rebuild a cached layer older than this (default {image_cache.MAX_AGE_DAYS:g}: the "
+                        "Debian mirror's security updates)")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:
@@ -486,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.lock:
             lock(list(dict.fromkeys(flavours)), out)
         else:
-            build(list(dict.fromkeys(flavours)), out, args.docker_archive)
+            cache = None if args.no_cache else (args.cache or image_cache.default_dir()).resolve()
+            build(list(dict.fromkeys(flavours)), out, args.docker_archive, cache, args.cache_max_age)
     except BuildError as e:
         print(f"build-image: {e}", file=sys.stderr)
         return 1

@@ -146,7 +146,9 @@ def session_processes(sid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cpu_image(tmp_path_factory):
-    """scripts/build-image --flavour cpu into a fresh directory: -> (out dir, build record)."""
+    """scripts/build-image --flavour cpu into a fresh directory, with the layer cache a developer's `make image`
+    keeps (image_cache.default_dir(): the Debian and dependency layers, about 1.7 GiB; a cold cache builds
+    them): -> (out dir, build record)."""
     require_build_tools()
     out = tmp_path_factory.mktemp("image")
     r = subprocess.run([sys.executable, str(SCRIPT), "--flavour", "cpu", "--out", str(out)],
@@ -184,7 +186,10 @@ def test_the_image_is_a_valid_oci_image_of_this_version(cpu_image):
     r = subprocess.run([skopeo, "inspect", ref], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     inspect = json.loads(r.stdout)
-    assert len(inspect["Layers"]) == 2 and inspect["Os"] == "linux" and inspect["Architecture"] == "amd64"
+    # Debian, the locked dependencies, fleetcanary: a release that changes only fleetcanary changes the last
+    assert len(inspect["Layers"]) == 3 and inspect["Os"] == "linux" and inspect["Architecture"] == "amd64"
+    assert record["layers"] == ["debian", "dependencies", "fleetcanary"]
+    assert len(record["layers_compressed_bytes"]) == 3 and record["layers_compressed_bytes"][2] < 2**23
     labels = inspect["Labels"]
     assert labels["org.opencontainers.image.version"] == VERSION == record["version"]
     assert labels["org.opencontainers.image.revision"] == record["revision"] != "unknown"
@@ -251,7 +256,7 @@ def test_ctrl_c_in_the_debian_step_leaves_nothing_mounted_or_running(tmp_path):
     # control (a CI runner's, scripts/stress-test's) inherits it ignored, and Python then never raises
     # KeyboardInterrupt; the build's exit was mmdebstrap's own (exit 1, "debian failed (exit 25)") whenever
     # mmdebstrap had its INT trap set rather than dying of the signal.
-    build = [sys.executable, str(SCRIPT), "--flavour", "cpu", "--out", str(out)]
+    build = [sys.executable, str(SCRIPT), "--flavour", "cpu", "--out", str(out), "--cache", str(tmp_path / "cache")]
     p = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
                           "os.execv(sys.argv[1], sys.argv[1:])", *build],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -274,3 +279,21 @@ def test_ctrl_c_in_the_debian_step_leaves_nothing_mounted_or_running(tmp_path):
         if p.poll() is None or session_processes(p.pid):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=60)
+
+
+@pytest.mark.long
+def test_a_rebuild_takes_the_debian_and_dependency_layers_from_the_cache_and_gives_the_same_image(cpu_image,
+                                                                                                  tmp_path):
+    """The same commit built again with the cache the fixture's build left: nothing but fleetcanary's layer
+    is installed or compressed, and the image is the same, digest for digest."""
+    _, first = cpu_image
+    again = tmp_path / "again"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--flavour", "cpu", "--out", str(again)],
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr
+    record = json.loads((again / "build-cpu.json").read_text())
+    assert record["cache"]["debian"] == record["cache"]["dependencies"] == "cached", record["cache"]
+    assert not any(k.startswith(("debian", "install-", "download-cpu")) for k in record["steps"]), record["steps"]
+    assert record["digest"] == first["digest"] and record["layers_compressed_bytes"] == first["layers_compressed_bytes"]
+    assert not mounts_under(again) and not (again / "work").exists()
+    shutil.rmtree(again, ignore_errors=True)
