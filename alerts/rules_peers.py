@@ -63,14 +63,14 @@ def recording(s: RuleSettings, pool: str) -> list[dict]:
             record(nodes, f"count by ({g}) (count by ({g}, node) ({src}))"),
             record(f"pool:fleetcanary_judge_{stat}:peer_mad",
                    f"# the median absolute deviation of the peers' ratios (each member over the peers' median),\n"
-                   f"# raised by its own standard error ({MAD_SE:g} / sqrt(members), a node being one member:\n"
-                   f"# `series` names the GPU or target): a MAD of 5 members' ratios\n"
+                   f"# raised by its own standard error ({MAD_SE:g} / sqrt(members)): a MAD of 5 members' ratios\n"
                    f"# is a spread known to +-52%, and a gate of K such MADs sat under a noisy series' own spread\n"
                    f"# often enough to fire on it; 1.05x with 500 members\n"
                    f"# (|x / median - 1| written |x - median| / median: one pass over every series fewer)\n"
                    f"quantile by ({g}) (0.5,\n  abs({src} - on({g}) group_left {med})\n)\n"
                    f"/ on({g}) {med}\n"
-                   f"* on({g}) (1 + {MAD_SE:g} / sqrt({nodes}))\n"
+                   f"# (the members, not the nodes: a per-GPU figure's peers are every GPU of the group)\n"
+                   f"* on({g}) (1 + {MAD_SE:g} / sqrt(count by ({g}) ({src})))\n"
                    f"# only where at least {s.min_peers} nodes report: an alert that compares with it needs them\n"
                    f"and on({g}) ({nodes} >= {s.min_peers})"),
         ]

@@ -147,7 +147,7 @@ def session_processes(sid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def cpu_image(tmp_path_factory):
     """scripts/build-image --flavour cpu into a fresh directory, with the layer cache a developer's `make image`
-    keeps (image_cache.default_dir(): the Debian and dependency layers, about 1.7 GiB; a cold cache builds
+    keeps (image_cache.default_dir(): the Debian and dependency layers, about 1.8 GiB; a cold cache builds
     them): -> (out dir, build record)."""
     require_build_tools()
     out = tmp_path_factory.mktemp("image")
