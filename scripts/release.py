@@ -210,11 +210,8 @@ def packages(v: str, wheel: Path | None, image_files: list[tuple[str, Path]], ch
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
