@@ -84,8 +84,18 @@ def main() -> int:
     for tool in ("mmdebstrap", "umoci", "crun"):
         if not shutil.which(tool):
             raise SystemExit(f"benchmark: {tool} is not installed (make os-deps)")
+
+    def records() -> dict[str, dict]:
+        paths = {f: args.out / f"build-{f}.json" for f in flavours}
+        for f, path in paths.items():
+            if not path.is_file():
+                raise SystemExit(f"benchmark: no {path} (build the {f} image first, or drop --no-build)")
+        return {f: json.loads(path.read_text()) for f, path in paths.items()}
+
     rebuilt = {}
-    if not args.no_build:
+    if args.no_build:
+        first = records()
+    else:
         # a clean build into an empty layer cache, then the same build again: what a commit that changes only
         # fleetcanary's code costs once the cache holds the Debian and dependency layers
         cache = args.out / "benchmark-cache"
@@ -93,20 +103,17 @@ def main() -> int:
         cmd = [sys.executable, str(SCRIPT), "--out", str(args.out), "--cache", str(cache)] + \
             [a for f in flavours for a in ("--flavour", f)]
         try:
-            for label in ("clean", "cached"):
-                if subprocess.run(cmd).returncode != 0:
-                    raise SystemExit(f"benchmark: the {label} build failed")
-                if label == "clean":
-                    first = {f: json.loads((args.out / f"build-{f}.json").read_text()) for f in flavours}
-            rebuilt = {f: json.loads((args.out / f"build-{f}.json").read_text()) for f in flavours}
+            if subprocess.run(cmd).returncode != 0:
+                raise SystemExit("benchmark: the clean build failed")
+            first = records()
+            if subprocess.run(cmd).returncode != 0:
+                raise SystemExit("benchmark: the cached build failed")
+            rebuilt = records()
         finally:
             shutil.rmtree(cache, ignore_errors=True)
     rows = []
     for f in flavours:
-        rec_path = args.out / f"build-{f}.json"
-        if not rec_path.is_file():
-            raise SystemExit(f"benchmark: no {rec_path} (build the {f} image first, or drop --no-build)")
-        rec = first[f] if rebuilt else json.loads(rec_path.read_text())
+        rec = first[f]
         starts = first_scrape_seconds(args.out / "oci", rec["tags"][0], args.starts)
         rows.append({"flavour": f, "tags": rec["tags"], "digest": rec["digest"], "torch": rec["torch"],
                      "build_seconds": rec["seconds"]["total"], "build_steps_seconds": rec["steps"],

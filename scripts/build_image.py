@@ -42,6 +42,7 @@ from pathlib import Path
 import tomllib
 
 from scripts import image_cache
+from scripts.image_cache import has_tag, image_facts
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "image"
@@ -515,32 +516,11 @@ def assemble(out: Path, flavour: str, cache: image_cache.Cache, deps: str, app: 
     cmd += [a for k, v in meta.items() for a in ("--manifest.annotation", f"{k}={v}")]
     steps.run(f"oci-{flavour}", cmd)
     for tag in tags(flavour):
-        if _has_tag(layout, tag):
+        if has_tag(layout, tag):
             steps.run(f"oci-{flavour}", ["umoci", "rm", "--image", f"{layout}:{tag}"])
         steps.run(f"oci-{flavour}", ["umoci", "tag", "--image", work_ref, tag])
     steps.run(f"oci-{flavour}", ["umoci", "rm", "--image", work_ref])
     steps.run(f"oci-{flavour}", ["umoci", "gc", "--layout", str(layout)])
-
-
-def _has_tag(layout: Path, tag: str) -> bool:
-    index = json.loads((layout / "index.json").read_text())
-    return any(m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag
-               for m in index.get("manifests", []))
-
-
-def image_facts(layout: Path, tag: str) -> dict:
-    """Digest, layer blob sizes (compressed) and config of a tag in the layout."""
-    index = json.loads((layout / "index.json").read_text())
-    desc = next(m for m in index["manifests"]
-                if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
-
-    def blob(digest: str) -> Path:
-        algo, hexd = digest.split(":", 1)
-        return layout / "blobs" / algo / hexd
-
-    manifest = json.loads(blob(desc["digest"]).read_text())
-    return {"digest": desc["digest"], "layers": [m["size"] for m in manifest["layers"]],
-            "config": json.loads(blob(manifest["config"]["digest"]).read_text())}
 
 
 def docker_archive(out: Path, flavour: str, steps: Steps) -> Path:

@@ -74,11 +74,23 @@ def has_tag(layout: Path, tag: str) -> bool:
                                                      for m in (_index(layout).get("manifests") or []))
 
 
+def _descriptor(layout: Path, tag: str) -> dict:
+    return next(m for m in (_index(layout).get("manifests") or []) if _ref(m) == tag)
+
+
+def image_facts(layout: Path, tag: str) -> dict:
+    """Digest, layer blob sizes (compressed) and config of a tag in the layout."""
+    desc = _descriptor(layout, tag)
+    manifest = json.loads(_blob(layout, desc["digest"]).read_text())
+    return {"digest": desc["digest"], "layers": [m["size"] for m in manifest["layers"]],
+            "config": json.loads(_blob(layout, manifest["config"]["digest"]).read_text())}
+
+
 def copy_image(src: Path, src_tag: str, dst: Path, dst_tag: str) -> None:
     """Copy one tagged image (its manifest, config and layer blobs) from layout `src` into layout `dst`
     under `dst_tag`: blobs are content-addressed and never change, so a hard link where both sit on one
     filesystem, else a copy. The OCI image layout's own structure (index.json, blobs/<algo>/<hex>)."""
-    desc = next(m for m in _index(src)["manifests"] if _ref(m) == src_tag)
+    desc = _descriptor(src, src_tag)
     manifest = json.loads(_blob(src, desc["digest"]).read_text())
     for digest in (desc["digest"], manifest["config"]["digest"], *(ly["digest"] for ly in manifest["layers"])):
         to = _blob(dst, digest)

@@ -121,7 +121,7 @@ def images(out: Path, flavours: list[str]) -> list[tuple[str, Path]]:
 
     def current(f: str) -> bool:  # built, and from this commit (the image's revision label)
         tag = build_image.tags(f)[0]
-        if not (layout / "index.json").is_file() or not build_image._has_tag(layout, tag):
+        if not build_image.has_tag(layout, tag):
             return False
         labels = build_image.image_facts(layout, tag)["config"].get("config", {}).get("Labels") or {}
         return labels.get("org.opencontainers.image.revision") == commit
