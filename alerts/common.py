@@ -115,11 +115,11 @@ def worse(f: judged.Figure, ratio: str) -> str:
 
 def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless: str = "", gate: str = "") -> str:
     """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value`, the same gap
-    the alert fires on (read through ``gap_of``: its newest sample of the last `hold_gap`), is past `floor`, half
-    the alert's own; `gate`, where given, is what must be past it instead (the fast path: its median), and `value`
-    is then only its value. So `$value` means one thing, fired or held. Without it a steady fault near a threshold
-    resolves and fires again whenever noise, the peers' MAD gate or a gap in the figure moves it across
-    (docs/detection.md, issue 38)."""
+    the alert fires on (read through ``gap_of``: through a gap of up to `hold_gap` in the figure, the value recorded
+    while the alert fired), is past `floor`, half the alert's own; `gate`, where given, is what must be past it
+    instead (the fast path: its median), and `value` is then only its value. So `$value` means one thing, fired or
+    held. Without it a steady fault near a threshold resolves and fires again whenever noise, the peers' MAD gate or
+    a gap in the figure moves it across (docs/detection.md, issue 38)."""
     if not s.hold:
         return ""
     on_ = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
@@ -127,16 +127,46 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
     cond = (f"or {value} > {floor:g}\n" if not gate else
             f"or {value}\n  and on({node}) {gate} > {floor:g}\n")
     value_note = "; the value is the newest runs' gap, the median's where those are not published" if gate else ""
-    return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (its newest\n"
-            f"# figure of the last {s.hold_gap}{value_note})\n"
+    return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (through a gap\n"
+            f"# of up to {s.hold_gap} in the figure, the value recorded while it fired{value_note})\n"
             + cond
             + (f"  unless {unless}\n" if unless else "")
             + f'  and on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}')
 
 
-def gap_of(s: RuleSettings, selector: str) -> str:
-    """A node's statistic as a hold reads it: its newest sample of the last `hold_gap` (held through a gap)."""
-    return f"last_over_time({selector}[{s.hold_gap}])" if s.hold else selector
+def held_name(stat: str, area: str) -> str:
+    """The recorded series a hold reads through a gap: a judge statistic of the series whose alert fires."""
+    return f"node:fleetcanary_judge_{stat}:held_{area}"
+
+
+def gap_of(s: RuleSettings, selector: str, area: str) -> str:
+    """A node's statistic as a hold reads it: the statistic, or through a gap in it (up to `hold_gap`), its newest
+    value recorded while the alert fired (``held``). `selector` is ``fleetcanary_judge_<stat>{...}``; `area` the
+    group that records it."""
+    if not s.hold:
+        return selector
+    name, braces = selector.split("{", 1)
+    held = held_name(name.removeprefix("fleetcanary_judge_"), area)
+    # a sharded group's records carry its shard label (alerts/build.py finish), the statistic does not
+    ignoring = " ignoring(shard)" if s.pools else ""
+    return f"({selector} or{ignoring} last_over_time({held}{{{braces}[{s.hold_gap}]))"
+
+
+def held(s: RuleSettings, area: str, stat: str, paths: str, pool: str, baseline: bool = False) -> dict:
+    """The record a hold reads through a gap (``gap_of``): statistic `stat` of every series whose alert of a path in
+    `paths` (a regex) fires, written after the group's alerts (a group's rules run in order at one timestamp, so it
+    sees this evaluation's ALERTS). Only the firing series: the holds read a few of them over `hold_gap` where
+    ``last_over_time(statistic[hold_gap])`` read every series' `hold_gap` of samples, six hours of samples of
+    every judged series each evaluation (twice the peers group's cost at 1,000 nodes, issue 42)."""
+    keys = ", ".join((*s.peer_labels, "node", "gpu", "series", "figure", *(("baseline",) if baseline else ())))
+    names = paths.split("|")
+    path = f'path=~"{paths}"' if len(names) > 1 else f'path="{paths}"'
+    return record(held_name(stat, area),
+                  f"# the {stat} of each series whose {', '.join(names[:-1]) + ' or ' if len(names) > 1 else ''}"
+                  f"{names[-1]} path fires, after the alerts: the\n"
+                  f"# holds read it through a gap in the figure (a few firing series, not every series' {s.hold_gap})\n"
+                  f"fleetcanary_judge_{stat}{sel(pool)}\n"
+                  f'and on({keys}) ALERTS{{alertname=~"FleetCanary.+", alertstate="firing", {path}}}')
 
 
 # --- templates -------------------------------------------------------------------------------------------------

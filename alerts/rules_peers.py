@@ -22,6 +22,7 @@ from fleetcanary.rules.common import (
     by,
     figures,
     gap_of,
+    held,
     hold,
     interval_minutes,
     on,
@@ -46,6 +47,9 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
             rules.append(peer_alert(s, f, "level", pool))
             if f.fast:
                 rules.append(fast_alert(s, f, pool))
+        if s.hold:  # after the alerts: the firing series of this evaluation
+            rules += [held(s, "peers", "change", "change", pool, baseline=True),
+                      held(s, "peers", "median", "level|fast", pool)]
         out.append(Group("alerts", f"fleetcanary-peers{suffix}", "interval", rules, suffix[1:]))
     return out
 
@@ -82,7 +86,7 @@ def _ratio(s: RuleSettings, f: judged.Figure, stat: str, pool: str, g: str, held
     """The node's statistic over its peers' median (of `peer`, default the same statistic)."""
     fm = f'figure="{f.key}"'
     mine = f"fleetcanary_judge_{stat}{sel(fm, pool)}"
-    return (f"{gap_of(s, mine) if held else mine}\n"
+    return (f"{gap_of(s, mine, 'peers') if held else mine}\n"
             f"    / on({g}) group_left pool:fleetcanary_judge_{peer or stat}:peer_median{sel(fm)}")
 
 
@@ -164,7 +168,7 @@ def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> dict:
     # one's are better than its median: fleetcanary.judge.publish), so the hold lasts as long as the median is
     fm = f'figure="{f.key}"'
     newest_or_median = (f"(fleetcanary_judge_newest{sel(fm, pool)} "
-                        f"or {gap_of(s, 'fleetcanary_judge_median' + sel(fm, pool))})\n"
+                        f"or {gap_of(s, 'fleetcanary_judge_median' + sel(fm, pool), 'peers')})\n"
                         f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}")
     expr += hold(s, name, worse(f, newest_or_median), s.fast_floor / 2,
                  "the gap of its median", gate=worse(f, _ratio(s, f, "median", pool, g, held=True)))

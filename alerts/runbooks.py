@@ -372,9 +372,10 @@ READING = [
     "what the path compares it with (1 - ratio; ratio - 1 for a lower-is-better figure such as latency or step "
     "time). A path fires when the gap is past its floor and, for the peer paths, past k MADs of the peers' ratios "
     "too: `gap > max(floor, k * MAD)`. Once firing, it **holds** while the same gap stays past half the floor "
-    "(the fast path: while its median's gap does; its `$value` stays the newest runs' gap), read through "
-    "`last_over_time` so a gap of up to `hold_gap` (6 h) in the figure does not resolve it: a steady fault at a "
-    "threshold is one episode, not many. The hold is the expression's last lines, after `# hold:`.", ""]
+    "(the fast path: while its median's gap does; its `$value` stays the newest runs' gap), and through a gap of "
+    "up to `hold_gap` (6 h) in the figure it reads the value recorded while it fired "
+    "(`node:fleetcanary_judge_<statistic>:held_<group>`): a steady fault at a threshold is one episode, not many. "
+    "The hold is the expression's last lines, after `# hold:`.", ""]
 NAMESPACE, PORT, CONFIG = "fleetcanary", 9835, "/etc/fleetcanary/config.yaml"  # as deploy/ ships them
 IN_POD = re.compile(r"`(fleetcanary once|nvidia-smi)([^`]*)`( on the node)?")
 REACH = [

@@ -27,7 +27,8 @@ The whole node in Prometheus (total_per_node()) adds to that exposition:
   alerts/fleetcanary.alerts.yml counted from its first `by (...)` and its first input series: a rule that keeps
   `node` (or aggregates nothing) has one series per distinct by-label set of the node's input; a rule without
   `node` has one per pool and is shared by the pool's nodes, POOL_NODES of them, of the same model and driver
-  (so the pool's label sets are the node's).
+  (so the pool's label sets are the node's). A rule kept to the series whose alert fires (`and on(...) ALERTS`, the
+  holds' node:fleetcanary_judge_*:held_*) records none on a healthy node.
 
 The fixtures are read as data files; nothing here imports tests/ or benchmarks/ (tests/test_layout.py).
 """
@@ -300,7 +301,9 @@ def recorded_per_node(node: dict[str, list[dict[str, str]]],
                 if seen is None:  # a histogram's _bucket, _sum or _count
                     seen = have.get(name.rsplit("_", 1)[0], []) if name.endswith(("_bucket", "_sum", "_count")) else []
                 inputs = [lab for lab in seen if _matches(lab, matchers)]
-                if by is None:
+                if "\nand on(" in rule["expr"] and "ALERTS{" in rule["expr"]:
+                    made = []  # the holds' records (node:...:held_*): only a firing series', none on a healthy node
+                elif by is None:
                     made = inputs
                 else:
                     made = [dict(t) for t in dict.fromkeys(tuple((k, lab.get(k, "")) for k in by) for lab in inputs)]

@@ -51,6 +51,11 @@ ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
 GROUPS = ("fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures",
           "fleetcanary-probe-health")  # and their pool shards
 HOLD = re.compile(r" or (?P<hold>.+?) and on\((?P<on>[^)]*)\) ALERTS\{(?P<alerts>[^}]*)\}$")
+# A hold's read through a gap: `(stat{m} or last_over_time(node:fleetcanary_judge_<stat>:held_<group>{m}[6h]))`. The
+# held record is the statistic at the evaluations where the alert fired (recorded after the group's alerts, from
+# ALERTS, which the replay does not write); while the alert fires, it is the statistic's newest sample of the window
+# but for at most one evaluation, so the replay reads it as `last_over_time(stat{m}[6h])`.
+HELD = re.compile(r"\bnode:(fleetcanary_judge_[a-z]+):held_[a-z_]+\b")
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
 SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"
                       r"(?!\s*\()")
@@ -295,7 +300,8 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
             used: set[str] = set()
             a.cond = substitute(a.expr, recs, a.group, a.interval, a.offset, used=used)
             if held:
-                a.hold = substitute(held.group("hold"), recs, a.group, a.interval, a.offset, used=used)
+                a.hold = substitute(HELD.sub(r"\1", held.group("hold")), recs, a.group, a.interval, a.offset,
+                                    used=used)
             a.records = used
             a.needs = set(METRIC_NAME.findall(re.sub(r'"[^"]*"', '""', a.cond)))
             if a.kind != "hard":

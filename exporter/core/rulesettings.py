@@ -91,7 +91,7 @@ class RuleSettings(_Model):
     drift_floor: float = Field(0.04, ge=0, description="Drift path: the last day this far from the best day.")
     hold: bool = Field(True, description="A firing judged alert holds while its gap stays past half its floor.")
     hold_gap: str = Field("6h", pattern=DURATION, description="... and through a gap this long in its figure "
-                          "(last_over_time).")
+                          "(last_over_time of the value recorded while it fired).")
     pools: tuple[str, ...] = Field((), description="Pools that get their own peer and own-history groups.")
     nvlink_domain_min_nodes: int = Field(2, ge=1, description="FleetCanaryNVLinkDomainDegraded: nodes of one NVLink "
                                          "domain with a fabric fault or NVLinks down.")
