@@ -3,6 +3,7 @@ stop a release which is not one (an undated version, a names list out of date). 
 here (--skip-images: building them takes root and minutes); the session that releases records them."""
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,12 +20,28 @@ SCRIPT = ROOT / "scripts" / "release"
 VERSION = release.version()
 
 
+# The release with its names check left out: for a tree that holds names added since VERSION was released
+SKIP_NAMES_CHECK = ("import sys; from scripts import release; real = release.run; "
+                    "release.run = lambda cmd, what, **kw: "
+                    "'' if what == 'scripts/names --check' else real(cmd, what, **kw); "
+                    "sys.exit(release.main(sys.argv[1:]))")
+
+
 @pytest.mark.long
 def test_the_release_writes_each_artifact_with_a_checksum_that_verifies(tmp_path):
     require_tool("helm")
     out = tmp_path / "dist"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--skip-images", "--allow-dirty", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    args = ["--skip-images", "--allow-dirty", "--out", str(out)]
+    names = subprocess.run([sys.executable, str(ROOT / "scripts" / "names"), "--check"], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT)
+    if names.returncode == 0:  # the tree is VERSION as released
+        r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    else:
+        # Names added since VERSION was released (CHANGELOG's [Unreleased]): the tree is no longer VERSION, and the
+        # check says so in one line; the artifacts are built and checked without it.
+        assert names.stderr.strip().endswith("a released version's names are fixed (docs/stability.md)"), names.stderr
+        r = subprocess.run([sys.executable, "-c", SKIP_NAMES_CHECK, *args], capture_output=True, text=True,
+                           timeout=900, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout + r.stderr
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted([f"fleetcanary-{VERSION}-py3-none-any.whl", f"fleetcanary-{VERSION}.tar.gz",
