@@ -172,3 +172,11 @@ def test_the_import_check_sees_every_form_of_a_crossing(tmp_path):
     (tmp_path / "harness/sub/h.py").write_text("x = __import__('tests')\n")
     assert crossings(tmp_path) == ["tests/sub/test_a.py imports benchmarks", "tests/sub/test_b.py imports benchmarks",
                                    "benchmarks/b.py imports tests", "harness/sub/h.py imports tests"]
+
+
+def test_the_modules_scheduled_first_exist_and_hold_long_tests():
+    """tests/conftest.py LONGEST: a renamed module would silently lose its place at the front of the run."""
+    from tests.conftest import LONGEST
+    for module in LONGEST:
+        text = (ROOT / module).read_text()
+        assert "pytest.mark.long" in text, module
