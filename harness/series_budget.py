@@ -301,8 +301,8 @@ def recorded_per_node(node: dict[str, list[dict[str, str]]],
                 if seen is None:  # a histogram's _bucket, _sum or _count
                     seen = have.get(name.rsplit("_", 1)[0], []) if name.endswith(("_bucket", "_sum", "_count")) else []
                 inputs = [lab for lab in seen if _matches(lab, matchers)]
-                if "\nand on(" in rule["expr"] and "ALERTS{" in rule["expr"]:
-                    made = []  # the holds' records (node:...:held_*): only a firing series', none on a healthy node
+                if "ALERTS{" in rule["expr"]:
+                    made = []  # kept to firing series (the holds' node:...:held_*): none on a healthy node
                 elif by is None:
                     made = inputs
                 else:

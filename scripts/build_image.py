@@ -42,7 +42,6 @@ from pathlib import Path
 import tomllib
 
 from scripts import image_cache
-from scripts.image_cache import has_tag, image_facts
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "image"
@@ -516,7 +515,7 @@ def assemble(out: Path, flavour: str, cache: image_cache.Cache, deps: str, app: 
     cmd += [a for k, v in meta.items() for a in ("--manifest.annotation", f"{k}={v}")]
     steps.run(f"oci-{flavour}", cmd)
     for tag in tags(flavour):
-        if has_tag(layout, tag):
+        if image_cache.has_tag(layout, tag):
             steps.run(f"oci-{flavour}", ["umoci", "rm", "--image", f"{layout}:{tag}"])
         steps.run(f"oci-{flavour}", ["umoci", "tag", "--image", work_ref, tag])
     steps.run(f"oci-{flavour}", ["umoci", "rm", "--image", work_ref])
@@ -562,7 +561,7 @@ def build(flavours: list[str], out: Path, archive: bool, cache_dir: Path | None,
             assemble(out, flavour, cache, deps_name, (app, app_by), steps, epoch, stamp)
             dest = docker_archive(out, flavour, steps) if archive else None
             app.unlink()
-            facts = image_facts(out / "oci", tags(flavour)[0])
+            facts = image_cache.image_facts(out / "oci", tags(flavour)[0])
             record = {"flavour": flavour, "tags": tags(flavour), "repository": REPOSITORY, "version": version(),
                       "revision": stamp, "source_date_epoch": epoch, "base_epoch": base, "digest": facts["digest"],
                       "torch": FLAVOURS[flavour]["torch"].split("==", 1)[1],

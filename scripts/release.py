@@ -24,7 +24,6 @@ import argparse
 import datetime
 import functools
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -39,6 +38,7 @@ from pathlib import Path
 import tomllib
 
 from fleetcanary.probes.lib import yamltext
+from scripts.image_cache import file_sha256, has_tag, image_facts
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "fleetcanary"
@@ -49,8 +49,7 @@ class ReleaseError(Exception):
 
 
 def build_image_script():
-    """scripts/build_image.py (scripts/build-image's module): its tags, lock files and layout reading, one source
-    of them."""
+    """scripts/build_image.py (scripts/build-image's module): its tags and lock files, one source of them."""
     from scripts import build_image
 
     return build_image
@@ -121,9 +120,9 @@ def images(out: Path, flavours: list[str]) -> list[tuple[str, Path]]:
 
     def current(f: str) -> bool:  # built, and from this commit (the image's revision label)
         tag = build_image.tags(f)[0]
-        if not build_image.has_tag(layout, tag):
+        if not has_tag(layout, tag):
             return False
-        labels = build_image.image_facts(layout, tag)["config"].get("config", {}).get("Labels") or {}
+        labels = image_facts(layout, tag)["config"].get("config", {}).get("Labels") or {}
         return labels.get("org.opencontainers.image.revision") == commit
 
     missing = [f for f in flavours if not current(f)]
@@ -199,7 +198,7 @@ def packages(v: str, wheel: Path | None, image_files: list[tuple[str, Path]], ch
             tag = build_image.tags(flavour)[0]
             doc["artifacts"][path.name] = {
                 "kind": "OCI image", "flavour": flavour, "tags": build_image.tags(flavour),
-                "digest": build_image.image_facts(layout, tag)["digest"], "python": pins,
+                "digest": image_facts(layout, tag)["digest"], "python": pins,
                 "debian": _dpkg_packages(_base_layer(layout, tag))}
     if chart is not None:
         values = yamltext.load((CHART / "values.yaml").read_text())
@@ -207,11 +206,6 @@ def packages(v: str, wheel: Path | None, image_files: list[tuple[str, Path]], ch
         doc["artifacts"][chart.name] = {"kind": "helm chart", "images": [
             f"{image.get('repository', '')}:{image.get('tag') or v}"]}
     return doc
-
-
-def sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         listing = args.out / f"fleetcanary-{v}.packages.json"
         listing.write_text(json.dumps(packages(v, wheel, image_files, chart), indent=1) + "\n")
         files = sorted(f for f in args.out.iterdir() if f.is_file() and f.name != "SHA256SUMS")
-        (args.out / "SHA256SUMS").write_text("".join(f"{sha256(f)}  {f.name}\n" for f in files))
+        (args.out / "SHA256SUMS").write_text("".join(f"{file_sha256(f)}  {f.name}\n" for f in files))
     except ReleaseError as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 1
