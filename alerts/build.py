@@ -69,7 +69,8 @@ FIGURES = judged.FIGURES  # the judged figures, declared once (fleetcanary.judge
 # the areas, in the order their groups are written (a group named by two areas gets both's rules, in this order)
 AREAS = (rules_hard, rules_inference, rules_peers, rules_history, rules_nic, rules_fabric, rules_coverage)
 RECORDING_ORDER = ("fleetcanary-inventory", "fleetcanary-fabric", "fleetcanary-coverage")
-ALERT_ORDER = ("fleetcanary-hard-failures", "fleetcanary-probe-health", "fleetcanary-peers", "fleetcanary-own-history",
+ALERT_ORDER = ("fleetcanary-hard-failures", "fleetcanary-probe-health", "fleetcanary-peer-spread",
+               "fleetcanary-peers", "fleetcanary-own-history",
                "fleetcanary-nic", "fleetcanary-fabric-alerts", "fleetcanary-coverage-alerts")
 __all__ = ["CHANGE_GROUP", "GROUP", "counted", "counted_value", "dur", "seconds"]
 

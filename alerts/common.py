@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleetcanary.core import rulesettings
 from fleetcanary.core.rulesettings import RuleSettings
 from fleetcanary.judge import figures as judged
 from fleetcanary.judge import stats as judge_stats
@@ -132,6 +133,18 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
             + cond
             + (f"  unless {unless}\n" if unless else "")
             + f'  and on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}')
+
+
+def spread_window(s: RuleSettings) -> str:
+    """How far back a reader of the peers' spread group looks: two of its intervals and a minute, so one late or
+    missed evaluation of that group does not blank the gates."""
+    return dur(2 * rulesettings.seconds(s.spread_interval) + 60)
+
+
+def spread(s: RuleSettings, selector: str) -> str:
+    """A record of the peers' spread group (a MAD, a node count) as another group reads it: its newest value within
+    ``spread_window`` (the group runs every `spread_interval`, past the 5-minute lookback of a plain read)."""
+    return f"last_over_time({selector}[{spread_window(s)}])"
 
 
 def held_name(stat: str, area: str) -> str:

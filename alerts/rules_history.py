@@ -24,6 +24,7 @@ from fleetcanary.rules.common import (
     on,
     query,
     sel,
+    spread,
     what,
     worse,
 )
@@ -55,7 +56,8 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
     out = []
     if f.fast:
         name = f"FleetCanary{f.alert}{'FarSlowerThanOwnHistory' if lower else 'FarBelowOwnHistory'}"
-        peers_judge = f"on({on(s)}) (pool:fleetcanary_judge_median:peer_nodes{sel(fm)} >= {s.min_peers})"
+        nodes = spread(s, "pool:fleetcanary_judge_median:peer_nodes" + sel(fm))
+        peers_judge = f"on({on(s)}) ({nodes} >= {s.min_peers})"
         out.append(alert(
             name,
             f"# {f.title}, path own_fast: the gap, how far its change against its own best day is worse than 1,\n"

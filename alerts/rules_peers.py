@@ -31,6 +31,7 @@ from fleetcanary.rules.common import (
     query,
     record,
     sel,
+    spread,
     what,
     worse,
 )
@@ -40,6 +41,8 @@ from fleetcanary.rules.common import dur as _dur
 def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
     out = []
     for suffix, pool in shards:
+        out.append(Group("alerts", f"fleetcanary-peer-spread{suffix}", "spread_interval", spread_records(s, pool),
+                         suffix[1:]))
         rules = recording(s, pool)
         for f in figures(s):
             if f.history:
@@ -59,7 +62,18 @@ def held_records(s: RuleSettings, pool: str) -> list[dict]:
 
 
 def recording(s: RuleSettings, pool: str) -> list[dict]:
-    """Median, MAD and node count of the peers' changes and levels. `pool`: a matcher for a sharded group."""
+    """The peers' median change and median level, every evaluation: the gaps are read against them. `pool`: a
+    matcher for a sharded group."""
+    return [record(f"pool:fleetcanary_judge_{stat}:peer_median",
+                   f"quantile by ({by(s, *extra)}) (0.5, fleetcanary_judge_{stat}{sel(pool)})")
+            for stat, extra in (("change", CHANGE_GROUP), ("median", ()))]
+
+
+def spread_records(s: RuleSettings, pool: str) -> list[dict]:
+    """The peers' spread, in a group of its own every `spread_interval`: the nodes reporting and the MAD of the
+    changes and of the levels. A pool's spread moves with its fleet, not with one node, and these four rules were
+    two fifths of the peer group's evaluation (20 of 48 s every 5 minutes at 2,000 nodes, docs/alerting-scale.md); the
+    alerts read them through ``spread``."""
     out = []
     for stat, extra in (("change", CHANGE_GROUP), ("median", ())):
         g = by(s, *extra)
@@ -67,14 +81,14 @@ def recording(s: RuleSettings, pool: str) -> list[dict]:
         med = f"pool:fleetcanary_judge_{stat}:peer_median"
         nodes = f"pool:fleetcanary_judge_{stat}:peer_nodes"
         out += [
-            record(med, f"quantile by ({g}) (0.5, {src})"),
             record(nodes, f"count by ({g}) (count by ({g}, node) ({src}))"),
             record(f"pool:fleetcanary_judge_{stat}:peer_mad",
                    f"# the median absolute deviation of the peers' ratios (each member over the peers' median),\n"
                    f"# raised by its own standard error ({MAD_SE:g} / sqrt(members)): a MAD of 5 members' ratios\n"
                    f"# is a spread known to +-52%, and a gate of K such MADs sat under a noisy series' own spread\n"
                    f"# often enough to fire on it; 1.05x with 500 members\n"
-                   f"# (|x / median - 1| written |x - median| / median: one pass over every series fewer)\n"
+                   f"# (|x / median - 1| written |x - median| / median: one pass over every series fewer;\n"
+                   f"# the median is the peer group's newest)\n"
                    f"quantile by ({g}) (0.5,\n  abs({src} - on({g}) group_left {med})\n)\n"
                    f"/ on({g}) {med}\n"
                    f"# (the members, not the nodes: a per-GPU figure's peers are every GPU of the group)\n"
@@ -96,9 +110,9 @@ def _ratio(s: RuleSettings, f: judged.Figure, stat: str, pool: str, g: str, held
 
 def _gate(s: RuleSettings, f: judged.Figure, stat: str, g: str, floor: float, k: float) -> str:
     """The gap past the larger of the floor and k MADs: `gap > floor and gap > k * mad`, the gap written once."""
-    mad = f"pool:fleetcanary_judge_{stat}:peer_mad" + sel(f'figure="{f.key}"')
+    mad = spread(s, f"pool:fleetcanary_judge_{stat}:peer_mad" + sel(f'figure="{f.key}"'))
     return (f"# past the floor ({floor:g}) and past {k:g} MADs of the peers' ratios, whichever is larger\n"
-            f"#   (the MAD is recorded only where at least {s.min_peers} peer nodes report)\n"
+            f"#   (the MAD is recorded every {s.spread_interval}, where at least {s.min_peers} peer nodes report)\n"
             f"  > on({g}) group_left() clamp_min({k:g} * {mad}, {floor:g})")
 
 

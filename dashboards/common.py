@@ -21,6 +21,7 @@ from grafanalib.core import (
 )
 
 from fleetcanary.rules import build as rules
+from fleetcanary.rules.common import spread as rule_spread
 
 DS = "${datasource}"
 RATE = "$__rate_interval"
@@ -152,8 +153,9 @@ def in_pool(expr: str) -> str:
 
 # --- the judged statistics (fleetcanary.judge) and the fleet's peer rules (alerts/build.py) --------------------
 # Each exporter publishes, per judged series, fleetcanary_judge_{median,newest,change,drift} labelled with figure,
-# series, gpu, pool, model and driver_version; the peers group records the median, MAD and node count of the
-# peers' levels (pool:fleetcanary_judge_median:peer_*) and changes (pool:fleetcanary_judge_change:peer_*).
+# series, gpu, pool, model and driver_version; the peers group records the median of the peers' levels
+# (pool:fleetcanary_judge_median:peer_*) and changes (pool:fleetcanary_judge_change:peer_*), the peer-spread
+# group their MAD and node count every spread_interval (read through `spread`).
 G = ", ".join(rules.GROUP)                            # what peers share
 CG = ", ".join((*rules.GROUP, *rules.CHANGE_GROUP))   # ... and, for changes, the baseline they divide by
 FIGURES = {f.key: f for f in rules.FIGURES}
@@ -163,6 +165,12 @@ S = rules.SETTINGS
 
 def sel(*matchers: str) -> str:
     return "{" + ", ".join(m for m in matchers if m) + "}"
+
+
+def spread(selector: str) -> str:
+    """A record of the peer-spread group (a MAD, a node count) as the alerts read it: its newest value within two
+    of that group's intervals, which are longer than a plain read's 5-minute lookback."""
+    return rule_spread(S, selector)
 
 
 def level_ratio(stat: str, *m: str) -> str:

@@ -54,7 +54,10 @@ class BackfilledPrometheus:
             [binary("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={data}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=60d",
              "--query.max-samples=500000000", "--query.timeout=10m", "--log.level=warn",
-             f"--query.lookback-delta={lookback}"],
+             f"--query.lookback-delta={lookback}",
+             # the detection replay reads a slower group's records as a subquery whose rule reads its data a
+             # group offset later (benchmarks/detection/replay.py substitute)
+             "--enable-feature=promql-negative-offset"],
             stdout=self._log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 300

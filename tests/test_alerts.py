@@ -24,11 +24,11 @@ OVERRIDE = {"selector": 'job="fc"', "peer_labels": ["cluster"], "pools": ["a", "
 # its own comment. The change path is three conditions: what fires it (its change against its peers', beyond the
 # floor and the MAD gate), what confirms it (the same with the best of its newest 3 runs) and what holds it (the
 # change, or through a gap the change recorded while it fired); each divides by the peers' median change, whose label
-# list is most of its length (about 1,300 characters).
-MAX_EXPR = 1320
+# list is most of its length, and reads its MAD gate as the peer-spread group's newest (about 1,330 characters).
+MAX_EXPR = 1340
 # The override lengthens the longest expression by its own words: a job matcher and a pool regex on its
 # selectors, `cluster` in its label lists, `ignoring(shard)` on its holds (about 260 characters).
-MAX_EXPR_OVERRIDE = 1600
+MAX_EXPR_OVERRIDE = 1620
 
 
 def all_alerts(doc: dict | None = None):
@@ -85,10 +85,12 @@ def test_promtool_rule_tests_pass(test_file, tmp_path):
 def test_a_rule_test_runs_over_the_groups_its_alerts_read_and_those_alone(tmp_path):
     """The hard failures' tests read the inventory's records (model, pool, NVLink domain) and the probe-health
     group (a probe failing or stale) and nothing of the peers; the own-history tests read the peers' alerts (the
-    driver change holds back a peer verdict)."""
+    driver change holds back a peer verdict) and the peer spread's node counts (own_fast is silent where peers
+    judge)."""
     for name, want in (("hard_failures.test.yml", {"fleetcanary-inventory", "fleetcanary-hard-failures",
                                                    "fleetcanary-probe-health"}),
-                       ("own_history.test.yml", {"fleetcanary-own-history", "fleetcanary-peers"})):
+                       ("own_history.test.yml", {"fleetcanary-own-history", "fleetcanary-peers",
+                                                 "fleetcanary-peer-spread"})):
         copy = rule_tests.subset(ALERTS / "tests" / name, tmp_path / name)
         assert copy.read_bytes() == (ALERTS / "tests" / name).read_bytes()
         groups = {g["name"] for f in yamltext.load(copy.read_text())["rule_files"]
@@ -253,7 +255,8 @@ def test_a_floor_changed_in_the_settings_moves_the_rules_and_the_exporter_alike(
                 assert not missing, (x.get("alert") or x.get("record"), missing)
     change = next(a for a in alerts if a["alert"] == "FleetCanaryGPUMemoryBandwidthBelowPeers"
                   and a["labels"]["path"] == "change")
-    assert "clamp_min(7 * pool:fleetcanary_judge_change:peer_mad" in change["expr"] and ", 0.03)" in change["expr"]
+    assert "clamp_min(7 * last_over_time(pool:fleetcanary_judge_change:peer_mad" in change["expr"]
+    assert ", 0.03)" in change["expr"]
     exporter = configmod.load(f, env={}, check_files=False)
     figs = figmod.configured(exporter.alerts)
     assert figs["gpu_memory_bandwidth"].floor == 0.03
@@ -369,7 +372,8 @@ def test_under_an_override_the_peer_alerts_fire_on_a_degraded_node(override, tmp
 
 def hold_test(rules: Path, tmp_path: Path, held: int) -> subprocess.CompletedProcess:
     """Six nodes; n6's change against its own baseline 20% worse than its peers' (spread +-2%: a 7-MAD gate of
-    about 10%) to 20 minutes, then 5% worse (under the gate, over the 2.5% floor) to 45, then 1% worse."""
+    about 10%) to 20 minutes, then 5% worse (under the gate, over the 2.5% floor) to 45, then 1% worse. It fires at
+    20 minutes: pending from the first evaluation with the peers' spread (5 minutes) for its 15."""
     series = []
     peers = [1.0, 1.01, 0.99, 1.02, 0.98]
     for i in range(1, 7):
@@ -387,7 +391,8 @@ def hold_test(rules: Path, tmp_path: Path, held: int) -> subprocess.CompletedPro
 
     doc = {"rule_files": [str(rules)], "evaluation_interval": "5m",
            "tests": [{"interval": "5m", "input_series": series,
-                      "promql_expr_test": [at("15m", 1), at("30m", held), at("40m", held), at("50m", 0)]}]}
+                      "promql_expr_test": [at("15m", 0), at("20m", 1), at("30m", held), at("40m", held),
+                                           at("50m", 0)]}]}
     test = tmp_path / "hold.test.yml"
     test.write_text(yaml.safe_dump(doc, sort_keys=False))
     return subprocess.run([require_binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True,

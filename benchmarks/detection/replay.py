@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RULES = ROOT / "alerts/fleetcanary.rules.yml"
 ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
-GROUPS = ("fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures",
+GROUPS = ("fleetcanary-peer-spread", "fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures",
           "fleetcanary-probe-health")  # and their pool shards
 HOLD = re.compile(r" or (?P<hold>.+?) and on\((?P<on>[^)]*)\) ALERTS\{(?P<alerts>[^}]*)\}$")
 # A hold's read through a gap: `(stat{m} or last_over_time(node:fleetcanary_judge_<stat>:held_<group>{m}[6h]))`. The
@@ -59,6 +59,9 @@ HELD = re.compile(r"\bnode:(fleetcanary_judge_[a-z]+):held_[a-z_]+\b")
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
 SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"
                       r"(?!\s*\()")
+# A record read through a window (the peer-spread group's MADs and node counts, which run slower than their readers).
+NEWEST = re.compile(r"last_over_time\(\s*([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+)(\{[^}]*\})?\[(\w+)\]\s*\)")
+READ = re.compile(NEWEST.pattern + "|" + SELECTOR.pattern)
 METRIC_NAME = re.compile(r"\b(fleetcanary_[a-z0-9_]+|up)\b(?!\s*\()")
 EVAL_S = 60  # a group without an interval: Prometheus's global default here
 
@@ -239,14 +242,8 @@ def substitute(expr: str, recs: dict[str, list[Record]], group: str, interval: i
     an offset already applied to this expression's selectors (nested substitutions). A rule that reads its own
     past (node:fleetcanary_nvlink_domain:info keeps a node's domain for a day) is left reading the recorded
     name, which the replay never writes: the rule as a server runs it where the series never had a value."""
-    def one(m: re.Match) -> str:
-        name, braces = m.group(1), m.group(2)
-        if name in within:
-            return m.group(0)
-        if name not in recs:
-            if shift:
-                return f"{name}{braces or ''} offset {shift}s"
-            return m.group(0)
+    def rule(name: str, braces: str | None) -> tuple[Record, str]:
+        """The one rule recording `name`, and its expression with the reader's matchers pushed into it."""
         rules = recs[name]
         if len(rules) != 1:
             raise SystemExit(f"detection: {name} is recorded by {len(rules)} rules; the replay substitutes one")
@@ -261,17 +258,43 @@ def substitute(expr: str, recs: dict[str, list[Record]], group: str, interval: i
             label = re.match(r"[a-zA-Z_][a-zA-Z0-9_]*", mt).group(0)
             if label not in grouping:
                 raise SystemExit(f"detection: {name}{braces} filters on {label}, which its rule does not keep")
+        return r, SELECTOR.sub(lambda mm: f"{mm.group(1)}{_add_matchers(mm.group(2), extra)}", r.expr)
+
+    def one(name: str, braces: str | None, whole: str) -> str:
+        if name in within:
+            return whole
+        if name not in recs:
+            if shift:
+                return f"{name}{braces or ''} offset {shift}s"
+            return whole
+        r, inner = rule(name, braces)
         if r.group == group:
             d = shift
         else:
             if interval % r.interval:
-                raise SystemExit(f"detection: {group} ({interval}s) reads {name} of {r.group} ({r.interval}s); "
-                                 "the replay needs the reader's interval to be a multiple of the recorder's")
+                raise SystemExit(f"detection: {group} ({interval}s) reads {name} of {r.group} ({r.interval}s) "
+                                 "without last_over_time; a plain read of a slower group's record goes stale")
             d = shift + (offset - r.offset) % r.interval
-        inner = SELECTOR.sub(lambda mm: f"{mm.group(1)}{_add_matchers(mm.group(2), extra)}", r.expr)
         return "(" + substitute(inner, recs, r.group, r.interval, r.offset, d, used, within | {name}) + ")"
 
-    return SELECTOR.sub(one, expr)
+    def newest(m: re.Match) -> str:
+        """`last_over_time(record[W])`: the record's value at the newest evaluation of its group within W before
+        this reader's time τ (t - shift), the groups' evaluations being k * interval + offset. A subquery at the
+        recorder's interval steps through k * interval (Prometheus aligns a subquery's steps to multiples of
+        its step), so its `offset` is shift + the recorder's offset and the rule inside reads its data that
+        offset later (a negative offset): at k * interval + offset, where the live group evaluated."""
+        name, braces, window = m.group(1), m.group(2), m.group(3)
+        if name in within:
+            return m.group(0)
+        if name not in recs:
+            raise SystemExit(f"detection: last_over_time({name}[{window}]) reads no record the replay substitutes")
+        r, inner = rule(name, braces)
+        body = substitute(inner, recs, r.group, r.interval, r.offset, -r.offset, used, within | {name})
+        at = shift + r.offset
+        return f"last_over_time(({body})[{window}:{r.interval}s]{f' offset {at}s' if at else ''})"
+
+    # one pass: what a substitution writes is not read again
+    return READ.sub(lambda m: newest(m) if m.group(1) else one(m.group(4), m.group(5), m.group(0)), expr)
 
 
 def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], list[dict]]:

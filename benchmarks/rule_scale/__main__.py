@@ -52,7 +52,8 @@ def main() -> int:
                     help="nodes that probe the inference target (default: the probe's probers_per_target; 0: every "
                     "node, as the runs before 42f had it)")
     ap.add_argument("--scrape-interval", type=int, default=30, help="seconds")
-    ap.add_argument("--cycles", type=int, default=3, help="evaluations of the slowest group to measure")
+    ap.add_argument("--cycles", type=int, default=3, help="evaluations to measure of the slowest group "
+                    "up to 5 minutes (the judged groups); a slower one (the peers' spread) is measured once")
     ap.add_argument("--warmup", type=float, default=0, help="seconds of evaluation after all targets are up "
                     "before measuring (the head's chunks fill)")
     ap.add_argument("--max-wait", type=float, default=3600, help="seconds to wait for the cycles")

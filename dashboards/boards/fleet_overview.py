@@ -19,6 +19,7 @@ from dashboards.common import (
     rules,
     sel,
     shortfall,
+    spread,
 )
 
 GPU = 'model=~"$model", pool=~"$pool"'
@@ -94,7 +95,7 @@ panels = [
           f"{S.min_peers} or more everywhere; below, no peer path judges that group and the own-history paths "
           "(own_fast, regression, drift, driver change) are all that is left.", "none",
           [instant(f"sort(min by (pool, model, driver_version, figure) "
-                   f"(pool:fleetcanary_judge_median:peer_nodes{sel(*J)}))")],
+                   f"({spread('pool:fleetcanary_judge_median:peer_nodes' + sel(*J))}))")],
           w=8, h=9, transformations=[columns({"Value": "nodes"})]),
     panel("table", "Peer groups: spread of their ratios (MAD)",
           "The widest median absolute deviation of the peers' level ratios (A) and change ratios (B, "
@@ -103,10 +104,11 @@ panels = [
           f"Good: level MAD under {pct(S.level_floor / S.level_k_mad)}, change MAD under about "
           f"{pct(FIGURES['gpu_memory_bandwidth'].floor / FIGURES['gpu_memory_bandwidth'].k_mad)} for GPU memory "
           "bandwidth and a fraction of a percent elsewhere.", "percentunit",
-          [instant(f"max by (pool, model, driver_version, figure) (pool:fleetcanary_judge_median:peer_mad{sel(*J)})",
+          [instant("max by (pool, model, driver_version, figure) "
+                   f"({spread('pool:fleetcanary_judge_median:peer_mad' + sel(*J))})",
                    ref="A"),
            instant("max by (pool, model, driver_version, figure) "
-                   f"(pool:fleetcanary_judge_change:peer_mad{sel(*J, CUR)})", ref="B")],
+                   f"({spread('pool:fleetcanary_judge_change:peer_mad' + sel(*J, CUR))})", ref="B")],
           w=8, h=9, transformations=[{"id": "merge", "options": {}},
                                      columns({"Value #A": "level MAD", "Value #B": "change MAD"})]),
     panel("timeseries", "Driver upgrades: each cohort's change against its previous driver",

@@ -15,6 +15,7 @@ from dashboards.common import (
     query_var,
     rules,
     sel,
+    spread,
 )
 
 N = 'node="$node"'
@@ -30,7 +31,8 @@ def peer(stat: str, figure: str, series: str = "") -> str:
     """A peer statistic (median, mad, nodes) of the peer groups this node's series of `figure` belong to: each
     judged series carries its group's labels (pool, model, driver version, figure, series)."""
     fm = f'figure="{figure}"'
-    return (f"pool:fleetcanary_judge_median:peer_{stat}{sel(fm, series)} "
+    rec = f"pool:fleetcanary_judge_median:peer_{stat}{sel(fm, series)}"
+    return (f"{rec if stat == 'median' else spread(rec)} "
             f"and on({G}) fleetcanary_judge_median{sel(N, fm, series)}")
 
 
@@ -41,7 +43,7 @@ def bound(figure: str, series: str = "") -> str:
     m = sel(fm, series)
     sign = "-" if FIGURES[figure].higher_is_better else "+"
     return (f"(pool:fleetcanary_judge_median:peer_median{m} * (1 {sign} clamp_min({S.level_k_mad:g} "
-            f"* pool:fleetcanary_judge_median:peer_mad{m}, {S.level_floor:g}))) "
+            f"* {spread('pool:fleetcanary_judge_median:peer_mad' + m)}, {S.level_floor:g}))) "
             f"and on({G}) fleetcanary_judge_median{sel(N, fm, series)}")
 
 
@@ -73,7 +75,9 @@ def named(stat: str, *m: str) -> str:
 
 def onto(stat: str, record: str, group: str) -> str:
     """A peer group's recorded statistic, carried onto each of this node's series in the group."""
-    return f"fleetcanary_judge_{stat}{sel(N, F)} * 0 + on({group}) group_left {record}{sel(F)}"
+    rec = record + sel(F)
+    return (f"fleetcanary_judge_{stat}{sel(N, F)} * 0 + on({group}) group_left "
+            f"{rec if record.endswith('peer_median') else spread(rec)}")
 
 
 LEVEL = [
