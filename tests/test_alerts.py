@@ -328,6 +328,7 @@ def test_every_alert_expression_reads_in_one_go(settings, override):
     ("peer_labels: cluster\n", "peer_labels must be a list"),
     ("min_peers: five\n", "min_peers must be a int"),
     ("hold_gap: 6 hours\n", "hold_gap must be a duration"),
+    ("spread_interval: 1m\n", "spread_interval 1m is shorter than interval 5m"),
 ])
 def test_a_bad_settings_file_exits_non_zero_with_one_line(tmp_path, text, words):
     r = render_with(tmp_path, text)
@@ -481,3 +482,28 @@ def test_the_peers_mad_is_raised_by_its_own_standard_error(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert abs(mad - 0.022276) < 1e-5
+
+
+def test_the_peer_spread_is_read_through_a_window_that_outlasts_its_interval():
+    """The MADs and node counts run every spread_interval (15m), past a plain read's 5-minute lookback: every rule of
+    another group that reads them reads `last_over_time(...[W])` with W longer than two of its intervals, or it
+    would see them a third of the time."""
+    groups = [g for f in ("fleetcanary.rules.yml", "fleetcanary.alerts.yml")
+              for g in yamltext.load((ALERTS / f).read_text())["groups"]]
+    spread = next(g for g in groups if g["name"] == "fleetcanary-peer-spread")
+    assert spread["interval"] == "15m"
+    names = {r["record"] for r in spread["rules"]}
+    assert names == {f"pool:fleetcanary_judge_{s}:peer_{k}" for s in ("change", "median") for k in ("mad", "nodes")}
+    reads = 0
+    for g in groups:
+        if g is spread:
+            continue
+        for r in g["rules"]:
+            expr = without_comments(r["expr"])
+            for name in names:
+                for m in re.finditer(re.escape(name) + r"(\{[^}]*\})?(\[[^\]]*\])?", expr):
+                    reads += 1
+                    window = m.group(2)
+                    assert window and expr[:m.start()].endswith("last_over_time("), (r.get("alert"), expr[m.start():])
+                    assert build_tests.build.seconds(window[1:-1]) > 2 * 15 * 60, (r.get("alert"), window)
+    assert reads >= 25, reads

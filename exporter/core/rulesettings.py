@@ -81,9 +81,9 @@ class RuleSettings(_Model):
     interval: str = Field("5m", pattern=DURATION, description="Evaluation interval of the peer, own-history and "
                           "coverage groups.")
     spread_interval: str = Field("15m", pattern=DURATION, description="Evaluation interval of the peers' spread "
-                                 "(the MADs the gates scale) and node counts: slow to move, and half the peer "
-                                 "group's cost every 5 minutes at 2,000 nodes. The alerts read the newest within "
-                                 "two intervals and a minute.")
+                                 "(the MADs the gates scale) and node counts: slow to move, and two fifths of the "
+                                 "peer group's cost at 2,000 nodes. The alerts read the newest within two intervals "
+                                 "and a minute; at least `interval`.")
     hard_interval: str = Field("1m", pattern=DURATION, description="Evaluation interval of the hard failures, "
                                "inventory, NIC and fabric groups.")
     min_peers: int = Field(5, ge=1, description="Peer nodes a peer verdict needs.")
