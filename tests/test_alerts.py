@@ -276,7 +276,7 @@ def test_an_override_renders_rules_promtool_accepts_in_per_pool_groups(override)
     out, recording, alerts = override
     promtool_check(out / "fleetcanary.rules.yml", out / "fleetcanary.alerts.yml")
     groups = {g["name"]: g for g in recording["groups"] + alerts["groups"]}
-    for kind in ("peers", "own-history"):
+    for kind in ("peer-spread", "peers", "own-history"):
         for shard, matcher in (("a", 'pool="a"'), ("train-b.1", 'pool="train-b.1"'),
                                ("other-pools", 'pool!~"a|train\\\\-b\\\\.1"')):
             g = groups.get(f"fleetcanary-{kind}-{shard}")
@@ -286,7 +286,8 @@ def test_an_override_renders_rules_promtool_accepts_in_per_pool_groups(override)
                 for sel in re.findall(r"fleetcanary_judge_\w+(\{[^}]*\})", without_comments(r["expr"])):
                     assert matcher in sel, (g["name"], r.get("alert") or r["record"], sel)
                 assert r.get("labels", {}).get("shard") == shard, (g["name"], r.get("alert") or r["record"])
-    assert not {"fleetcanary-peers", "fleetcanary-own-history"} & set(groups), "an unsharded peer group is left"
+    assert not {"fleetcanary-peer-spread", "fleetcanary-peers", "fleetcanary-own-history"} & set(groups), \
+        "an unsharded peer group is left"
 
 
 def test_an_override_puts_its_matcher_on_every_raw_selector_and_its_labels_in_every_peer_grouping(override):
@@ -299,7 +300,7 @@ def test_an_override_puts_its_matcher_on_every_raw_selector_and_its_labels_in_ev
             for metric, sel in raw.findall(expr):
                 checked += 1
                 assert 'job="fc"' in sel, (g["name"], r.get("alert") or r["record"], metric, sel)
-            if g["name"].startswith("fleetcanary-peers"):
+            if g["name"].startswith(("fleetcanary-peers", "fleetcanary-peer-spread")):
                 for clause in re.findall(r"\b(?:by|on) ?\(([^)]*)\)", expr):
                     assert "cluster" in clause.split(", "), (r.get("alert") or r["record"], clause)
     assert checked > 200, checked
