@@ -27,12 +27,11 @@ MINE = ('and on(model, pool) (node:fleetcanary_gpu_model:info{node="$node"} '
         '* on(node) group_left(pool) node:fleetcanary_pool:info)')
 
 
-def peer(stat: str, figure: str, series: str = "") -> str:
-    """A peer statistic (median, mad, nodes) of the peer groups this node's series of `figure` belong to: each
-    judged series carries its group's labels (pool, model, driver version, figure, series)."""
+def peer_median(figure: str, series: str = "") -> str:
+    """The peers' median level of the peer groups this node's series of `figure` belong to: each judged series
+    carries its group's labels (pool, model, driver version, figure, series)."""
     fm = f'figure="{figure}"'
-    rec = f"pool:fleetcanary_judge_median:peer_{stat}{sel(fm, series)}"
-    return (f"{rec if stat == 'median' else spread(rec)} "
+    return (f"pool:fleetcanary_judge_median:peer_median{sel(fm, series)} "
             f"and on({G}) fleetcanary_judge_median{sel(N, fm, series)}")
 
 
@@ -64,7 +63,7 @@ def runs(figure: str, raw: str = "", series: str = "") -> str:
 def band(direction: str) -> list:
     series = f'series=~"{direction}"'
     return [(runs("gpu_memory_bandwidth", f'direction=~"{direction}"', series), "GPU {{gpu}} {{direction}}"),
-            (peer("median", "gpu_memory_bandwidth", series), "pool median {{series}}"),
+            (peer_median("gpu_memory_bandwidth", series), "pool median {{series}}"),
             (bound("gpu_memory_bandwidth", series), "level alert bound {{series}}")]
 
 
@@ -74,10 +73,9 @@ def named(stat: str, *m: str) -> str:
 
 
 def onto(stat: str, record: str, group: str) -> str:
-    """A peer group's recorded statistic, carried onto each of this node's series in the group."""
-    rec = record + sel(F)
-    return (f"fleetcanary_judge_{stat}{sel(N, F)} * 0 + on({group}) group_left "
-            f"{rec if record.endswith('peer_median') else spread(rec)}")
+    """A peer group's recorded statistic (`record`, as it is read: a spread record through ``spread``), carried onto
+    each of this node's series in the group."""
+    return f"fleetcanary_judge_{stat}{sel(N, F)} * 0 + on({group}) group_left {record}"
 
 
 LEVEL = [
@@ -86,16 +84,16 @@ LEVEL = [
     instant(f"fleetcanary_judge_newest{sel(N, F)} / on({G}) group_left pool:fleetcanary_judge_median:peer_median"
             f"{sel(F)}", ref="B"),
     instant(named("drift"), ref="C"),
-    instant(onto("median", "pool:fleetcanary_judge_median:peer_mad", G), ref="D"),
-    instant(onto("median", "pool:fleetcanary_judge_median:peer_nodes", G), ref="E"),
+    instant(onto("median", spread("pool:fleetcanary_judge_median:peer_mad" + sel(F)), G), ref="D"),
+    instant(onto("median", spread("pool:fleetcanary_judge_median:peer_nodes" + sel(F)), G), ref="E"),
 ]
 CHANGE = [
     instant(named("change"), ref="A"),
-    instant(onto("change", "pool:fleetcanary_judge_change:peer_median", CG), ref="B"),
+    instant(onto("change", "pool:fleetcanary_judge_change:peer_median" + sel(F), CG), ref="B"),
     instant(f"fleetcanary_judge_change{sel(N, F)} / on({CG}) group_left pool:fleetcanary_judge_change:peer_median"
             f"{sel(F)}", ref="C"),
-    instant(onto("change", "pool:fleetcanary_judge_change:peer_mad", CG), ref="D"),
-    instant(onto("change", "pool:fleetcanary_judge_change:peer_nodes", CG), ref="E"),
+    instant(onto("change", spread("pool:fleetcanary_judge_change:peer_mad" + sel(F)), CG), ref="D"),
+    instant(onto("change", spread("pool:fleetcanary_judge_change:peer_nodes" + sel(F)), CG), ref="E"),
 ]
 HIDE = ("Time", "job", "instance", "node", "pool", "model")
 NODES_COL = [{"matcher": {"id": "byName", "options": "peer nodes"}, "properties": [{"id": "unit", "value": "none"}]}]
@@ -259,7 +257,7 @@ panels = [
           "STREAM copy and triad on all cores, with the median of nodes with the same CPU model in the pool. "
           "Good: within 10% of the pool median.", "Bps",
           [(runs("host_memory_bandwidth"), "{{op}}"),
-           (peer("median", "host_memory_bandwidth"), "pool median {{series}}")], w=12),
+           (peer_median("host_memory_bandwidth"), "pool median {{series}}")], w=12),
     panel("timeseries", "Storage first byte",
           "Time to the first bytes of a file, cold (page cache dropped) and hot, per target. Good: local NVMe "
           "well under 1 ms cold; network file systems a few ms; a climb is the storage, not the node.", "s",
@@ -274,7 +272,7 @@ panels = [
           "peers (same GPU model and pool) per dtype. Good: every GPU within 10% of its dtype's median; the "
           "bf16 8192^3 product runs at about 770-800 TFLOP/s on an H200.", "flops",
           [(runs("gpu_matmul_throughput"), "GPU {{gpu}} {{dtype}}"),
-           (peer("median", "gpu_matmul_throughput"), "pool median {{series}}")],
+           (peer_median("gpu_matmul_throughput"), "pool median {{series}}")],
           w=12),
     panel("table", "Correctness: SDC canary verdict and training-loss check per GPU",
           "The silent-data-corruption verdict of each GPU's last gpu_compute run (1 on its current status) and "
@@ -316,7 +314,7 @@ panels = [
           "Step time (forward, backward, optimizer) of the canary transformer per GPU and dtype, with the "
           "median of its peers (same GPU model and pool). Good: within 10% of the median.", "s",
           [(runs("train_step_time"), "GPU {{gpu}} {{dtype}}"),
-           (peer("median", "train_step_time"), "pool median {{series}}")], w=12),
+           (peer_median("train_step_time"), "pool median {{series}}")], w=12),
     panel("timeseries", "Training loss against its golden",
           "Relative deviation of the canary's loss after K steps from the shipped golden, per GPU and dtype. "
           "Good: within the dtype's tolerance (the check passes); a step time never counts without it.",
