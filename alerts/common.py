@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetcanary.core import rulesettings
-from fleetcanary.core.rulesettings import RuleSettings
+from fleetcanary.core.rulesettings import RuleSettings, seconds
 from fleetcanary.judge import figures as judged
 from fleetcanary.judge import stats as judge_stats
 
@@ -138,7 +137,7 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
 def spread_window(s: RuleSettings) -> str:
     """How far back a reader of the peers' spread group looks: two of its intervals and a minute, so one late or
     missed evaluation of that group does not blank the gates."""
-    return dur(2 * rulesettings.seconds(s.spread_interval) + 60)
+    return dur(2 * seconds(s.spread_interval) + 60)
 
 
 def spread(s: RuleSettings, selector: str) -> str:
@@ -163,6 +162,12 @@ def gap_of(s: RuleSettings, selector: str, area: str) -> str:
     # a sharded group's records carry its shard label (alerts/build.py finish), the statistic does not
     ignoring = " ignoring(shard)" if s.pools else ""
     return f"({selector} or{ignoring} last_over_time({held}{{{braces}[{s.hold_gap}]))"
+
+
+def held_records(s: RuleSettings, area: str, pool: str, *held_by: tuple[str, str, bool]) -> list[dict]:
+    """The records a group writes after its alerts, one per (statistic, paths, with baseline) of `held_by`: the
+    statistics of this evaluation's firing series, which its holds read through a gap. None without holds."""
+    return [held(s, area, stat, paths, pool, baseline) for stat, paths, baseline in held_by] if s.hold else []
 
 
 def held(s: RuleSettings, area: str, stat: str, paths: str, pool: str, baseline: bool = False) -> dict:

@@ -18,7 +18,7 @@ from fleetcanary.rules.common import (
     dur,
     figures,
     gap_of,
-    held,
+    held_records,
     hold,
     interval_minutes,
     on,
@@ -32,16 +32,10 @@ from fleetcanary.rules.common import (
 
 def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
     return [Group("alerts", f"fleetcanary-own-history{suffix}", "interval",
-                  [a for f in figures(s) if f.history for a in alerts(s, f, pool)] + held_records(s, pool), suffix[1:])
+                  [a for f in figures(s) if f.history for a in alerts(s, f, pool)]
+                  + held_records(s, "own_history", pool, ("change", "own_fast|regression|driver_change", True),
+                                 ("drift", "drift", False)), suffix[1:])
             for suffix, pool in shards]
-
-
-def held_records(s: RuleSettings, pool: str) -> list[dict]:
-    """After the alerts: the statistics of this evaluation's firing series, which the holds read through a gap."""
-    if not s.hold:
-        return []
-    return [held(s, "own_history", "change", "own_fast|regression|driver_change", pool, baseline=True),
-            held(s, "own_history", "drift", "drift", pool)]
 
 
 def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:

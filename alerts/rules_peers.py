@@ -22,7 +22,7 @@ from fleetcanary.rules.common import (
     by,
     figures,
     gap_of,
-    held,
+    held_records,
     hold,
     interval_minutes,
     on,
@@ -50,15 +50,9 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
             rules.append(peer_alert(s, f, "level", pool))
             if f.fast:
                 rules.append(fast_alert(s, f, pool))
-        out.append(Group("alerts", f"fleetcanary-peers{suffix}", "interval", rules + held_records(s, pool), suffix[1:]))
+        rules += held_records(s, "peers", pool, ("change", "change", True), ("median", "level|fast", False))
+        out.append(Group("alerts", f"fleetcanary-peers{suffix}", "interval", rules, suffix[1:]))
     return out
-
-
-def held_records(s: RuleSettings, pool: str) -> list[dict]:
-    """After the alerts: the statistics of this evaluation's firing series, which the holds read through a gap."""
-    if not s.hold:
-        return []
-    return [held(s, "peers", "change", "change", pool, baseline=True), held(s, "peers", "median", "level|fast", pool)]
 
 
 def recording(s: RuleSettings, pool: str) -> list[dict]:
