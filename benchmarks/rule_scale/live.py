@@ -152,9 +152,11 @@ def live(work: Path, data: Path, args, server: FleetServer, node_names: list[str
         seen = by_group(first, "prometheus_rule_group_last_evaluation_timestamp_seconds")
         evals: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (seconds after all up, duration)
         missed0, cpu0, m = None, None, first
-        # cycles of the judged groups' 5 minutes: each group that many periods' evaluations, and a slower group (the
-        # peers' spread, every 15 minutes) one; three of it would triple the run to measure what one does
-        period = args.cycles * min(max(interval.values()), 300)
+        # cycles of the judged groups' interval (the rule settings' `interval`, 5 minutes): each group that many
+        # periods' evaluations, and a slower group (the peers' spread, every 15 minutes) one; three of it would
+        # triple the run to measure what one does
+        from alerts.build import SETTINGS, seconds
+        period = args.cycles * seconds(SETTINGS.interval)
         need = {g: max(1.0, period / interval[g]) for g in interval}
         while time.monotonic() < deadline:
             m = prom_metrics(url)
