@@ -113,25 +113,39 @@ def worse(f: judged.Figure, ratio: str) -> str:
     return f"(1 - {ratio})" if f.higher_is_better else f"({ratio} - 1)"
 
 
+def firing(s: RuleSettings, name: str) -> str:
+    """The series whose alert `name` fires now, as a hold narrows its statistic to them: `and` this."""
+    on_ = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
+    return f'on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}'
+
+
 def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless: str = "", gate: str = "") -> str:
     """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value`, the same gap
     the alert fires on (read through ``gap_of``: through a gap of up to `hold_gap` in the figure, the value recorded
     while the alert fired), is past `floor`, half the alert's own; `gate`, where given, is what must be past it
     instead (the fast path: its median), and `value` is then only its value. So `$value` means one thing, fired or
     held. Without it a steady fault near a threshold resolves and fires again whenever noise, the peers' MAD gate or
-    a gap in the figure moves it across (docs/detection.md, issue 38)."""
+    a gap in the figure moves it across (docs/detection.md, issue 38).
+
+    `value` (and `gate`) read the node's statistic through ``gap_of``, which keeps only the series whose alert
+    fires before any arithmetic: the branch is then a few series, not a second pass of divisions and joins over
+    every series of the figure whose result an `and ALERTS` at its end would throw away (a fifth of the judged
+    groups' evaluation at 2,000 nodes, docs/alerting-scale.md). That narrowing is what limits the branch to a
+    firing alert, so it must be there."""
     if not s.hold:
         return ""
-    on_ = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
+    for part in (value, gate):
+        if part and firing(s, name) not in part:
+            raise ValueError(f"{name}: a hold must read its statistic through gap_of(..., {name!r}): {part}")
     node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
-    cond = (f"or {value} > {floor:g}\n" if not gate else
-            f"or {value}\n  and on({node}) {gate} > {floor:g}\n")
-    value_note = "; the value is the newest runs' gap, the median's where those are not published" if gate else ""
-    return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor (through a gap\n"
-            f"# of up to {s.hold_gap} in the figure, the value recorded while it fired{value_note})\n"
+    cond = (f"or {value} > {floor:g}" if not gate else
+            f"or {value}\n  and on({node}) {gate} > {floor:g}")
+    value_note = ("\n# (the value is the newest runs' gap, the median's where those are not published)" if gate else "")
+    return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor: the value\n"
+            f"# the group recorded of its firing series at this evaluation (through a gap in the figure, up to\n"
+            f"# {s.hold_gap} before){value_note}\n"
             + cond
-            + (f"  unless {unless}\n" if unless else "")
-            + f'  and on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}')
+            + (f"\n  unless {unless}" if unless else ""))
 
 
 def spread_window(s: RuleSettings) -> str:
@@ -151,40 +165,49 @@ def held_name(stat: str, area: str) -> str:
     return f"node:fleetcanary_judge_{stat}:held_{area}"
 
 
-def gap_of(s: RuleSettings, selector: str, area: str) -> str:
-    """A node's statistic as a hold reads it: the statistic, or through a gap in it (up to `hold_gap`), its newest
-    value recorded while the alert fired (``held``). `selector` is ``fleetcanary_judge_<stat>{...}``; `area` the
-    group that records it."""
-    if not s.hold:
-        return selector
-    name, braces = selector.split("{", 1)
-    held = held_name(name.removeprefix("fleetcanary_judge_"), area)
-    # a sharded group's records carry its shard label (alerts/build.py finish), the statistic does not
-    ignoring = " ignoring(shard)" if s.pools else ""
-    return f"({selector} or{ignoring} last_over_time({held}{{{braces}[{s.hold_gap}]))"
+def gap_of(s: RuleSettings, selector: str, area: str, name: str, prefer: str = "") -> str:
+    """A node's statistic as the hold of alert `name` reads it: of the series whose alert fires (``firing``), its
+    newest value recorded while the alert fired or was pending (``held``, recorded before the group's alerts: the
+    statistic at this evaluation, else through a gap in it of up to `hold_gap`). `selector` is
+    ``fleetcanary_judge_<stat>{...}``; `area` the group that records it; `prefer`, where given, a statistic read
+    before it where present (the fast path's newest runs).
+
+    The statistic itself is not read: its record already holds this evaluation's value of every series the hold
+    can keep, so the branch reads a few recorded series, where reading the statistic (and `and`-ing the result
+    with ALERTS) read every series of the figure once more (issue 42, docs/alerting-scale.md)."""
+    name_, braces = selector.split("{", 1)
+    held = held_name(name_.removeprefix("fleetcanary_judge_"), area)
+    read = f"last_over_time({held}{{{braces}[{s.hold_gap}])"
+    if prefer:
+        # a sharded group's records carry its shard label (alerts/build.py finish), the statistic does not
+        read = f"({prefer} or{' ignoring(shard)' if s.pools else ''} {read})"
+    return f"({read} and {firing(s, name)})"
 
 
 def held_records(s: RuleSettings, area: str, pool: str, *held_by: tuple[str, str, bool]) -> list[dict]:
-    """The records a group writes after its alerts, one per (statistic, paths, with baseline) of `held_by`: the
-    statistics of this evaluation's firing series, which its holds read through a gap. None without holds."""
+    """The records a group writes before its alerts, one per (statistic, paths, with baseline) of `held_by`: the
+    statistics of the series whose alert fires or is pending, which its holds read (``gap_of``). None without
+    holds."""
     return [held(s, area, stat, paths, pool, baseline) for stat, paths, baseline in held_by] if s.hold else []
 
 
 def held(s: RuleSettings, area: str, stat: str, paths: str, pool: str, baseline: bool = False) -> dict:
-    """The record a hold reads through a gap (``gap_of``): statistic `stat` of every series whose alert of a path in
-    `paths` (a regex) fires, written after the group's alerts (a group's rules run in order at one timestamp, so it
-    sees this evaluation's ALERTS). Only the firing series: the holds read a few of them over `hold_gap` where
-    ``last_over_time(statistic[hold_gap])`` read every series' `hold_gap` of samples, six hours of samples of
-    every judged series each evaluation (twice the peers group's cost at 1,000 nodes, issue 42)."""
+    """The record a hold reads (``gap_of``): statistic `stat` of every series whose alert of a path in `paths` (a
+    regex) fires or is pending, written before the group's alerts (a group's rules run in order at one timestamp:
+    they read it at this evaluation, and it reads the ALERTS of the group's previous one). Pending too: an alert
+    that turns firing at this evaluation has its statistic recorded already, for a gap at the next. Only those
+    series: the holds read a few of them over `hold_gap` where ``last_over_time(statistic[hold_gap])`` read every
+    series' `hold_gap` of samples, six hours of samples of every judged series each evaluation (twice the peers
+    group's cost at 1,000 nodes, issue 42)."""
     keys = ", ".join((*s.peer_labels, "node", "gpu", "series", "figure", *(("baseline",) if baseline else ())))
     names = paths.split("|")
     path = f'path=~"{paths}"' if len(names) > 1 else f'path="{paths}"'
     return record(held_name(stat, area),
                   f"# the {stat} of each series whose {', '.join(names[:-1]) + ' or ' if len(names) > 1 else ''}"
-                  f"{names[-1]} path fires, after the alerts: the\n"
-                  f"# holds read it through a gap in the figure (a few firing series, not every series' {s.hold_gap})\n"
+                  f"{names[-1]} path fires or is pending, before the\n"
+                  f"# alerts: their holds read it (a few series, not every series of the figure)\n"
                   f"fleetcanary_judge_{stat}{sel(pool)}\n"
-                  f'and on({keys}) ALERTS{{alertname=~"FleetCanary.+", alertstate="firing", {path}}}')
+                  f'and on({keys}) ALERTS{{alertname=~"FleetCanary.+", alertstate=~"firing|pending", {path}}}')
 
 
 # --- templates -------------------------------------------------------------------------------------------------

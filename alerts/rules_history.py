@@ -32,9 +32,9 @@ from fleetcanary.rules.common import (
 
 def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
     return [Group("alerts", f"fleetcanary-own-history{suffix}", "interval",
-                  [a for f in figures(s) if f.history for a in alerts(s, f, pool)]
-                  + held_records(s, "own_history", pool, ("change", "own_fast|regression|driver_change", True),
-                                 ("drift", "drift", False)), suffix[1:])
+                  held_records(s, "own_history", pool, ("change", "own_fast|regression|driver_change", True),
+                               ("drift", "drift", False))
+                  + [a for f in figures(s) if f.history for a in alerts(s, f, pool)], suffix[1:])
             for suffix, pool in shards]
 
 
@@ -61,7 +61,8 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"unless {peers_judge}"
             # silent there once held too: where the peer records came late (a rule group that evaluated before the
             # peers' group at start), the hold would keep a page the peer fast path owns
-            + hold(s, name, worse(f, gap_of(s, cur, "own_history")), s.fast_floor / 2, "the gap", unless=peers_judge),
+            + hold(s, name, worse(f, gap_of(s, cur, "own_history", name)), s.fast_floor / 2, "the gap",
+                   unless=peers_judge),
             "0m", {"severity": "critical", "figure": f.key, "path": "own_fast"},
             f"{f.title} far off its own history",
             f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on driver "
@@ -73,7 +74,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path regression: the gap, how far its change against its own best day on this driver is\n"
         f"# worse than 1\n"
         f"{worse(f, cur)} > {f.history_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, cur, "own_history")), f.history_floor / 2, "the gap"),
+        + hold(s, name, worse(f, gap_of(s, cur, "own_history", name)), f.history_floor / 2, "the gap"),
         dur(max(2 * interval_minutes(s, f), 30) * 60), {"severity": "warning", "figure": f.key, "path": "regression"},
         f"{f.title} {'rose' if lower else 'fell'} against its own history",
         f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day of the last 14 on driver "
@@ -85,7 +86,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"# {f.title}, path driver_change: the gap, how far its change on the new driver against its best day\n"
             f"# on the previous one is worse than 1\n"
             f"{worse(f, prev)} > {f.history_floor:g}"
-            + hold(s, name, worse(f, gap_of(s, prev, "own_history")), f.history_floor / 2, "the gap"),
+            + hold(s, name, worse(f, gap_of(s, prev, "own_history", name)), f.history_floor / 2, "the gap"),
             dur(max(interval_minutes(s, f), 15) * 60),
             {"severity": "warning", "figure": f.key, "path": "driver_change"},
             f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
@@ -98,7 +99,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path drift: the gap, how far the median of its last day of runs against its best day on\n"
         f"# this driver is worse than 1\n"
         f"{worse(f, drift)} > {s.drift_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, drift, "own_history")), s.drift_floor / 2, "the gap"),
+        + hold(s, name, worse(f, gap_of(s, drift, "own_history", name)), s.drift_floor / 2, "the gap"),
         dur(60 * 60), {"severity": "warning", "figure": f.key, "path": "drift"},
         f"{f.title} drifted from its best day",
         f"{what(f)}: its last day of runs is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on "

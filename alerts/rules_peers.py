@@ -44,13 +44,13 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
         out.append(Group("alerts", f"fleetcanary-peer-spread{suffix}", "spread_interval", spread_records(s, pool),
                          suffix[1:]))
         rules = recording(s, pool)
+        rules += held_records(s, "peers", pool, ("change", "change", True), ("median", "level|fast", False))
         for f in figures(s):
             if f.history:
                 rules.append(peer_alert(s, f, "change", pool))
             rules.append(peer_alert(s, f, "level", pool))
             if f.fast:
                 rules.append(fast_alert(s, f, pool))
-        rules += held_records(s, "peers", pool, ("change", "change", True), ("median", "level|fast", False))
         out.append(Group("alerts", f"fleetcanary-peers{suffix}", "interval", rules, suffix[1:]))
     return out
 
@@ -93,12 +93,13 @@ def spread_records(s: RuleSettings, pool: str) -> list[dict]:
     return out
 
 
-def _ratio(s: RuleSettings, f: judged.Figure, stat: str, pool: str, g: str, held: bool = False,
+def _ratio(s: RuleSettings, f: judged.Figure, stat: str, pool: str, g: str, held: str = "",
            peer: str = "") -> str:
-    """The node's statistic over its peers' median (of `peer`, default the same statistic)."""
+    """The node's statistic over its peers' median (of `peer`, default the same statistic); as the hold of alert
+    `held` reads it, where given (``gap_of``)."""
     fm = f'figure="{f.key}"'
     mine = f"fleetcanary_judge_{stat}{sel(fm, pool)}"
-    return (f"{gap_of(s, mine, 'peers') if held else mine}\n"
+    return (f"{gap_of(s, mine, 'peers', held) if held else mine}\n"
             f"    / on({g}) group_left pool:fleetcanary_judge_{peer or stat}:peer_median{sel(fm)}")
 
 
@@ -139,7 +140,7 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
                  f"and on({node}, baseline) {worse(f, confirm)} > {floor:g}")
     # The hold compares what fired, without the MAD gate: against the peers, not its own baseline, whose
     # previous driver's (baseline=previous_driver) carries the new driver's own effect for two weeks.
-    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=True)), floor / 2, "the gap")
+    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=name)), floor / 2, "the gap")
     word = "slower than" if lower else "below"
     if path == "change":
         desc = (f"{what(f)}: its change against its best day ({{{{ $labels.baseline }}}} "
@@ -179,11 +180,11 @@ def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> dict:
     # the newest runs' gap, or the median's where they are not published (a busy GPU's are not new; a recovering
     # one's are better than its median: fleetcanary.judge.publish), so the hold lasts as long as the median is
     fm = f'figure="{f.key}"'
-    newest_or_median = (f"(fleetcanary_judge_newest{sel(fm, pool)} "
-                        f"or {gap_of(s, 'fleetcanary_judge_median' + sel(fm, pool), 'peers')})\n"
-                        f"    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}")
+    median = gap_of(s, "fleetcanary_judge_median" + sel(fm, pool), "peers", name,
+                    prefer="fleetcanary_judge_newest" + sel(fm, pool))
+    newest_or_median = f"{median}\n    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}"
     expr += hold(s, name, worse(f, newest_or_median), s.fast_floor / 2,
-                 "the gap of its median", gate=worse(f, _ratio(s, f, "median", pool, g, held=True)))
+                 "the gap of its median", gate=worse(f, _ratio(s, f, "median", pool, g, held=name)))
     word = "far slower than" if lower else "far below"
     desc = (f"{what(f)}: the best of its newest 3 runs, {query('fleetcanary_judge_newest', f.key)}, is "
             f"{{{{ $value | humanizePercentage }}}} {'slower than' if lower else 'below'} its peers' median "

@@ -508,3 +508,35 @@ def test_the_peer_spread_is_read_through_a_window_that_outlasts_its_interval():
                     assert window and expr[:m.start()].endswith("last_over_time("), (r.get("alert"), expr[m.start():])
                     assert build_tests.build.seconds(window[1:-1]) > 2 * 15 * 60, (r.get("alert"), window)
     assert reads >= 25, reads
+
+
+def test_a_hold_reads_only_its_own_alerts_firing_series():
+    """A hold reads the statistics its group records of the series whose alert fires or is pending (gap_of, held),
+    narrowed to its own alert's firing series before any division or join: the branch costs a few series, not
+    another pass over every series of its figure. The generator refuses a hold whose value (or gate) reads
+    otherwise, as that narrowing is also what keeps the branch to a firing alert. Every shipped hold reads its
+    own alert's ALERTS wherever it reads, and no judged statistic but the newest runs (published only where they
+    differ from the median)."""
+    from fleetcanary.core.rulesettings import RuleSettings
+    from fleetcanary.rules import common
+
+    s = RuleSettings()
+    whole = '(1 - fleetcanary_judge_change{figure="x"})'
+    with pytest.raises(ValueError, match="gap_of"):
+        common.hold(s, "FleetCanaryXRegression", whole, 0.025, "the gap")
+    stat = 'fleetcanary_judge_change{figure="x"}'
+    narrowed = f"(1 - {common.gap_of(s, stat, 'own_history', 'FleetCanaryXRegression')})"
+    with pytest.raises(ValueError, match="gap_of"):
+        common.hold(s, "FleetCanaryYRegression", narrowed, 0.025, "the gap")   # another alert's series
+    assert common.hold(s, "FleetCanaryXRegression", narrowed, 0.025, "the gap").startswith("\n# hold:")
+    held = 0
+    for a in all_alerts():
+        if "# hold:" not in a["expr"]:
+            continue
+        held += 1
+        branch = without_comments(a["expr"].split("# hold:", 1)[1])
+        own = f'ALERTS{{alertname="{a["alert"]}", alertstate="firing"}}'
+        reads = re.findall(r"last_over_time\(node:fleetcanary_judge_\w+:held_\w+\{", branch)
+        assert reads and branch.count(own) == len(reads), a["alert"]
+        assert not re.search(r"\bfleetcanary_judge_(?!newest)\w+\{", branch), a["alert"]
+    assert held >= 50, held

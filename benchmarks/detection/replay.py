@@ -19,10 +19,10 @@ on it as a live Prometheus would evaluate them, evaluation by evaluation.
   second before each 2-hour block boundary, which the 5-minute lookback hid (`promtool_gap` checks).
 * Alerts: the condition at every evaluation of its group, through Prometheus's alert state machine
   (pending when true, firing once true for `for`, resolved at the first false evaluation: the
-  shipped rules have no keep_firing_for). An alert with a hold (`FIRE or HOLD and on(...)
-  ALERTS{alertname=..., alertstate="firing"}`, alerts/build.py `hold`) is two conditions: FIRE
-  drives it as above, and once it fires, HOLD keeps it firing at each next evaluation (the ALERTS
-  sample its previous evaluation wrote), as Prometheus evaluates the expression.
+  shipped rules have no keep_firing_for). An alert with a hold (`FIRE # hold: ... or HOLD`, HOLD reading
+  its statistics `and on(...) ALERTS{alertname=..., alertstate="firing"}`: alerts/common.py `hold`) is two
+  conditions: FIRE drives it as above, and once it fires, HOLD keeps it firing at each next evaluation (the
+  ALERTS sample its previous evaluation wrote), as Prometheus evaluates the expression.
 """
 from __future__ import annotations
 
@@ -50,11 +50,12 @@ RULES = ROOT / "alerts/fleetcanary.rules.yml"
 ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
 GROUPS = ("fleetcanary-peer-spread", "fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures",
           "fleetcanary-probe-health")  # and their pool shards
-HOLD = re.compile(r" or (?P<hold>.+?) and on\((?P<on>[^)]*)\) ALERTS\{(?P<alerts>[^}]*)\}$")
-# A hold's read through a gap: `(stat{m} or last_over_time(node:fleetcanary_judge_<stat>:held_<group>{m}[6h]))`. The
-# held record is the statistic at the evaluations where the alert fired (recorded after the group's alerts, from
-# ALERTS, which the replay does not write); while the alert fires, it is the statistic's newest sample of the window
-# but for at most one evaluation, so the replay reads it as `last_over_time(stat{m}[6h])`.
+HOLD_MARK = "# hold:"  # the comment that opens a hold branch (alerts/common.py hold)
+FIRING = re.compile(r' and on\([^)]*\) ALERTS\{alertname="(?P<name>[^"]*)", alertstate="firing"\}')
+# A hold's read: `(last_over_time(node:fleetcanary_judge_<stat>:held_<group>{m}[6h]) and on(...) ALERTS{...})`. The
+# held record is the statistic at the evaluations where the alert fired or was pending (recorded before the group's
+# alerts, from ALERTS, which the replay does not write); while the alert fires, it is the statistic's newest sample
+# of the window, so the replay reads it as `last_over_time(stat{m}[6h])`.
 HELD = re.compile(r"\bnode:(fleetcanary_judge_[a-z]+):held_[a-z_]+\b")
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
 SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"
@@ -310,21 +311,22 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
             if "keep_firing_for" in r:
                 raise SystemExit(f"detection: {r['alert']} has keep_firing_for; the replay's state machine has none")
             # `group_left X` with X substituted by a parenthesised expression would read as a label list
-            expr = re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(r["expr"]))
-            held = HOLD.search(expr)
-            if held:
-                if f'alertname="{r["alert"]}"' not in held.group("alerts"):
+            fire, mark, hold = r["expr"].partition(HOLD_MARK)
+            expr, held = (re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(x))
+                          for x in (fire, mark + hold))
+            if mark:
+                held = held.removeprefix("or ")
+                if {m["name"] for m in FIRING.finditer(held)} != {r["alert"]} or "ALERTS" in FIRING.sub("", held):
                     raise SystemExit(f"detection: {r['alert']} holds through another alert's ALERTS")
-                expr = expr[:held.start()]
+                held = FIRING.sub("", held)
             a = Alert(r["alert"], expr, seconds(r.get("for")), r.get("labels", {}), g["name"],
                       g["_interval"], g["_offset"])
             a.kind = classify(a.name, a.labels)
             a.family = a.labels.get("figure", "")
             used: set[str] = set()
             a.cond = substitute(a.expr, recs, a.group, a.interval, a.offset, used=used)
-            if held:
-                a.hold = substitute(HELD.sub(r"\1", held.group("hold")), recs, a.group, a.interval, a.offset,
-                                    used=used)
+            if mark:
+                a.hold = substitute(HELD.sub(r"\1", held), recs, a.group, a.interval, a.offset, used=used)
             a.records = used
             a.needs = set(METRIC_NAME.findall(re.sub(r'"[^"]*"', '""', a.cond)))
             if a.kind != "hard":
