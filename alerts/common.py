@@ -129,9 +129,9 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
 
     `value` (and `gate`) read the node's statistic through ``gap_of``, which keeps only the series whose alert
     fires before any arithmetic: the branch is then a few series, not a second pass of divisions and joins over
-    every series of the figure whose result an `and ALERTS` at its end would throw away (a fifth of the judged
-    groups' evaluation at 2,000 nodes, docs/alerting-scale.md). That narrowing is what limits the branch to a
-    firing alert, so it must be there."""
+    every series of the figure whose result an `and ALERTS` at its end would throw away (two fifths of the judged
+    groups' query time at 2,000 nodes, docs/alerting-scale.md, eighth pass). That narrowing is what limits the
+    branch to a firing alert, so it must be there."""
     if not s.hold:
         return ""
     for part in (value, gate):
@@ -161,7 +161,7 @@ def spread(s: RuleSettings, selector: str) -> str:
 
 
 def held_name(stat: str, area: str) -> str:
-    """The recorded series a hold reads through a gap: a judge statistic of the series whose alert fires."""
+    """The recorded series a hold reads: a judge statistic of the series whose alert fires or is pending."""
     return f"node:fleetcanary_judge_{stat}:held_{area}"
 
 
