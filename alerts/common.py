@@ -113,6 +113,9 @@ def worse(f: judged.Figure, ratio: str) -> str:
     return f"(1 - {ratio})" if f.higher_is_better else f"({ratio} - 1)"
 
 
+HOLD_MARK = "# hold:"  # the comment that opens a hold branch (the detection replay splits an alert there)
+
+
 def firing(s: RuleSettings, name: str) -> str:
     """The series whose alert `name` fires now, as a hold narrows its statistic to them: `and` this."""
     on_ = ", ".join((*s.peer_labels, "node", "gpu", "series", "baseline"))
@@ -141,7 +144,7 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
     cond = (f"or {value} > {floor:g}" if not gate else
             f"or {value}\n  and on({node}) {gate} > {floor:g}")
     value_note = ("\n# (the value is the newest runs' gap, the median's where those are not published)" if gate else "")
-    return (f"\n# hold: once firing, it stays firing while {what} is past {floor:g}, half the floor: the value\n"
+    return (f"\n{HOLD_MARK} once firing, it stays firing while {what} is past {floor:g}, half the floor: the value\n"
             f"# the group recorded of its firing series at this evaluation (through a gap in the figure, up to\n"
             f"# {s.hold_gap} before){value_note}\n"
             + cond

@@ -41,7 +41,9 @@ from pathlib import Path
 
 import yaml
 
+from fleetcanary.core.rulesettings import RuleSettings
 from fleetcanary.probes.lib import yamltext
+from fleetcanary.rules.common import HOLD_MARK, firing
 from harness.backfill import PROMTOOL_BLOCK_S, BackfilledPrometheus, binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +52,6 @@ RULES = ROOT / "alerts/fleetcanary.rules.yml"
 ALERTS = ROOT / "alerts/fleetcanary.alerts.yml"
 GROUPS = ("fleetcanary-peer-spread", "fleetcanary-peers", "fleetcanary-own-history", "fleetcanary-hard-failures",
           "fleetcanary-probe-health")  # and their pool shards
-HOLD_MARK = "# hold:"  # the comment that opens a hold branch (alerts/common.py hold)
-FIRING = re.compile(r' and on\([^)]*\) ALERTS\{alertname="(?P<name>[^"]*)", alertstate="firing"\}')
 # A hold's read: `(last_over_time(node:fleetcanary_judge_<stat>:held_<group>{m}[6h]) and on(...) ALERTS{...})`. The
 # held record is the statistic at the evaluations where the alert fired or was pending (recorded before the group's
 # alerts, from ALERTS, which the replay does not write); while the alert fires, it is the statistic's newest sample
@@ -315,10 +315,11 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
             expr, held = (re.sub(r"\b(group_left|group_right)\b(?!\s*\()", r"\1()", clean(x))
                           for x in (fire, mark + hold))
             if mark:
+                own = " and " + firing(RuleSettings(), r["alert"])   # the shipped rules' settings
                 held = held.removeprefix("or ")
-                if {m["name"] for m in FIRING.finditer(held)} != {r["alert"]} or "ALERTS" in FIRING.sub("", held):
+                if own not in held or "ALERTS" in held.replace(own, ""):
                     raise SystemExit(f"detection: {r['alert']} holds through another alert's ALERTS")
-                held = FIRING.sub("", held)
+                held = held.replace(own, "")
             a = Alert(r["alert"], expr, seconds(r.get("for")), r.get("labels", {}), g["name"],
                       g["_interval"], g["_offset"])
             a.kind = classify(a.name, a.labels)
