@@ -41,8 +41,12 @@ def test_byte_counting_d2d_read_plus_write_h2d_d2h_once(tmp_path, monkeypatch):
     assert r.gpu_seconds["0"] == pytest.approx(0.12)  # warm-up counts as GPU time too
 
 
-CPU_TORCH = (f"torch {__import__('torch').__version__} is a CPU build and NVML sees GPUs: a GPU node needs torch "
-             "with CUDA (the CUDA image, docs/image.md)")
+def cpu_torch() -> str:
+    """The message for this CPU torch (imported when a test needs it: at collection it cost each worker ~1.5 s)."""
+    import torch
+
+    return (f"torch {torch.__version__} is a CPU build and NVML sees GPUs: a GPU node needs torch "
+            "with CUDA (the CUDA image, docs/image.md)")
 
 
 def test_no_gpu_here_skips_with_no_gpu(tmp_path, monkeypatch):
@@ -90,7 +94,7 @@ def test_idle_healthy_node_passes_the_gate_then_torch_finds_no_cuda(tmp_path, mo
     with pytest.raises(ProbeSkipped) as ei:
         GpuBandwidth().run(Config(), ctx(tmp_path))
     assert (ei.value.reason, ei.value.detail) == (
-        "dependency_missing", f"{CPU_TORCH}; the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7] (skipped: {{}})")
+        "dependency_missing", f"{cpu_torch()}; the gate left GPUs [0, 1, 2, 3, 4, 5, 6, 7] (skipped: {{}})")
 
 
 def stub_torch(version: str, cuda: str, error: str | None):

@@ -8,7 +8,10 @@ from fleetcanary.probes.gpu_bandwidth import Config as DeviceConfig
 from fleetcanary.probes.lib import gpu_probe, nvml, torch_util
 from tests.support.gpu import ctx, fake
 
-torch = torch_util.import_torch()
+
+def oom(message: str):
+    """torch's CUDA out-of-memory error, torch imported when the case runs (not at collection, in every worker)."""
+    return lambda: torch_util.import_torch().cuda.OutOfMemoryError(message)
 
 
 def broken_nvml(monkeypatch, no_driver: bool) -> None:
@@ -95,9 +98,9 @@ def test_select_returning_none_means_no_gpu_to_use(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("exc, gpu, want", [
-    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\ntrace"), 3,
+    (oom("CUDA out of memory. Tried to allocate 2.00 GiB\ntrace"), 3,
      ("out_of_memory", "GPU 3: CUDA out of memory. Tried to allocate 2.00 GiB")),
-    (torch.cuda.OutOfMemoryError("CUDA out of memory.\ntrace"), None, ("out_of_memory", "CUDA out of memory.")),
+    (oom("CUDA out of memory.\ntrace"), None, ("out_of_memory", "CUDA out of memory.")),
     (RuntimeError("CUDA error: an illegal memory access\nCompile with TORCH_USE_CUDA_DSA"), 1,
      ("cuda_error", "GPU 1: CUDA error: an illegal memory access")),
     (RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx"), None,
@@ -106,6 +109,7 @@ def test_select_returning_none_means_no_gpu_to_use(tmp_path, monkeypatch):
     (ValueError("cuda in a ValueError is the probe's own bug"), 0, None),
 ])
 def test_cuda_errors_are_classified_once_for_every_probe(exc, gpu, want):
+    exc = exc() if callable(exc) else exc
     err = torch_util.classify_cuda_error(exc, gpu)
     assert (None if err is None else (err.reason, err.detail)) == want
     with pytest.raises(ProbeError if want else type(exc)) as ei, torch_util.cuda_errors(gpu):

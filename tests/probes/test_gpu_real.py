@@ -9,12 +9,19 @@ import pytest
 from fleetcanary.probes.base import ProbeContext
 from tests.support.helpers import unavailable
 
-try:
-    import torch
-except ImportError:  # the test set-up installs torch: under CI=true its absence fails
-    unavailable("torch is not installed (`make venv` installs the pinned CPU build)")
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
+pytestmark = [pytest.mark.gpu]
+
+
+@pytest.fixture(autouse=True)
+def cuda_gpu():
+    """torch with a CUDA GPU, or the skip: checked when a test here runs, not at collection (importing torch there
+    cost every test worker ~1.5 CPU-s whatever it ran)."""
+    try:
+        import torch
+    except ImportError:  # the test set-up installs torch: under CI=true its absence fails
+        unavailable("torch is not installed (`make venv` installs the pinned CPU build)")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
 
 
 def ctx(tmp_path):
