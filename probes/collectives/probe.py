@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
+import shutil
 import subprocess
 import tempfile
 import time
@@ -81,8 +81,7 @@ class Collectives(Probe):
         deadline_left = ctx.deadline_monotonic - time.monotonic()
         coll_timeout = max(min(config.collective_timeout_seconds, deadline_left - 5.0), 1.0)
         spec = {"backend": backend, "world": ranks, "collectives": list(config.collectives), "sizes": sizes,
-                "warmup": config.warmup_iterations, "iterations": config.iterations, "timeout": coll_timeout,
-                "port": _free_port()}
+                "warmup": config.warmup_iterations, "iterations": config.iterations, "timeout": coll_timeout}
         per_rank, topo = _launch_ranks(spec, config.topology_dump and backend == "nccl", ctx)
         return self._reduce(per_rank, spec, topo, gate, config.detail)
 
@@ -156,16 +155,40 @@ class Collectives(Probe):
 
 
 # ---------------------------------------------------------------------- launching
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _run_dir(state_dir: str) -> str:
+    """A fresh directory for this run's ranks, <state_dir>/collectives/run-<worker pid>-<random>, after removing
+    those whose worker is gone (killed at a deadline, it could not remove its own)."""
+    root = os.path.join(state_dir, "collectives")
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    for name in os.listdir(root):
+        pid = name.split("-")[1] if name.startswith("run-") and name.count("-") >= 2 else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _launch_ranks(spec: dict, want_topo: bool, ctx: ProbeContext) -> tuple[list[dict], str | None]:
+    """The ranks meet through a file store in a directory of this run's own (torch's file:// init method), not a
+    TCP port: a port picked free here and bound by rank 0 only after its torch import (seconds) could be taken
+    by any other process in between, and the other ranks then waited on whatever held it until the collective
+    timeout. The ranks are on this node, so a file is all the rendezvous needs; gloo's and NCCL's own
+    connections bind their ports themselves. The directory (the store, NCCL's topology dump) is the run's own
+    under the state directory; one a run killed at its deadline left is removed by the next run."""
     world = spec["world"]
     procs, pipes = [], []
-    topo_dir = tempfile.mkdtemp(prefix="fleetcanary-nccl-") if want_topo else None
+    run_dir = _run_dir(ctx.state_dir)
+    spec = {**spec, "store": os.path.join(run_dir, "store")}
+    topo_dir = run_dir if want_topo else None
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if topo_dir and "NCCL_TOPO_DUMP_FILE" not in env:
         env["NCCL_TOPO_DUMP_FILE"] = os.path.join(topo_dir, "topo.xml")
@@ -221,10 +244,7 @@ def _launch_ranks(spec: dict, want_topo: bool, ctx: ProbeContext) -> tuple[list[
         for r in pipes:
             if r >= 0:
                 os.close(r)
-        if topo_dir:
-            import shutil
-
-            shutil.rmtree(topo_dir, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _last_line(text: str) -> str:

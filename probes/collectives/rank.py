@@ -81,7 +81,7 @@ def _rank_main() -> int:
         device = torch.device("cpu")
     out["torch"] = torch.__version__
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=n,
+        dist.init_process_group(backend, init_method=f"file://{spec['store']}", rank=rank, world_size=n,
                                 timeout=timedelta(seconds=spec["timeout"]),
                                 **({"device_id": device} if backend == "nccl" else {}))
         untimed = 0.0

@@ -84,6 +84,7 @@ def _rank_pids(mark: str) -> list[int]:
 
 
 def test_a_stalled_rank_ends_as_a_timeout_at_the_deadline_and_leaves_nothing(tmp_path):
+    """No rank outlives the deadline. The run's rendezvous directory stays until the next run (below)."""
     mark = f"FLEETCANARY_TEST_MARK={uuid.uuid4()}"
     key, val = mark.split("=")
     seen: list[int] = []
@@ -176,3 +177,24 @@ def test_garbage_output_parses_to_nothing_not_an_exception():
     assert nccl_tests.parse_text("segfault\n\x00\xff garbage 1 2 3\n")["rows"] == []
     with pytest.raises(json.JSONDecodeError):
         nccl_tests.parse_json("{truncated")
+
+
+def test_a_run_dir_a_killed_worker_left_is_removed_by_the_next_run_and_a_live_ones_is_kept(tmp_path):
+    """The ranks meet through a file store in the run's own directory (no TCP port another process could take
+    between picking it and rank 0 binding it); a worker killed at its deadline cannot remove its directory, so the
+    next run removes every one whose worker is gone."""
+    import subprocess
+    import sys
+
+    from fleetcanary.probes.collectives import probe
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    root = tmp_path / "collectives"
+    (root / f"run-{gone.pid}-abc").mkdir(parents=True)
+    (root / f"run-{gone.pid}-abc" / "store").write_bytes(b"x")
+    (root / f"run-{os.getppid()}-def").mkdir()        # a live worker's (this test's parent stands in)
+    (root / "unrelated").mkdir()
+    fresh = Path(probe._run_dir(str(tmp_path)))
+    assert sorted(p.name for p in root.iterdir()) == sorted([f"run-{os.getppid()}-def", "unrelated", fresh.name])
+    assert fresh.name.startswith(f"run-{os.getpid()}-") and fresh.stat().st_mode & 0o777 == 0o700
