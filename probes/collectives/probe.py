@@ -75,15 +75,21 @@ class Collectives(Probe):
             from fleetcanary.probes.collectives import nccl_tests
 
             return nccl_tests.run(config, ctx, ranks, gate)
-        sizes = [s for s in config.sizes_bytes if backend == "nccl" or s <= config.gloo_max_bytes]
-        if not sizes:
-            raise ProbeSkipped("not_configured", "no message size within gloo_max_bytes")
+        sizes = self._sizes(config, backend)
         deadline_left = ctx.deadline_monotonic - time.monotonic()
         coll_timeout = max(min(config.collective_timeout_seconds, deadline_left - 5.0), 1.0)
         spec = {"backend": backend, "world": ranks, "collectives": list(config.collectives), "sizes": sizes,
                 "warmup": config.warmup_iterations, "iterations": config.iterations, "timeout": coll_timeout}
         per_rank, topo = _launch_ranks(spec, config.topology_dump and backend == "nccl", ctx)
         return self._reduce(per_rank, spec, topo, gate, config.detail)
+
+    @staticmethod
+    def _sizes(config: Config, backend: str) -> list[int]:
+        """The sizes to sweep: with gloo those up to gloo_max_bytes; none left is a not_configured skip."""
+        sizes = [s for s in config.sizes_bytes if backend == "nccl" or s <= config.gloo_max_bytes]
+        if not sizes:
+            raise ProbeSkipped("not_configured", "no message size within gloo_max_bytes")
+        return sizes
 
     @staticmethod
     def _plan(config: Config, ctx: ProbeContext):
