@@ -10,9 +10,11 @@ PIP    := $(PY) -m pip
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 DEB_PACKAGES := prometheus prometheus-node-exporter prometheus-alertmanager fio wrk iproute2
-# pytest-xdist: 4 workers on 2 cores (much of the suite waits on real servers, promtool and namespaces), a
-# module's tests on one worker but for a few listed modules, the `long` tests first (tests/conftest.py).
-XDIST  ?= -n 4 --dist loadscope
+# pytest-xdist: 6 workers on 2 cores (much of the suite waits on real servers, promtool and namespaces: with 4, the
+# cores idled 114 of 690 core-seconds; with 6, about 50; with 8 the fabric fleet's slots, sized under that load,
+# made its module the last to end), a module's tests on one worker but for a few listed modules, the `long` tests
+# first (tests/conftest.py).
+XDIST  ?= -n 6 --dist loadscope
 PYTEST_ARGS ?=
 # The tests write bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE=1 on this project's
 # machines): pytest caches its assertion-rewritten test modules only then (collection 8 -> 3 CPU s in each of the
