@@ -48,6 +48,7 @@ from fleetcanary.probes.base import (
     Sample,
 )
 from fleetcanary.probes.collectives.spec import ALGBW, BUSBW, LABELS, LAT, MAX_TOPO_BYTES, Config, bus_factor
+from fleetcanary.probes.lib import safefile
 from fleetcanary.probes.lib.spawn import module_command
 
 
@@ -163,9 +164,12 @@ class Collectives(Probe):
 # ---------------------------------------------------------------------- launching
 def _run_dir(state_dir: str) -> str:
     """A fresh directory for this run's ranks, <state_dir>/collectives/run-<worker pid>-<random>, after removing
-    those whose worker is gone (killed at a deadline, it could not remove its own)."""
+    those whose worker is gone (killed at a deadline, it could not remove its own). Where something else than
+    this user's directory is in collectives/'s place (a planted link), a private one in the system's temporary
+    directory."""
     root = os.path.join(state_dir, "collectives")
-    os.makedirs(root, mode=0o700, exist_ok=True)
+    if not safefile.private_dir(root):
+        return tempfile.mkdtemp(prefix="fleetcanary-ranks-")
     for name in os.listdir(root):
         pid = name.split("-")[1] if name.startswith("run-") and name.count("-") >= 2 else ""
         if pid.isdigit() and not _alive(int(pid)):
