@@ -108,6 +108,18 @@ print(json.dumps([before, after]))
     assert "fleetcanary.offline.compare" in after and "fleetcanary.offline.loadtest" not in after
 
 
+def test_collecting_the_suite_imports_no_torch():
+    """Every xdist worker collects every test module: a module that imports torch at import time (a constant, a
+    parametrize value, a skipif) costs each worker about 1.5 CPU-s, whatever tests it then runs."""
+    code = ("import io, contextlib, sys, pytest\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    code = pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests'])\n"
+            "print(int(code), sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split(None, 1) == ["0", "[]\n"], r.stdout
+
+
 def test_fleetcanary_help_lists_every_subcommand():
     r = subprocess.run([sys.executable, "-m", "fleetcanary", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
