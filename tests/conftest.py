@@ -66,7 +66,7 @@ SPREAD = {"tests/test_alerts.py"}  # one promtool process per rule-test file, up
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs `-n 4 --dist loadscope`; with loadscope, a module's tests stay on one worker (many share a
+    """`make test` runs `-n 6 --dist loadscope`; with loadscope, a module's tests stay on one worker (many share a
     module-scoped fixture: a fleet of daemons, a Prometheus, real result sets, which each worker would otherwise
     build again), except the SPREAD modules', which go one by one. Other --dist modes are xdist's own."""
     if config.getvalue("dist") != "loadscope":
@@ -91,12 +91,37 @@ def pytest_xdist_make_scheduler(config, log):
 LONGEST = ("tests/probes/test_fabric_netns.py", "tests/test_image.py", "tests/packaging/test_wheel.py")
 
 
+# Modules that mostly wait (a trickled request, a timeout, Alertmanager's group_wait, a daemon's next interval,
+# Hypothesis over sockets): under 25% of their real time on a CPU with 6 workers. In file order the reliability and
+# Alertmanager ones came last together and for 30-45 s every worker waited at once; run together right after the
+# long modules, they did the same there. Spread evenly through the others, their waits overlap with work.
+WAITING = ("tests/reliability/test_hostile_http.py", "tests/test_alertmanager.py", "tests/daemon/test_xid_watch.py",
+           "tests/remediate/test_with_alertmanager.py", "tests/reliability/test_claim_inbox.py",
+           "tests/probes/test_fabric_rendezvous_properties.py", "tests/test_coverage_live.py",
+           "tests/reliability/test_rendezvous_hostile.py", "tests/reliability/test_secrets.py",
+           "tests/runner/test_isolation.py", "tests/daemon/test_hard_faults.py", "tests/reliability/test_faults.py",
+           "tests/offline/test_loadtest.py", "tests/reliability/test_security.py", "tests/test_netns_harness.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `long` (a minute or more of real time) are collected first, the LONGEST modules' before the
     others, so under xdist they start at once on separate workers and the short ones fill the gaps, instead of one
-    long test starting last."""
-    def order(item) -> tuple[bool, int]:
-        module = item.nodeid.split("::", 1)[0]
-        return item.get_closest_marker("long") is None, LONGEST.index(module) if module in LONGEST else len(LONGEST)
+    long test starting last; the rest in file order, with the WAITING modules spread evenly among them."""
+    def module(item) -> str:
+        return item.nodeid.split("::", 1)[0]
 
-    items.sort(key=order)  # stable: otherwise in file order
+    def first(item) -> tuple[bool, int]:
+        return item.get_closest_marker("long") is None, LONGEST.index(module(item)) if module(item) in LONGEST \
+            else len(LONGEST)
+
+    items.sort(key=first)  # stable: otherwise in file order
+    rest = [m for m in dict.fromkeys(module(i) for i in items if i.get_closest_marker("long") is None)
+            if m not in WAITING]
+    waiting = [m for m in dict.fromkeys(module(i) for i in items) if m in WAITING]
+    slot = {m: (k + 1) * (len(rest) + 1) / (len(waiting) + 1) for k, m in enumerate(waiting)}
+    slot.update({m: k + 0.5 for k, m in enumerate(rest)})
+
+    def order(item) -> tuple[bool, float]:
+        return item.get_closest_marker("long") is None, slot.get(module(item), -1.0)
+
+    items.sort(key=order)

@@ -187,8 +187,9 @@ def test_the_import_check_sees_every_form_of_a_crossing(tmp_path):
 
 
 def test_the_modules_scheduled_first_exist_and_hold_long_tests():
-    """tests/conftest.py LONGEST: a renamed module would silently lose its place at the front of the run."""
-    from tests.conftest import LONGEST
+    """tests/conftest.py LONGEST and WAITING: a renamed module would silently lose its place in the run."""
+    from tests.conftest import LONGEST, WAITING
+    assert [m for m in WAITING if not (ROOT / m).is_file()] == []
     for module in LONGEST:
         text = (ROOT / module).read_text()
         assert "pytest.mark.long" in text, module
