@@ -92,7 +92,7 @@ LONGEST = ("tests/probes/test_fabric_netns.py", "tests/test_image.py", "tests/pa
 
 
 # Modules that mostly wait (a trickled request, a timeout, Alertmanager's group_wait, a daemon's next interval,
-# Hypothesis over sockets): under 25% of their real time on a CPU with 6 workers. In file order the reliability and
+# Hypothesis over sockets): under a third of their real time on a CPU with 6 workers. In file order the reliability and
 # Alertmanager ones came last together and for 30-45 s every worker waited at once; run together right after the
 # long modules, they did the same there. Spread evenly through the others, their waits overlap with work.
 WAITING = ("tests/reliability/test_hostile_http.py", "tests/test_alertmanager.py", "tests/daemon/test_xid_watch.py",
@@ -100,7 +100,9 @@ WAITING = ("tests/reliability/test_hostile_http.py", "tests/test_alertmanager.py
            "tests/probes/test_fabric_rendezvous_properties.py", "tests/test_coverage_live.py",
            "tests/reliability/test_rendezvous_hostile.py", "tests/reliability/test_secrets.py",
            "tests/runner/test_isolation.py", "tests/daemon/test_hard_faults.py", "tests/reliability/test_faults.py",
-           "tests/offline/test_loadtest.py", "tests/reliability/test_security.py", "tests/test_netns_harness.py")
+           "tests/offline/test_loadtest.py", "tests/reliability/test_security.py", "tests/test_netns_harness.py",
+           "tests/daemon/test_claim.py", "tests/daemon/test_prometheus.py", "tests/test_rules_cli.py",
+           "tests/offline/test_compare.py", "tests/probes/test_inference_targets.py")
 
 
 def pytest_collection_modifyitems(config, items):

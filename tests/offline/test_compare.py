@@ -3,10 +3,14 @@
 The real runs show the pipeline works (once -> file -> compare -> a verdict). The verdicts themselves are tested on
 candidates constructed from the real baseline (a copy with known changes), so no verdict depends on how steady a shared
 machine was between two result sets."""
+import contextlib
+import io
 import json
+import subprocess
 
 import pytest
 
+from fleetcanary import cli
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
 from tests.support.results import config, fleetcanary, once, scale_figure, steady_runs
 
@@ -30,8 +34,14 @@ figures:
 """
 
 
-def compare(*args):
-    return fleetcanary("compare", *args)
+def compare(*args) -> subprocess.CompletedProcess:
+    """`fleetcanary compare ARGS` through the CLI's main() in this process (a dozen verdicts, each a Python start-up
+    saved); the tests below that call fleetcanary("compare", ...) run it as a process, exit code and all."""
+    argv = ["compare", *map(str, args)]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return subprocess.CompletedProcess(["fleetcanary", *argv], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
