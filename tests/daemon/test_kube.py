@@ -31,7 +31,9 @@ def api(tmp_path):
 
 
 def kube_cfg(**over):
-    data = {"kubernetes": {"mode": "on", "pool_label": "example.com/pool", "api_timeout_seconds": 1.0, **over}}
+    # 10 s: the stand-in answers in milliseconds, but on a loaded 2-core machine a TLS request once took over 1 s;
+    # the test of a hanging API sets its own 0.5 s
+    data = {"kubernetes": {"mode": "on", "pool_label": "example.com/pool", "api_timeout_seconds": 10.0, **over}}
     return configmod.settings_model()(**data).kubernetes
 
 
