@@ -10,18 +10,10 @@ class StopWaiting(AssertionError):
     on exited): wait_for fails at once with it instead of polling to the deadline."""
 
 
-BACKOFF_AFTER = 2.0   # seconds of polling at the asked interval
-SLOWEST = 0.25        # the widest a short interval grows to
-
-
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value (returned) or the deadline passes (AssertionError
-    naming ``what`` and the predicate's last exception, if any). A short ``interval`` widens, after the first
-    BACKOFF_AFTER seconds, by half each poll up to SLOWEST: a wait that lasts is mostly for something seconds
-    away (a probe's next run, a slot, a scrape), and 20 polls a second of a daemon's /metrics cost the daemon a
-    good part of a core on a loaded machine."""
-    start = time.monotonic()
-    deadline = start + timeout
+    naming ``what`` and the predicate's last exception, if any)."""
+    deadline = time.monotonic() + timeout
     last_exc = None
     while time.monotonic() < deadline:
         try:
@@ -33,8 +25,6 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
         except Exception as exc:  # noqa: BLE001 - keep polling; report the last error
             last_exc = exc
         time.sleep(interval)
-        if interval < SLOWEST and time.monotonic() - start > BACKOFF_AFTER:
-            interval = min(interval * 1.5, SLOWEST)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}"
                          + (f" (last error: {last_exc})" if last_exc else ""))
 
