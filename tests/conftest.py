@@ -112,18 +112,17 @@ def pytest_collection_modifyitems(config, items):
     def module(item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    def first(item) -> tuple[bool, int]:
-        return item.get_closest_marker("long") is None, LONGEST.index(module(item)) if module(item) in LONGEST \
-            else len(LONGEST)
+    def is_long(item) -> bool:
+        return item.get_closest_marker("long") is not None
 
-    items.sort(key=first)  # stable: otherwise in file order
-    rest = [m for m in dict.fromkeys(module(i) for i in items if i.get_closest_marker("long") is None)
-            if m not in WAITING]
+    rest = [m for m in dict.fromkeys(module(i) for i in items if not is_long(i)) if m not in WAITING]
     waiting = [m for m in dict.fromkeys(module(i) for i in items) if m in WAITING]
     slot = {m: (k + 1) * (len(rest) + 1) / (len(waiting) + 1) for k, m in enumerate(waiting)}
     slot.update({m: k + 0.5 for k, m in enumerate(rest)})
 
-    def order(item) -> tuple[bool, float]:
-        return item.get_closest_marker("long") is None, slot.get(module(item), -1.0)
+    def order(item) -> tuple[bool, int, float]:
+        if is_long(item):
+            return False, LONGEST.index(module(item)) if module(item) in LONGEST else len(LONGEST), 0.0
+        return True, 0, slot[module(item)]
 
-    items.sort(key=order)
+    items.sort(key=order)  # stable: otherwise in file order
