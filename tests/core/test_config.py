@@ -1,5 +1,3 @@
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -7,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetcanary import cli
 from fleetcanary.core import config as configmod
+from tests.support.results import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,16 +42,9 @@ INVALID = [
 
 
 def check_config(path: str) -> subprocess.CompletedProcess:
-    """`fleetcanary check-config PATH` through the CLI's own main(), in this process: the same parser, loader and
-    messages without a Python start-up per case (a few dozen cases). The process exit of a bad config is
+    """`fleetcanary check-config PATH` in-process (a few dozen cases); the process exit of a bad config is
     test_run_with_bad_config_exits_2_without_traceback's, through `python -m fleetcanary`."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(["check-config", path])
-        except SystemExit as exc:
-            code = exc.code
-    return subprocess.CompletedProcess(["fleetcanary", "check-config", path], code, out.getvalue(), err.getvalue())
+    return cli_in_process("check-config", path)
 
 
 @pytest.mark.parametrize("text,fragment", INVALID, ids=[f"invalid{i}" for i in range(len(INVALID))])

@@ -3,16 +3,13 @@
 The real runs show the pipeline works (once -> file -> compare -> a verdict). The verdicts themselves are tested on
 candidates constructed from the real baseline (a copy with known changes), so no verdict depends on how steady a shared
 machine was between two result sets."""
-import contextlib
-import io
 import json
 import subprocess
 
 import pytest
 
-from fleetcanary import cli
 from fleetcanary.offline.simulate_llm import SimSettings, start_in_thread
-from tests.support.results import config, fleetcanary, once, scale_figure, steady_runs
+from tests.support.results import cli_in_process, config, fleetcanary, once, scale_figure, steady_runs
 
 # Host memory bandwidth and gloo collectives are left out: on this shared 2-core VM they shift by up to
 # 40% between back-to-back result sets (compare rightly calls that a regression); storage and the
@@ -35,13 +32,8 @@ figures:
 
 
 def compare(*args) -> subprocess.CompletedProcess:
-    """`fleetcanary compare ARGS` through the CLI's main() in this process (a dozen verdicts, each a Python start-up
-    saved); the tests below that call fleetcanary("compare", ...) run it as a process, exit code and all."""
-    argv = ["compare", *map(str, args)]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return subprocess.CompletedProcess(["fleetcanary", *argv], code, out.getvalue(), err.getvalue())
+    """In-process (a dozen verdicts); the tests that call fleetcanary("compare", ...) run it as a process."""
+    return cli_in_process("compare", *args)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,6 @@
 """Real `fleetcanary once --json` result files for the acceptance, compare and report tests."""
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -7,6 +9,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from fleetcanary import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +45,20 @@ def once(cfg: Path, out: Path, probes: list[str], repeat: int = 3, extra: list[s
 def fleetcanary(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fleetcanary", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, timeout=timeout)
+
+
+def cli_in_process(*args) -> subprocess.CompletedProcess:
+    """`fleetcanary ARGS` through the CLI's own main() in this process: the same parser, code and messages without a
+    Python start-up (tests with dozens of cases; each module keeps one run through `python -m fleetcanary` for the
+    process exit). A SystemExit (a config error's exit 2) is its return code."""
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return subprocess.CompletedProcess(["fleetcanary", *argv], code, out.getvalue(), err.getvalue())
 
 
 def scale_figure(src: Path, dst: Path, probe: str, name: str, factor: float) -> int:
