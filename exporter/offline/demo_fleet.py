@@ -108,10 +108,13 @@ def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fa
     return cfg
 
 
+def interval(fast: bool) -> str:
+    return "2s" if fast else "5s"
+
+
 def prometheus_config(targets: dict[str, str], alertmanager: str, rule_files: list[Path], fast: bool) -> dict:
-    interval = "2s" if fast else "5s"
     return {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+        "global": {"scrape_interval": interval(fast), "evaluation_interval": interval(fast),
                    "external_labels": {"demo": "fleetcanary"}},
         "rule_files": [str(f) for f in rule_files],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},

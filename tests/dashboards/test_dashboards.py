@@ -21,6 +21,9 @@ import pytest
 import yaml
 
 from dashboards import build
+from fleetcanary.core import resources
+from fleetcanary.offline import demo_host
+from fleetcanary.offline import local_services as svc
 from fleetcanary.probes.lib import yamltext
 from harness import backfill
 from harness.backfill import RECORD_NAME, BackfilledPrometheus, backfill_rules, create_blocks
@@ -284,6 +287,25 @@ def test_every_panel_query_returns_data(live, synthetic):
     missing += [(b, t, e) for b, t, e in synth
                 if not synthetic.query(substitute(e, node, "15m"), synthetic.end)]
     assert not missing, "panels that return nothing:\n" + "\n".join(f"{b}: {t}: {e}" for b, t, e in missing)
+
+
+def test_the_fast_host_demo_evaluates_every_group_every_few_seconds_and_changes_nothing_else(tmp_path):
+    """A group's own interval overrides Prometheus's global one: `demo --this-host --fast` writes copies of the
+    shipped rule files with every group at the fast interval (its fleet overview joins on the inventory's
+    records, which were a minute late), each rule as shipped; promtool checks the copies."""
+    promtool = require_binary("promtool")
+    with resources.rule_files() as shipped:
+        fast = svc.fast_rule_files(shipped, tmp_path, demo_host.interval(True))
+        before = [yamltext.load(p.read_text()) for p in shipped]
+    after = [yamltext.load(p.read_text()) for p in fast]
+    assert [p.name for p in fast] == [p.name for p in shipped] and all(p.parent == tmp_path for p in fast)
+    groups = [g for doc in after for g in doc["groups"]]
+    assert len(groups) >= 10 and {g["interval"] for g in groups} == {"2s"}
+    assert {g.get("interval") for doc in before for g in doc["groups"]} >= {"1m", "5m", "15m"}
+    strip = [[{k: v for k, v in g.items() if k != "interval"} for g in doc["groups"]] for doc in before]
+    assert [[{k: v for k, v in g.items() if k != "interval"} for g in doc["groups"]] for doc in after] == strip
+    r = subprocess.run([promtool, "check", "rules", *map(str, fast)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_template_variable_queries_resolve(live, synthetic):
