@@ -162,8 +162,9 @@ def test_demo_loads_every_rule_group_into_prometheus(venv, outside, tmp_path):
     out = tmp_path / "demo.out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     with open(out, "wb") as log:
-        # the fleet demo: its simulated nodes read the recorded NVML facts the wheel carries
-        proc = subprocess.Popen([str(venv / "bin/fleetcanary"), "demo", "--fast", "--nodes", "2",
+        # the fleet demo: its simulated nodes read the recorded NVML facts the wheel carries (not --fast, which
+        # loads copies of the rule files with every group at 2 s)
+        proc = subprocess.Popen([str(venv / "bin/fleetcanary"), "demo", "--nodes", "2",
                                  "--prometheus-listen", "127.0.0.1:0", "--alertmanager-listen", "127.0.0.1:0",
                                  "--workdir", str(tmp_path / "w"), "--duration", "300"],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=outside, env=env, start_new_session=True)

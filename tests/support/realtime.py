@@ -2,9 +2,9 @@
 a verdict that depends on the machine's speed or load.
 
 ``SlotPlan.measure``: the fabric probe's slot, meeting window and deadline sized from what this
-machine measures now (the wall time of a worker's imports and of a torch import under the current
-load), instead of constants tuned on one machine. A fast machine gets short slots (a fast test); a
-loaded one gets the room it needs.
+machine measures now (the wall time of the workers' imports and torch imports, started together as
+the daemons start them, under the current load), instead of constants tuned on one machine. A fast
+machine gets short slots (a fast test); a loaded one gets the room it needs.
 
 The other half is how such tests wait: ``helpers.wait_for`` with a predicate that raises
 ``StopWaiting`` on *evidence* read from what the daemons recorded (so many attempts made and
@@ -25,23 +25,20 @@ WORKER_IMPORTS = "import fleetcanary.runner.worker, fleetcanary.probes.fabric.pr
 TORCH_IMPORTS = "import torch, torch.distributed"
 
 
-def wall_of(code: str, repeats: int = 2) -> float:
-    """The longest wall time of ``python -I -c code`` over ``repeats`` runs (the first may read from disk)."""
+def wall_together(code: str, workers: int) -> float:
+    """The longest wall time of ``workers`` copies of ``python -I -c code`` started together, as the daemons
+    start their workers at a slot's start, after one run alone that reads the files from disk: what the
+    fleet's workers will meet, beside whatever else the machine runs at the moment."""
+    subprocess.run([sys.executable, "-I", "-c", code], check=True, capture_output=True, timeout=600)
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-I", "-c", code], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for _ in range(workers)]
     worst = 0.0
-    for _ in range(repeats):
-        t0 = time.monotonic()
-        subprocess.run([sys.executable, "-I", "-c", code], check=True, capture_output=True, timeout=600)
+    for p in procs:
+        if p.wait(timeout=600) != 0:
+            raise RuntimeError(f"python -I -c {code!r} exited {p.returncode}")
         worst = max(worst, time.monotonic() - t0)
     return worst
-
-
-def contention(workers: int) -> float:
-    """How much slower each of ``workers`` processes running at once is than one alone, on this machine's
-    cores beside its current load (the 1-minute load average: the processes already competing). Alone, a
-    process gets min(1, cores / (load + 1)) of a core; with the others, min(1, cores / (load + workers)).
-    Idle, 4 workers on 2 cores: 2x; beside 16 busy processes, 4 more change little: 1.2x."""
-    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
-    return min(1.0, cores / (load + 1)) / min(1.0, cores / (load + workers))
 
 
 @dataclass(frozen=True)
@@ -57,20 +54,23 @@ class SlotPlan:
 
     @classmethod
     def measure(cls, workers: int, sweep_seconds: float, safety: float = 2.0, kill_grace: int = 2) -> SlotPlan:
-        """``workers`` start together at every slot start. Each measured wall time (one process alone, under
-        the load of the moment) is scaled by how much more ``workers`` at once slow each other down on this
-        machine's cores beside that load (``contention``), and by ``safety``. The meeting window holds the
-        workers' start; the deadline adds their torch import and the sweep (``sweep_seconds``: its transfers
-        at the test's link rate, the process group, the result); the slot adds the kill grace."""
-        start, torch = wall_of(WORKER_IMPORTS), wall_of(TORCH_IMPORTS)
-        share = contention(workers)
-        meet_offset = max(2, math.ceil(safety * share * start))
+        """``workers`` start together at every slot start: their imports and torch imports are measured that
+        way (``wall_together``), under the load of the moment, and scaled by ``safety``. The meeting window holds
+        the workers' start; the deadline adds their torch import and the sweep (``sweep_seconds``: its transfers
+        at the test's link rate, the process group, the result); the slot adds the kill grace.
+
+        (It was one process alone, its worst of two, times a contention factor from the 1-minute load average.
+        At the start of `make test` the load average still showed the idle minute before while six test
+        workers started at once: a torch import alone took 9.3 s, the factor said 1.5 more, and the slot came
+        out at 59 s for runs that took 5-7.6 s.)"""
+        start, torch = wall_together(WORKER_IMPORTS, workers), wall_together(TORCH_IMPORTS, workers)
+        meet_offset = max(2, math.ceil(safety * start))
         wait = max(4, meet_offset)
-        timeout = meet_offset + wait + math.ceil(safety * share * torch + sweep_seconds)
+        timeout = meet_offset + wait + math.ceil(safety * torch + sweep_seconds)
         slot = timeout + kill_grace + 2
         return cls(slot, meet_offset, wait, timeout, kill_grace,
                    {"worker_imports_s": round(start, 2), "torch_import_s": round(torch, 2),
-                    "contention": round(share, 2), "load1": round(os.getloadavg()[0], 1)})
+                    "load1": round(os.getloadavg()[0], 1)})
 
     def window_end(self, slot_index: int) -> int:
         """Unix time at which the meeting window of slot ``slot_index`` closes."""
