@@ -11,7 +11,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -19,6 +18,7 @@ from fleetcanary.core import config as configmod
 from fleetcanary.probes.lib import yamltext
 from tests.support import prometheus_operator
 from tests.support.helpers import require_tool
+from tests.support.kubernetes_schemas import kubernetes_validate
 from tests.support.pod_security import pod_specs, violations
 from tests.test_admission_policy import privileged, refusals
 from tests.test_deploy import K8S_VERSION, kustomize, one, selects

@@ -8,7 +8,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import kubernetes_validate
 import pydantic
 import pytest
 import yaml
@@ -18,6 +17,7 @@ from fleetcanary.probes.lib import yamltext
 from harness.kube_api import K8S_VERSION
 from tests.support import prometheus_operator
 from tests.support.helpers import require_binary
+from tests.support.kubernetes_schemas import kubernetes_validate
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -212,9 +212,8 @@ def test_an_api_that_refuses_the_claim_is_counted_and_survived(tmp_path, api):
 
 
 def test_the_claim_pod_validates_against_the_kubernetes_schema(tmp_path, api):
-    import kubernetes_validate
-
     from fleetcanary.daemon.claim import claim_pod
+    from tests.support.kubernetes_schemas import kubernetes_validate
     from tests.test_deploy import K8S_VERSION
 
     now = [time.time()]

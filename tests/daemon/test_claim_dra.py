@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import kubernetes_validate
 import pytest
 
 from tests.daemon.test_claim import NODE, held_for_an_hour
 from tests.support.kube_api import DRA_SCHEMA_VERSION, KubeAPI, node
+from tests.support.kubernetes_schemas import kubernetes_validate
 from tests.test_deploy import K8S_VERSION
 
 SLICES = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "dra" / "resourceslices.json").read_text())

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import subprocess
 
-import kubernetes_validate
 import yaml
 
 from fleetcanary.probes.lib import yamltext
 from fleetcanary.remediate import config
 from tests.support.helpers import require_binary
+from tests.support.kubernetes_schemas import kubernetes_validate
 from tests.test_deploy import K8S_VERSION, ROOT, kustomize, one
 
 COMPONENT = ROOT / "deploy/components/remediate"
