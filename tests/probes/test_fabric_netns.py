@@ -188,7 +188,7 @@ class Fleet:
     def wait_tournament(self) -> dict:
         """Every pair met on both sides; fails once a pair's own scheduled slots say it will not."""
         return wait_for(lambda: self.m.all_pairs_met(PAIRS, ATTEMPTS), timeout=self.hang, interval=1.0,
-                        what="every pair measured on both sides")
+                        what=f"every pair measured on both sides ({self.plan})")
 
     def share(self) -> dict[str, float]:
         """The slow share of each node whenever it had the minimum of partners (before that, no verdict)."""

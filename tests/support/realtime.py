@@ -53,16 +53,17 @@ class SlotPlan:
     measured: dict = field(default_factory=dict, compare=False)   # what the plan was derived from
 
     @classmethod
-    def measure(cls, workers: int, sweep_seconds: float, safety: float = 2.0, kill_grace: int = 2) -> SlotPlan:
+    def measure(cls, workers: int, sweep_seconds: float, safety: float = 1.5, kill_grace: int = 2) -> SlotPlan:
         """``workers`` start together at every slot start: their imports and torch imports are measured that
         way (``wall_together``), under the load of the moment, and scaled by ``safety``. The meeting window holds
         the workers' start; the deadline adds their torch import and the sweep (``sweep_seconds``: its transfers
         at the test's link rate, the process group, the result); the slot adds the kill grace.
 
-        (It was one process alone, its worst of two, times a contention factor from the 1-minute load average.
-        At the start of `make test` the load average still showed the idle minute before while six test
-        workers started at once: a torch import alone took 9.3 s, the factor said 1.5 more, and the slot came
-        out at 59 s for runs that took 5-7.6 s.)"""
+        (It was one process alone, its worst of two, times a contention factor from the 1-minute load average,
+        and a safety of 2. At the start of `make test` the load average still showed the idle minute before
+        while six test workers started at once: a torch import alone took 9.3 s, the factor said 1.5 more, and
+        the slot came out at 59 s for runs that took 5-7.6 s. Measured together at that moment, four imports
+        took 12 s; with a safety of 1.5 the deadline is still 4 times what the runs took.)"""
         start, torch = wall_together(WORKER_IMPORTS, workers), wall_together(TORCH_IMPORTS, workers)
         meet_offset = max(2, math.ceil(safety * start))
         wait = max(4, meet_offset)
