@@ -77,9 +77,11 @@ class Container:
                 raise RuntimeError(f"umoci {what}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
         return json.loads((self.bundle / "config.json").read_text())
 
-    def configure(self, args: list[str], state_dir: str = "/var/lib/fleetcanary") -> dict:
+    def configure(self, args: list[str], state_dir: str = "/var/lib/fleetcanary",
+                  files: dict[str, Path] | None = None) -> dict:
         """The bundle's config as the pod runs it, on the host network, running `args` (e.g. ["fleetcanary",
-        "run", "--listen-address", "127.0.0.1:PORT"])."""
+        "run", "--listen-address", "127.0.0.1:PORT"]); `files`: container path -> host file, mounted read-only
+        (as a ConfigMap is)."""
         path = self.bundle / "config.json"
         cfg = json.loads(path.read_text())
         proc = cfg["process"]
@@ -95,10 +97,11 @@ class Container:
             cfg["mounts"].append({"destination": dest, "type": "tmpfs", "source": "tmpfs",
                                   "options": ["nosuid", "nodev", "size=256m", *opts]})
         # the host's resolver and name, read-only, as a runtime provides them
-        for f in ("/etc/resolv.conf", "/etc/hosts"):
-            cfg["mounts"] = [m for m in cfg["mounts"] if m["destination"] != f]
-            if Path(f).exists():
-                cfg["mounts"].append({"destination": f, "type": "bind", "source": f, "options": ["rbind", "ro"]})
+        binds = {f: f for f in ("/etc/resolv.conf", "/etc/hosts") if Path(f).exists()}
+        binds.update({dest: str(src) for dest, src in (files or {}).items()})
+        for dest, src in binds.items():
+            cfg["mounts"] = [m for m in cfg["mounts"] if m["destination"] != dest]
+            cfg["mounts"].append({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "ro"]})
         path.write_text(json.dumps(cfg, indent=2))
         return cfg
 
