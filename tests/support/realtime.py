@@ -27,9 +27,9 @@ TORCH_IMPORTS = "import torch, torch.distributed"
 
 def wall_together(code: str, workers: int) -> float:
     """The longest wall time of ``workers`` copies of ``python -I -c code`` started together, as the daemons
-    start their workers at a slot's start, after one run alone that reads the files from disk: what the
-    fleet's workers will meet, beside whatever else the machine runs at the moment."""
-    subprocess.run([sys.executable, "-I", "-c", code], check=True, capture_output=True, timeout=600)
+    start their workers at a slot's start: what the fleet's workers will meet, beside whatever else the
+    machine runs at the moment. (Where the files are not in the page cache yet, the first reads count too: a
+    longer slot, never a shorter one.)"""
     t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-I", "-c", code], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for _ in range(workers)]
