@@ -20,6 +20,7 @@ import yaml
 from fleetcanary.probes.lib import yamltext
 from harness.container import Container, is_root, uid_of
 from scripts import build_image
+from tests.conftest import SMALL_HOST_BW
 from tests.support.helpers import StopWaiting, free_port, http_get, require_binary, unavailable, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,8 +175,7 @@ def container(cpu_image, tmp_path_factory):
         # The defaults, but for host_memory_bandwidth's arrays: three of 1 GiB (the cap; 4 x this VM's 480 MiB
         # LLC) took 15 CPU-s while these tests read /metrics
         config = c.workdir / "fleetcanary.yaml"
-        config.write_text(yaml.safe_dump({"probes": {"host_memory_bandwidth": {
-            "params": {"array_bytes": 8 << 20, "repeats": 2}}}}))
+        config.write_text(yaml.safe_dump({"probes": {"host_memory_bandwidth": {"params": SMALL_HOST_BW["params"]}}}))
         config.chmod(0o644)
         c.configure(["fleetcanary", "run", "--config", "/etc/fleetcanary.yaml",
                      "--listen-address", f"127.0.0.1:{port}"], files={"/etc/fleetcanary.yaml": config})

@@ -246,7 +246,7 @@ def _run(demo: Demo, binaries: dict[str, str], rule_files: list[Path], dashboard
         prom = svc.free_address(args.prometheus_listen)
         pcfg = workdir / "prometheus.yml"
         if args.fast:
-            rule_files = svc.fast_rule_files(rule_files, workdir / "rules", fleet.interval(True))
+            rule_files = svc.fast_rule_files(rule_files, workdir / "rules")
         pcfg.write_text(yaml.safe_dump(fleet.prometheus_config(targets, am, rule_files, args.fast), sort_keys=False))
         demo.start("prometheus", [binaries["prometheus"], f"--config.file={pcfg}",
                                   f"--storage.tsdb.path={workdir / 'prometheus'}", f"--web.listen-address={prom}",

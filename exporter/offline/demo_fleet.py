@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcanary.offline import demo_kube
+from fleetcanary.offline import local_services as svc
 from fleetcanary.probes import PROBES
 from fleetcanary.probes.lib import yamltext
 from fleetcanary.probes.testing.nvml_fake import FACTS_DIR
@@ -108,13 +109,10 @@ def exporter_config(workdir: Path, node: str, listen: str, llm_base_url: str, fa
     return cfg
 
 
-def interval(fast: bool) -> str:
-    return "2s" if fast else "5s"
-
-
 def prometheus_config(targets: dict[str, str], alertmanager: str, rule_files: list[Path], fast: bool) -> dict:
+    interval = svc.FAST_INTERVAL if fast else "5s"
     return {
-        "global": {"scrape_interval": interval(fast), "evaluation_interval": interval(fast),
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
                    "external_labels": {"demo": "fleetcanary"}},
         "rule_files": [str(f) for f in rule_files],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},

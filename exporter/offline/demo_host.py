@@ -59,13 +59,10 @@ def demo_config(workdir: Path, listen: str, llm_base_url: str, fast: bool) -> di
     }
 
 
-def interval(fast: bool) -> str:
-    return "2s" if fast else "15s"
-
-
 def prometheus_config(exporter: str, node: str, fast: bool, rule_files: list[Path]) -> dict:
+    interval = svc.FAST_INTERVAL if fast else "15s"
     return {
-        "global": {"scrape_interval": interval(fast), "evaluation_interval": interval(fast)},
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(f) for f in rule_files],
         "scrape_configs": [{"job_name": "fleetcanary", "static_configs": [{"targets": [exporter]}],
                             "relabel_configs": [{"target_label": "node", "replacement": node}]}],
@@ -104,7 +101,7 @@ def _run(args, rule_files: list[Path], dashboards: Path) -> int:
             plisten = svc.free_address(args.prometheus_listen)
             pcfg = workdir / "prometheus.yml"
             if args.fast:
-                rule_files = svc.fast_rule_files(rule_files, workdir / "rules", interval(True))
+                rule_files = svc.fast_rule_files(rule_files, workdir / "rules")
             pcfg.write_text(yaml.safe_dump(prometheus_config(listen, socket.gethostname() or "demo", args.fast,
                                                              rule_files)))
             with open(workdir / "prometheus.log", "ab") as prom_log:

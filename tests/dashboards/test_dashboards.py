@@ -22,7 +22,6 @@ import yaml
 
 from dashboards import build
 from fleetcanary.core import resources
-from fleetcanary.offline import demo_host
 from fleetcanary.offline import local_services as svc
 from fleetcanary.probes.lib import yamltext
 from harness import backfill
@@ -295,12 +294,12 @@ def test_the_fast_host_demo_evaluates_every_group_every_few_seconds_and_changes_
     records, which were a minute late), each rule as shipped; promtool checks the copies."""
     promtool = require_binary("promtool")
     with resources.rule_files() as shipped:
-        fast = svc.fast_rule_files(shipped, tmp_path, demo_host.interval(True))
+        fast = svc.fast_rule_files(shipped, tmp_path)
         before = [yamltext.load(p.read_text()) for p in shipped]
     after = [yamltext.load(p.read_text()) for p in fast]
     assert [p.name for p in fast] == [p.name for p in shipped] and all(p.parent == tmp_path for p in fast)
     groups = [g for doc in after for g in doc["groups"]]
-    assert len(groups) >= 10 and {g["interval"] for g in groups} == {"2s"}
+    assert len(groups) >= 10 and {g["interval"] for g in groups} == {svc.FAST_INTERVAL} == {"2s"}
     assert {g.get("interval") for doc in before for g in doc["groups"]} >= {"1m", "5m", "15m"}
     strip = [[{k: v for k, v in g.items() if k != "interval"} for g in doc["groups"]] for doc in before]
     assert [[{k: v for k, v in g.items() if k != "interval"} for g in doc["groups"]] for doc in after] == strip

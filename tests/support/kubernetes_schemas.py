@@ -11,7 +11,6 @@ import functools
 import kubernetes_validate
 from kubernetes_validate import utils
 
-if not hasattr(utils.schema_contents, "cache_info"):
-    utils.schema_contents = functools.cache(utils.schema_contents)
+utils.schema_contents = functools.cache(utils.schema_contents)  # a module runs once per process
 
 __all__ = ["kubernetes_validate"]
