@@ -66,6 +66,11 @@ previous driver's baseline, which judges the first two weeks on the new one.
   before it. The fleet judges it against the nodes upgraded the same way: the driver's own effect
   is common to them and cancels, and a GPU that lost more stands out, also when its fault came with
   the upgrade (a baseline on the new driver would have absorbed it).
+- before: until the driver now running has a median (its first MEDIAN_RUNS runs: hours, a day on a busy GPU),
+  the verdict on the driver before it as of that driver's last run (its median and change). The node publishes
+  it under the previous driver's label as a held figure, so a page on a GPU that was slow before its upgrade
+  holds until the new driver has a verdict of its own, instead of resolving when the old driver's statistics
+  stop and paging again hours later (issue 38: 8-12 faults per fleet paged twice across the rolling upgrade).
 - drift: the median of the runs of the 24 h before the newest run, each taken hour for hour as in
   the level, over the baseline: a slow ramp that the 5-run figure's noise hides. The day's median
   needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN, and enough runs that its standard error
@@ -132,6 +137,7 @@ class Stats:
     previous_baseline: float | None = None
     previous_change: float | None = None
     drift: float | None = None
+    before: Stats | None = None     # the previous driver's verdict while this one has no median (module docstring)
 
     @property
     def state(self) -> str:
@@ -238,6 +244,7 @@ class Series:
         self.previous = ""
         self.runs = 0                 # runs on the current driver
         self.last = 0.0
+        self.before: Stats | None = None  # the previous driver's verdict until this one has a median
         self.today = -1
         self.median_runs = median_runs(fig)
         self.tail: deque[tuple[float, float]] = deque(maxlen=self.median_runs)  # newest runs, current driver
@@ -261,6 +268,9 @@ class Series:
             return  # out of order (a clock step back): the statistics are over runs in time order
         if driver != self.driver:
             if self.driver:
+                before = self.stats()  # the old driver's runs, before they stop counting
+                if before is not None and before.median is not None:
+                    self.before = before
                 self.previous = self.driver
             self.driver = driver
             self.runs = 0
@@ -389,6 +399,9 @@ class Series:
         median, newest = self._median(), self._newest()
         if median is not None:
             out["median"] = median
+            self.before = None
+        elif self.before is not None:
+            out["before"] = self.before
         if newest is not None:
             out["newest"] = newest
         if not fig.history:

@@ -349,6 +349,26 @@ def test_a_driver_upgrade_restarts_the_series_and_judges_it_against_the_previous
     assert s.stats().previous_change is None                           # two weeks on: the old days are gone
 
 
+def test_the_previous_drivers_verdict_stands_until_the_new_driver_has_a_median():
+    """Issue 38: a GPU 10% slow before its upgrade published nothing for the hours its new driver took to reach a
+    median (busy, 11 hours), so its page resolved and paged again. Its old driver's verdict stands until then."""
+    s = Series(GPU_BW)
+    t = steady_days(s, 4, noise=0.0)
+    t = feed(s, t, 900.0, [0.9] * MEDIAN_RUNS)                      # slow on the old driver
+    old = s.stats()
+    assert old.change == pytest.approx(0.9) and old.before is None
+    t = feed(s, t, 900.0, [0.85], driver="580.1")                   # the first run on the new driver
+    st = s.stats()
+    assert st.median is None and st.before == old                   # the old verdict as of its last run
+    assert st.before.driver == DRIVER and st.before.last < st.last
+    t = feed(s, t, 900.0, [0.85] * (MEDIAN_RUNS - 2), driver="580.1")
+    assert s.stats().before == old
+    feed(s, t, 900.0, [0.85], driver="580.1")                       # the new driver's own median
+    st = s.stats()
+    assert st.median == pytest.approx(0.85) and st.before is None
+    assert st.previous_change == pytest.approx(0.85)
+
+
 def test_a_clock_step_back_is_not_a_run_out_of_order():
     s = Series(GPU_BW)
     feed(s, 10_000.0, 900.0, [1.0] * MEDIAN_RUNS)

@@ -193,3 +193,32 @@ def test_a_held_series_publishes_no_newest_runs_so_a_held_figure_starts_no_page(
     assert 0 < fresh["fleetcanary_judge_newest"] == shown < 24 == held["fleetcanary_judge_median"]
     assert held["fleetcanary_judge_newest"] == 0
     assert held["fleetcanary_judge_change"] == fresh["fleetcanary_judge_change"] == 24
+
+
+def test_after_an_upgrade_the_old_drivers_verdict_is_published_held_until_the_new_one_has_a_median(tmp_path):
+    """Issue 38: the previous driver's median and change stay published, under its driver_version, while the new
+    driver warms up (a busy GPU: for a day at most), so a page on a GPU slow before its upgrade holds across it."""
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 3, probes={"gpu_bandwidth"})
+    rng = random.Random(7)
+    for k in range(3):                                               # three runs on the new driver, then busy
+        store.observe(record("gpu_bandwidth", end + k * 900, rng, driver="580.1"))
+    last = end + 2 * 900
+
+    def drivers(now: float) -> dict[str, set]:
+        out = exposition(store, now)
+        return {name: {(s[0]["driver_version"], s[0].get("baseline", "")) for s in out[name]}
+                for name in ("fleetcanary_judge_median", "fleetcanary_judge_change", "fleetcanary_judge_runs")}
+    warming = drivers(last + 3600)
+    assert warming["fleetcanary_judge_median"] == {(DRIVER, "")}
+    assert warming["fleetcanary_judge_change"] == {(DRIVER, "current_driver")}
+    assert warming["fleetcanary_judge_runs"] == {("580.1", "")}
+    assert len(exposition(store, last + 3600)["fleetcanary_judge_median"]) == 24
+    old_last = end - 900                                             # the old driver's last run
+    assert drivers(old_last + DAY - 60)["fleetcanary_judge_median"] == {(DRIVER, "")}
+    assert drivers(old_last + DAY + 60)["fleetcanary_judge_median"] == set()   # a day on: gone, as a held figure
+    for k in range(3, 7):                                            # the new driver's median
+        store.observe(record("gpu_bandwidth", end + k * 900, rng, driver="580.1"))
+    now = drivers(end + 6 * 900 + 60)
+    assert now["fleetcanary_judge_median"] == {("580.1", "")} and now["fleetcanary_judge_runs"] == set()
+    assert now["fleetcanary_judge_change"] == {("580.1", "previous_driver")}
