@@ -122,12 +122,14 @@ def firing(s: RuleSettings, name: str) -> str:
     return f'on({on_}) ALERTS{{alertname="{name}", alertstate="firing"}}'
 
 
-def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless: str = "", gate: str = "") -> str:
+def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless: str = "", gate: str = "",
+         settle: str = "") -> str:
     """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value`, the same gap
     the alert fires on (read through ``gap_of``: through a gap of up to `hold_gap` in the figure, the value recorded
     while the alert fired), is past `floor`, half the alert's own; `gate`, where given, is what must be past it
-    instead (the fast path: its median), and `value` is then only its value. So `$value` means one thing, fired or
-    held. Without it a steady fault near a threshold resolves and fires again whenever noise, the peers' MAD gate or
+    instead (the fast path: its median; a warning: its worst gap over `settle`, ``settle``), and `value` is then
+    only its value. So `$value` means one thing, fired or held: the gap now.
+    Without it a steady fault near a threshold resolves and fires again whenever noise, the peers' MAD gate or
     a gap in the figure moves it across (docs/detection.md, issue 38).
 
     `value` (and `gate`) read the node's statistic through ``gap_of``, which keeps only the series whose alert
@@ -137,16 +139,25 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
     branch to a firing alert, so it must be there."""
     if not s.hold:
         return ""
-    for part in (value, gate):
+    for part in (value, gate if not settle else ""):  # a settle gate is `and`-ed onto the narrowed value
         if part and firing(s, name) not in part:
             raise ValueError(f"{name}: a hold must read its statistic through gap_of(..., {name!r}): {part}")
-    node = ", ".join((*s.peer_labels, "node", "gpu", "series"))
+    node = ", ".join((*s.peer_labels, "node", "gpu", "series", *(("baseline",) if settle else ())))
     cond = (f"or {value} > {floor:g}" if not gate else
             f"or {value}\n  and on({node}) {gate} > {floor:g}")
-    value_note = ("\n# (the value is the newest runs' gap, the median's where those are not published)" if gate else "")
-    return (f"\n{HOLD_MARK} once firing, it stays firing while {what} is past {floor:g}, half the floor: the value\n"
-            f"# the group recorded of its firing series at this evaluation (through a gap in the figure, up to\n"
-            f"# {s.hold_gap} before){value_note}\n"
+    if settle:  # the warnings: the worst gap over the median's runs must be past half the floor (``settle``)
+        through = (f", or its newest\n# through a gap in the figure (up to {s.hold_gap} before)"
+                   if settle != s.hold_gap else ",\n# through a gap in the figure too")
+        recorded = (f"the worst value\n# the group recorded of its firing series over the last {settle} (the "
+                    f"median's runs){through}")
+        value_note = "\n# (the value is the gap at this evaluation)"
+    else:
+        recorded = (f"the value\n# the group recorded of its firing series at this evaluation (through a gap in the "
+                    f"figure, up to\n# {s.hold_gap} before)")
+        value_note = ("\n# (the value is the newest runs' gap, the median's where those are not published)"
+                      if gate else "")
+    return (f"\n{HOLD_MARK} once firing, it stays firing while {what} is past {floor:g}, half the floor: {recorded}"
+            f"{value_note}\n"
             + cond
             + (f"\n  unless {unless}" if unless else ""))
 
@@ -168,6 +179,17 @@ def held_name(stat: str, area: str) -> str:
     return f"node:fleetcanary_judge_{stat}:held_{area}"
 
 
+def settle(s: RuleSettings, f: judged.Figure) -> tuple[str, str]:
+    """How a warning's hold reads its firing series: the worst value recorded over the span of the median's runs
+    (``min_over_time`` for a higher-is-better figure; the figure's median runs times its interval, at most
+    `hold_gap`), so the alert resolves only once its gap has stayed under half the floor for a whole median's worth of
+    runs. A fault at the gate reads a little either side of it, and its median, moved by a few lucky runs, dipped
+    under half the floor for an hour now and then: the page resolved and fired again (a 3% GPU step on a 3% gate,
+    issue 38). Returns (function, window)."""
+    window = min(judge_stats.median_runs(f) * interval_minutes(s, f) * 60, seconds(s.hold_gap))
+    return ("min_over_time" if f.higher_is_better else "max_over_time"), dur(window)
+
+
 def gap_of(s: RuleSettings, selector: str, area: str, name: str, prefer: str = "") -> str:
     """A node's statistic as the hold of alert `name` reads it: of the series whose alert fires (``firing``), its
     newest value recorded while the alert fired or was pending (``held``, recorded before the group's alerts: the
@@ -185,6 +207,16 @@ def gap_of(s: RuleSettings, selector: str, area: str, name: str, prefer: str = "
         # a sharded group's records carry its shard label (alerts/build.py finish), the statistic does not
         read = f"({prefer} or{' ignoring(shard)' if s.pools else ''} {read})"
     return f"({read} and {firing(s, name)})"
+
+
+def worst_of(s: RuleSettings, selector: str, area: str, worst: tuple[str, str]) -> str:
+    """A warning's hold gate (``settle``): the worst value of the statistic `selector` recorded for its firing
+    series over the window, or its newest through a longer gap (up to `hold_gap`). Every series of the record, not
+    narrowed to one alert's: the gate is `and`-ed onto the hold's value, which is (``gap_of``)."""
+    name_, braces = selector.split("{", 1)
+    held = held_name(name_.removeprefix("fleetcanary_judge_"), area)
+    read = f"{worst[0]}({held}{{{braces}[{worst[1]}])"
+    return read if worst[1] == s.hold_gap else f"({read} or last_over_time({held}{{{braces}[{s.hold_gap}]))"
 
 
 def held_records(s: RuleSettings, area: str, pool: str, *held_by: tuple[str, str, bool]) -> list[dict]:

@@ -24,9 +24,11 @@ from fleetcanary.rules.common import (
     on,
     query,
     sel,
+    settle,
     spread,
     what,
     worse,
+    worst_of,
 )
 
 
@@ -74,7 +76,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path regression: the gap, how far its change against its own best day on this driver is\n"
         f"# worse than 1\n"
         f"{worse(f, cur)} > {f.history_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, cur, "own_history", name)), f.history_floor / 2, "the gap"),
+        + settled(s, f, name, cur, f.history_floor / 2),
         dur(max(2 * interval_minutes(s, f), 30) * 60), {"severity": "warning", "figure": f.key, "path": "regression"},
         f"{f.title} {'rose' if lower else 'fell'} against its own history",
         f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day of the last 14 on driver "
@@ -86,7 +88,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"# {f.title}, path driver_change: the gap, how far its change on the new driver against its best day\n"
             f"# on the previous one is worse than 1\n"
             f"{worse(f, prev)} > {f.history_floor:g}"
-            + hold(s, name, worse(f, gap_of(s, prev, "own_history", name)), f.history_floor / 2, "the gap"),
+            + settled(s, f, name, prev, f.history_floor / 2),
             dur(max(interval_minutes(s, f), 15) * 60),
             {"severity": "warning", "figure": f.key, "path": "driver_change"},
             f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
@@ -99,9 +101,17 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path drift: the gap, how far the median of its last day of runs against its best day on\n"
         f"# this driver is worse than 1\n"
         f"{worse(f, drift)} > {s.drift_floor:g}"
-        + hold(s, name, worse(f, gap_of(s, drift, "own_history", name)), s.drift_floor / 2, "the gap"),
+        + settled(s, f, name, drift, s.drift_floor / 2),
         dur(60 * 60), {"severity": "warning", "figure": f.key, "path": "drift"},
         f"{f.title} drifted from its best day",
         f"{what(f)}: its last day of runs is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on "
         f"this driver (a slow {'rise' if lower else 'decline'}). {median}. Path drift."))
     return out
+
+
+def settled(s: RuleSettings, f: judged.Figure, name: str, stat: str, floor: float) -> str:
+    """The hold of an own-history warning: its gap now, held while its worst over the median's runs is past `floor`
+    (``settle``)."""
+    worst = settle(s, f)
+    return hold(s, name, worse(f, gap_of(s, stat, "own_history", name)), floor, "the gap",
+                gate=worse(f, worst_of(s, stat, "own_history", worst)), settle=worst[1])

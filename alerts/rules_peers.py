@@ -31,9 +31,11 @@ from fleetcanary.rules.common import (
     query,
     record,
     sel,
+    settle,
     spread,
     what,
     worse,
+    worst_of,
 )
 from fleetcanary.rules.common import dur as _dur
 
@@ -94,12 +96,13 @@ def spread_records(s: RuleSettings, pool: str) -> list[dict]:
 
 
 def _ratio(s: RuleSettings, f: judged.Figure, stat: str, pool: str, g: str, held: str = "",
-           peer: str = "") -> str:
+           peer: str = "", worst: tuple[str, str] | None = None) -> str:
     """The node's statistic over its peers' median (of `peer`, default the same statistic); as the hold of alert
-    `held` reads it, where given (``gap_of``)."""
+    `held` reads it, where given (``gap_of``), or as a hold's gate reads its worst (``worst_of``)."""
     fm = f'figure="{f.key}"'
     mine = f"fleetcanary_judge_{stat}{sel(fm, pool)}"
-    return (f"{gap_of(s, mine, 'peers', held) if held else mine}\n"
+    read = worst_of(s, mine, "peers", worst) if worst else gap_of(s, mine, "peers", held) if held else mine
+    return (f"{read}\n"
             f"    / on({g}) group_left pool:fleetcanary_judge_{peer or stat}:peer_median{sel(fm)}")
 
 
@@ -140,7 +143,9 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
                  f"and on({node}, baseline) {worse(f, confirm)} > {floor:g}")
     # The hold compares what fired, without the MAD gate: against the peers, not its own baseline, whose
     # previous driver's (baseline=previous_driver) carries the new driver's own effect for two weeks.
-    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=name)), floor / 2, "the gap")
+    worst = settle(s, f)
+    expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=name)), floor / 2, "the gap",
+                 gate=worse(f, _ratio(s, f, stat, pool, g, worst=worst)), settle=worst[1])
     word = "slower than" if lower else "below"
     if path == "change":
         desc = (f"{what(f)}: its change against its best day ({{{{ $labels.baseline }}}} "

@@ -261,8 +261,9 @@ def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) ->
               "previous_driver the same comparison runs, for two weeks after a driver change, against the nodes "
               "upgraded the same way (the driver's own effect cancels). Once firing it holds while its change stays "
               "worse than the peers' median change by half the floor, through a gap of up to 6 h in its figure (an "
-              "exporter restart, a new driver's first runs), so a steady fault stays one episode; it resolves when "
-              "the node is back within half the floor of its peers. " if history else "")
+              "exporter restart; across a driver change the old driver's figures stay published until the new one "
+              "has a median), so a steady fault stays one episode; it resolves once the node has been back within "
+              "half the floor of its peers for the span of its median's runs (7 probe intervals). " if history else "")
     return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of "
             f"{runs} is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
             "without a baseline, or a GPU that was always slow); once firing it holds while the figure is still 5% "
@@ -375,6 +376,9 @@ READING = [
     "(the fast path: while its median's gap does; its `$value` stays the newest runs' gap), and through a gap of "
     "up to `hold_gap` (6 h) in the figure it reads the value recorded while it fired "
     "(`node:fleetcanary_judge_<statistic>:held_<group>`): a steady fault at a threshold is one episode, not many. "
+    "A warning's hold reads the worst value recorded over the span of its median's runs (7 probe intervals, at "
+    "most 6 h), so it resolves once the gap has stayed under half the floor that long, not at the first lucky "
+    "median. "
     "The hold is the expression's last lines, after `# hold:`.", ""]
 NAMESPACE, PORT, CONFIG = "fleetcanary", 9835, "/etc/fleetcanary/config.yaml"  # as deploy/ ships them
 IN_POD = re.compile(r"`(fleetcanary once|nvidia-smi)([^`]*)`( on the node)?")
