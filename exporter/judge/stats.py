@@ -77,7 +77,10 @@ previous driver's baseline, which judges the first two weeks on the new one.
   (1.2533 x the series' run noise / sqrt(runs)) is at most DRIFT_MAX_ERROR: a busy node's day of
   a few runs of a 4%-noise series is not a figure to hold against a 4% drift floor (20 false drift
   warnings on the 1 MiB all-reduce at 49% busy before issue 38). The daily swing is taken out of
-  the baseline's days the same way (``lean``), so the two sides are alike.
+  the baseline's days the same way (``lean``), so the two sides are alike. Where the 24 h before the newest run
+  fall short of those runs (a busy GPU whose window just lost its oldest run), the newest day that had them stands,
+  for a day at most and on the same driver, as a held figure's statistics do: the drift of a busy GPU came and went
+  with the count of runs in its trailing day, and its alert resolved and fired again (issue 38).
 """
 from __future__ import annotations
 
@@ -245,6 +248,7 @@ class Series:
         self.runs = 0                 # runs on the current driver
         self.last = 0.0
         self.before: Stats | None = None  # the previous driver's verdict until this one has a median
+        self._drift_seen: tuple[float, float] | None = None  # (run, level) of the newest day enough for a drift
         self.today = -1
         self.median_runs = median_runs(fig)
         self.tail: deque[tuple[float, float]] = deque(maxlen=self.median_runs)  # newest runs, current driver
@@ -274,6 +278,7 @@ class Series:
                 self.previous = self.driver
             self.driver = driver
             self.runs = 0
+            self._drift_seen = None
             self.tail.clear()
             self.recent.clear()
             self.smooth = self._smooth()
@@ -412,7 +417,7 @@ class Series:
             out["baseline"] = baseline
             if level is not None:
                 out["change"] = level / baseline
-            if (drift := self._drift()) is not None:
+            if (drift := self._held_drift()) is not None:
                 out["drift"] = drift / baseline
         if self.previous:
             pb = self.best_day(self.previous)
@@ -422,6 +427,17 @@ class Series:
                 if level is not None:
                     out["previous_change"] = level / pb
         return Stats(**out)
+
+    def _held_drift(self) -> float | None:
+        """The drift's level (``_drift``), or where the day before the newest run is not enough for one, the newest
+        that was, for a day after its run (the module docstring)."""
+        level = self._drift()
+        if level is not None:
+            self._drift_seen = (self.last, level)
+            return level
+        if self._drift_seen is not None and self.last - self._drift_seen[0] <= DAY:
+            return self._drift_seen[1]
+        return None
 
     def _drift(self) -> float | None:
         """The last 24 h's median, hour for hour, when its runs are enough to stand for the day: DAY_MIN_RUNS over

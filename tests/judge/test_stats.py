@@ -274,6 +274,24 @@ def test_a_day_of_too_few_runs_for_its_noise_gives_no_drift():
     assert pytest.approx(0.005) == DRIFT_MAX_ERROR
 
 
+def test_where_the_trailing_day_falls_short_the_newest_day_that_did_not_stands_for_a_day():
+    """Issue 38: a busy GPU's trailing day lost its oldest run and fell short of the runs its noise needs, so its drift
+    went, and its alert resolved and fired again hours later. The newest day that had them stands instead, as a held
+    figure's statistics do, for a day after its run and on its driver only."""
+    s = Series(GPU_BW)
+    t = steady_days(s, 3, interval=600.0, noise=0.04)
+    last, held = t - 600.0, s.stats().drift
+    assert held is not None
+    feed(s, t + 20 * 3600.0, 600.0, [1.0])              # busy for 20 h: a day of 25 runs, too few for 4% noise
+    assert s._drift() is None and s.stats().drift == pytest.approx(held, rel=0.01)
+    feed(s, last + DAY + 600.0, 600.0, [1.0])           # a day after the last day that was enough: gone
+    assert s.stats().drift is None
+    u = Series(GPU_BW)
+    t = steady_days(u, 3, interval=600.0, noise=0.04)
+    feed(u, t + 3600.0, 600.0, [1.0], driver="580.65.06")  # not across a driver change
+    assert u.stats().drift is None
+
+
 def test_no_drift_before_the_noise_on_this_driver_is_known():
     """The day after a driver upgrade the new driver has a best day (a part day of 3 runs over 6 h) before a
     complete day of 8 runs has measured the series' noise on it: no drift then, as its error cannot be known."""
