@@ -418,6 +418,42 @@ def test_a_firing_change_path_holds_while_its_own_change_is_still_bad(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
+def test_a_level_page_carries_onto_the_same_gpus_series_under_its_new_driver(tmp_path):
+    """Issue 38: n6's GPU pages on the level path 20% under its peers on the old driver; at 60 minutes its driver is
+    upgraded and its series goes on under the new driver's label, 8% under the nodes already upgraded. The hold's
+    join (node, gpu, series, baseline) does not name the driver, so the new series is recorded and held while the
+    old page fires, pends and fires before the old page lets go: one page across the upgrade, not two (the judge
+    keeps the old driver's statistics published until the new one has its median: stats.Stats.before)."""
+    series = []
+    peers = [1.0, 1.01, 0.99, 1.02, 0.98]
+
+    def labels(i: int, driver: str) -> str:
+        return (f'node="n{i}", figure="gpu_memory_bandwidth", series="d2d", gpu="0", pool="a", model="H100", '
+                f'driver_version="{driver}"')
+    for i in range(1, 6):   # five nodes on the old driver, five (n7-n11) already on the new one, 6% slower
+        series += [{"series": f"fleetcanary_judge_median{{{labels(i, 'old')}}}", "values": f"{peers[i - 1] * 3e12}x24"},
+                   {"series": f"fleetcanary_judge_median{{{labels(i + 6, 'new')}}}",
+                    "values": f"{peers[i - 1] * 3e12 * 0.94}x24"}]
+    series += [{"series": f"fleetcanary_judge_median{{{labels(6, 'old')}}}",
+                "values": " ".join(["2.4e12"] * 13 + ["_"] * 12)},
+               {"series": f"fleetcanary_judge_median{{{labels(6, 'new')}}}",
+                "values": " ".join(["_"] * 13 + [str(0.92 * 0.94 * 3e12)] * 12)}]
+
+    def at(t: str, driver: str, n: int) -> dict:
+        page = (f'ALERTS{{alertname="FleetCanaryGPUMemoryBandwidthBelowPeers", alertstate="firing", node="n6", '
+                f'path="level", driver_version="{driver}"}}')
+        return {"expr": f"count({page}) or vector(0)", "eval_time": t, "exp_samples": [{"labels": "{}", "value": n}]}
+    doc = {"rule_files": [str(ALERTS / "fleetcanary.alerts.yml")], "evaluation_interval": "1m",
+           "tests": [{"interval": "5m", "input_series": series,
+                      "promql_expr_test": [at("40m", "old", 1), at("40m", "new", 0), at("90m", "old", 1),
+                                           at("90m", "new", 1), at("115m", "new", 1)]}]}
+    test = tmp_path / "driver-hold.test.yml"
+    test.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = subprocess.run([require_binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
 def fast_hold_test(rules: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     """Six nodes; n6's newest runs at the fast path's threshold (16% under its peers, then 14%, then 16%: noise around
     15%), its median 10-12% under, then no figure for an hour (its exporter restarting), then still under, then
