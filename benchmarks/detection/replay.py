@@ -176,6 +176,7 @@ class Alert:
     records: set = field(default_factory=set)
     keep_s: int = 0       # the shipped rules have none; kept for the JSON's shape
     hold: str = ""        # the hold branch without its ALERTS clause, substituted ("": none)
+    hold_join: tuple = ()  # the labels its ALERTS clause joins on: a firing series holds its siblings on them too
     hold_s: int = 0
     parts: bool = False
 
@@ -320,6 +321,7 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
                 if own not in held or "ALERTS" in held.replace(own, ""):
                     raise SystemExit(f"detection: {r['alert']} holds through another alert's ALERTS")
                 held = held.replace(own, "")
+                hold_join = tuple(x.strip() for x in re.search(r"on\(([^)]*)\) ALERTS", own).group(1).split(","))
             a = Alert(r["alert"], expr, seconds(r.get("for")), r.get("labels", {}), g["name"],
                       g["_interval"], g["_offset"])
             a.kind = classify(a.name, a.labels)
@@ -328,6 +330,7 @@ def load_alerts(emitted: set[str], families: set[str]) -> tuple[list[Alert], lis
             a.cond = substitute(a.expr, recs, a.group, a.interval, a.offset, used=used)
             if mark:
                 a.hold = substitute(HELD.sub(r"\1", held), recs, a.group, a.interval, a.offset, used=used)
+                a.hold_join = hold_join
             a.records = used
             a.needs = set(METRIC_NAME.findall(re.sub(r'"[^"]*"', '""', a.cond)))
             if a.kind != "hard":
@@ -466,26 +469,54 @@ def replay(cond: dict[frozenset, list[int]], a: Alert, end: int,
     """Prometheus's alert state machine over the group's evaluations, per output series: active at the
     first true evaluation, firing once it has been true for `for`, resolved (or dropped, if pending) at
     the first false one. With `hold` (the hold branch's true evaluations), a firing alert stays firing at
-    an evaluation where the hold is true (the ALERTS sample of the previous evaluation is firing)."""
-    episodes = []
+    an evaluation where the hold is true (the ALERTS sample of the previous evaluation is firing).
+
+    The hold branch joins its own ALERTS on `a.hold_join` (node, gpu, series, baseline), not on every label, so on
+    a live server it is true for a series whose *sibling* on those labels fired at the previous evaluation, too: the
+    same GPU's series under a new driver (its driver_version differs) while the old one's page holds. Such a series
+    is active there like any other, and fires after `for`. That is carried here until nothing changes."""
+    fire = {key: set(ts) for key, ts in cond.items()}
+    held = {key: set(ts) for key, ts in (hold or {}).items()}
+    while True:
+        episodes = [ep for key in fire for ep in _episodes(key, fire[key], held.get(key, set()), a, end)]
+        if not held or not a.hold_join:
+            return episodes
+        firing: dict[tuple, list[tuple[frozenset, int, int]]] = defaultdict(list)
+        for ep in episodes:
+            key = frozenset(ep["labels"].items())
+            firing[tuple(ep["labels"].get(x, "") for x in a.hold_join)].append((key, ep["start"], ep["end"]))
+        grown = False
+        for key, ts in held.items():
+            labels = dict(key)
+            sibs = [(s, e) for k, s, e in firing.get(tuple(labels.get(x, "") for x in a.hold_join), ()) if k != key]
+            if not sibs:
+                continue
+            extra = {t for t in ts - fire.get(key, set()) if any(s <= t - a.interval < e for s, e in sibs)}
+            if extra:
+                fire.setdefault(key, set()).update(extra)
+                grown = True
+        if not grown:
+            return episodes
+
+
+def _episodes(key: frozenset, fire: set[int], held: set[int], a: Alert, end: int) -> list[dict]:
+    """One series' episodes: `fire` its true evaluations, `held` those where its hold is true."""
+    out = []
     step = a.interval
-    for key, ts in cond.items():
-        labels = dict(key)
-        fire = set(ts)
-        held = set(hold.get(key, ())) if hold else set()
-        order = sorted(fire)
-        k = 0
-        while k < len(order):
-            active_at = t = order[k]
-            while t - active_at < a.for_s and t + step in fire:   # pending
+    labels = dict(key)
+    order = sorted(fire)
+    k = 0
+    while k < len(order):
+        active_at = t = order[k]
+        while t - active_at < a.for_s and t + step in fire:   # pending
+            t += step
+        if t - active_at >= a.for_s:
+            fired_at = t
+            while t + step in fire or t + step in held:          # firing
                 t += step
-            if t - active_at >= a.for_s:
-                fired_at = t
-                while t + step in fire or t + step in held:          # firing
-                    t += step
-                episodes.append({"labels": labels, "start": fired_at, "end": min(t + step, end)})
-            k = bisect.bisect_right(order, t)
-    return episodes
+            out.append({"labels": labels, "start": fired_at, "end": min(t + step, end)})
+        k = bisect.bisect_right(order, t)
+    return out
 
 
 def replay_alert(prom: BackfilledPrometheus, a: Alert, start: int, end: int) -> tuple[list[dict], dict]:
