@@ -248,7 +248,7 @@ class Series:
         self.runs = 0                 # runs on the current driver
         self.last = 0.0
         self.before: Stats | None = None  # the previous driver's verdict until this one has a median
-        self._drift_seen: tuple[float, float] | None = None  # (run, level) of the newest day enough for a drift
+        self._drift_runs: list[tuple[float, float]] | None = None  # the newest trailing day enough for a drift
         self.today = -1
         self.median_runs = median_runs(fig)
         self.tail: deque[tuple[float, float]] = deque(maxlen=self.median_runs)  # newest runs, current driver
@@ -270,6 +270,8 @@ class Series:
     def add(self, t: float, value: float, driver: str) -> None:
         if t < self.last:
             return  # out of order (a clock step back): the statistics are over runs in time order
+        if self.fig.history and self._drift_day_ok(self.recent):
+            self._drift_runs = list(self.recent)  # kept by the runs, not by when the statistics are read (a reload)
         if driver != self.driver:
             if self.driver:
                 before = self.stats()  # the old driver's runs, before they stop counting
@@ -278,13 +280,15 @@ class Series:
                 self.previous = self.driver
             self.driver = driver
             self.runs = 0
-            self._drift_seen = None
+            self._drift_runs = None
             self.tail.clear()
             self.recent.clear()
             self.smooth = self._smooth()
         self.runs += 1
         self.last = t
         self.tail.append((t, value))
+        if len(self.tail) >= self.median_runs:
+            self.before = None  # this driver has its median
         self.recent.append((t, value))
         while self.recent and self.recent[0][0] <= t - DAY:
             self.recent.popleft()
@@ -404,7 +408,6 @@ class Series:
         median, newest = self._median(), self._newest()
         if median is not None:
             out["median"] = median
-            self.before = None
         elif self.before is not None:
             out["before"] = self.before
         if newest is not None:
@@ -430,24 +433,21 @@ class Series:
 
     def _held_drift(self) -> float | None:
         """The drift's level (``_drift``), or where the day before the newest run is not enough for one, the newest
-        that was, for a day after its run (the module docstring)."""
+        trailing day that was, for a day after its newest run (the module docstring)."""
         level = self._drift()
-        if level is not None:
-            self._drift_seen = (self.last, level)
-            return level
-        if self._drift_seen is not None and self.last - self._drift_seen[0] <= DAY:
-            return self._drift_seen[1]
-        return None
+        if level is None and self._drift_runs and self.last - self._drift_runs[-1][0] <= DAY:
+            level = statistics.median(self.hour_for_hour(self._drift_runs))
+        return level
 
     def _drift(self) -> float | None:
-        """The last 24 h's median, hour for hour, when its runs are enough to stand for the day: DAY_MIN_RUNS over
-        DAY_MIN_SPAN, and a standard error (1.2533 x the run noise / sqrt(runs)) of at most DRIFT_MAX_ERROR, the
-        noise known (a 4%-noise all-reduce drifted "4%" for 31 hours the day after its driver's upgrade, when its
-        noise on the new driver was not measured yet)."""
-        runs = list(self.recent)
-        if day_median([t for t, _ in runs], [v for _, v in runs]) is None:
-            return None
+        """The last 24 h's median, hour for hour, when its runs are enough to stand for the day (``_drift_day_ok``)."""
+        return statistics.median(self.hour_for_hour(self.recent)) if self._drift_day_ok(self.recent) else None
+
+    def _drift_day_ok(self, runs) -> bool:
+        """A day of runs stands for a drift: DAY_MIN_RUNS over DAY_MIN_SPAN, and a standard error (1.2533 x the run
+        noise / sqrt(runs)) of at most DRIFT_MAX_ERROR, the noise known (a 4%-noise all-reduce drifted "4%" for 31
+        hours the day after its driver's upgrade, when its noise on the new driver was not measured yet)."""
+        if len(runs) < DAY_MIN_RUNS or runs[-1][0] - runs[0][0] < DAY_MIN_SPAN:
+            return False
         noise = self.noise()  # None until a complete day on this driver measured it (the day after an upgrade)
-        if noise is None or 1.2533 * noise / math.sqrt(len(runs)) > DRIFT_MAX_ERROR:
-            return None
-        return statistics.median(self.hour_for_hour(runs))
+        return noise is not None and 1.2533 * noise / math.sqrt(len(runs)) <= DRIFT_MAX_ERROR

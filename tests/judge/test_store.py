@@ -222,3 +222,15 @@ def test_after_an_upgrade_the_old_drivers_verdict_is_published_held_until_the_ne
     now = drivers(end + 6 * 900 + 60)
     assert now["fleetcanary_judge_median"] == {("580.1", "")} and now["fleetcanary_judge_runs"] == set()
     assert now["fleetcanary_judge_change"] == {("580.1", "previous_driver")}
+
+
+def test_a_held_drift_reloads_as_it_was_published(tmp_path):
+    """The drift of the newest trailing day that had runs enough (stats.Series._held_drift) is kept by the runs, not
+    by when the statistics were read: the store reloads its statistics once, at the end, and a restart must not drop
+    a held drift that was being published (issue 38, fourth pass)."""
+    store = FigureStore(str(tmp_path))
+    end = node_days(store, 3, probes={"gpu_bandwidth"})
+    store.observe(record("gpu_bandwidth", end + 23.5 * 3600, random.Random(9)))  # busy for a day: a thin window
+    held = {k: st.drift for k, st, _ in store.snapshot()}
+    assert all(d is not None for d in held.values()) and len(held) == 24
+    assert {k: st.drift for k, st, _ in FigureStore(str(tmp_path)).snapshot()} == held
