@@ -200,9 +200,8 @@ def gap_of(s: RuleSettings, selector: str, area: str, name: str, prefer: str = "
     The statistic itself is not read: its record already holds this evaluation's value of every series the hold
     can keep, so the branch reads a few recorded series, where reading the statistic (and `and`-ing the result
     with ALERTS) read every series of the figure once more (issue 42, docs/alerting-scale.md)."""
-    name_, braces = selector.split("{", 1)
-    held = held_name(name_.removeprefix("fleetcanary_judge_"), area)
-    read = f"last_over_time({held}{{{braces}[{s.hold_gap}])"
+    held = held_selector(selector, area)
+    read = f"last_over_time({held}[{s.hold_gap}])"
     if prefer:
         # a sharded group's records carry its shard label (alerts/build.py finish), the statistic does not
         read = f"({prefer} or{' ignoring(shard)' if s.pools else ''} {read})"
@@ -213,10 +212,15 @@ def worst_of(s: RuleSettings, selector: str, area: str, worst: tuple[str, str]) 
     """A warning's hold gate (``settle``): the worst value of the statistic `selector` recorded for its firing
     series over the window, or its newest through a longer gap (up to `hold_gap`). Every series of the record, not
     narrowed to one alert's: the gate is `and`-ed onto the hold's value, which is (``gap_of``)."""
+    held = held_selector(selector, area)
+    read = f"{worst[0]}({held}[{worst[1]}])"
+    return read if worst[1] == s.hold_gap else f"({read} or last_over_time({held}[{s.hold_gap}]))"
+
+
+def held_selector(selector: str, area: str) -> str:
+    """`selector` (``fleetcanary_judge_<stat>{...}``) with its record's name: what a hold reads (``held``)."""
     name_, braces = selector.split("{", 1)
-    held = held_name(name_.removeprefix("fleetcanary_judge_"), area)
-    read = f"{worst[0]}({held}{{{braces}[{worst[1]}])"
-    return read if worst[1] == s.hold_gap else f"({read} or last_over_time({held}{{{braces}[{s.hold_gap}]))"
+    return held_name(name_.removeprefix("fleetcanary_judge_"), area) + "{" + braces
 
 
 def held_records(s: RuleSettings, area: str, pool: str, *held_by: tuple[str, str, bool]) -> list[dict]:
