@@ -190,21 +190,22 @@ def settle(s: RuleSettings, f: judged.Figure) -> tuple[str, str]:
     return ("min_over_time" if f.higher_is_better else "max_over_time"), dur(window)
 
 
-def gap_of(s: RuleSettings, selector: str, area: str, name: str, prefer: str = "") -> str:
+def gap_of(s: RuleSettings, selector: str, area: str, name: str, prefer: str = "", after: str = "") -> str:
     """A node's statistic as the hold of alert `name` reads it: of the series whose alert fires (``firing``), its
     newest value recorded while the alert fired or was pending (``held``, recorded before the group's alerts: the
     statistic at this evaluation, else through a gap in it of up to `hold_gap`). `selector` is
     ``fleetcanary_judge_<stat>{...}``; `area` the group that records it; `prefer`, where given, a statistic read
-    before it where present (the fast path's newest runs).
+    before it where present (the fast path's newest runs), `after` one read where neither is.
 
     The statistic itself is not read: its record already holds this evaluation's value of every series the hold
     can keep, so the branch reads a few recorded series, where reading the statistic (and `and`-ing the result
     with ALERTS) read every series of the figure once more (issue 42, docs/alerting-scale.md)."""
     held = held_selector(selector, area)
     read = f"last_over_time({held}[{s.hold_gap}])"
-    if prefer:
-        # a sharded group's records carry its shard label (alerts/build.py finish), the statistic does not
-        read = f"({prefer} or{' ignoring(shard)' if s.pools else ''} {read})"
+    # a sharded group's records carry its shard label (alerts/build.py finish), the statistics do not
+    ignoring = " ignoring(shard)" if s.pools else ""
+    if prefer or after:
+        read = f"({prefer + f' or{ignoring} ' if prefer else ''}{read}{f' or{ignoring} ' + after if after else ''})"
     return f"({read} and {firing(s, name)})"
 
 

@@ -182,14 +182,20 @@ def fast_alert(s: RuleSettings, f: judged.Figure, pool: str) -> dict:
             f"{worse(f, _ratio(s, f, 'newest', pool, g, peer='median'))}\n"
             + _gate(s, f, "median", g, s.fast_floor, s.level_k_mad))
     # held on its median, so one lucky run of a GPU that is still slow does not resolve the page; the value is
-    # the newest runs' gap, or the median's where they are not published (a busy GPU's are not new; a recovering
-    # one's are better than its median: fleetcanary.judge.publish), so the hold lasts as long as the median is
+    # the newest runs' gap, or the median's where they are not published (a recovering GPU's are better than its
+    # median: fleetcanary.judge.publish), so the hold lasts as long as the median is. A held series (no fresh run:
+    # the GPU went busy) publishes its newest runs as newest_held: the runs that paged, which nothing has measured
+    # against since, hold it, not a median that still has older, better runs in it (it resolved, and paged again
+    # at the GPU's next runs: issue 38). A series with no median yet (a new driver) holds on its newest runs.
     fm = f'figure="{f.key}"'
-    median = gap_of(s, "fleetcanary_judge_median" + sel(fm, pool), "peers", name,
-                    prefer="fleetcanary_judge_newest" + sel(fm, pool))
-    newest_or_median = f"{median}\n    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}"
-    expr += hold(s, name, worse(f, newest_or_median), s.fast_floor / 2,
-                 "the gap of its median", gate=worse(f, _ratio(s, f, "median", pool, g, held=name)))
+    peer = f"\n    / on({g}) group_left pool:fleetcanary_judge_median:peer_median{sel(fm)}"
+    newest, held_newest = ("fleetcanary_judge_newest" + sel(fm, pool), "fleetcanary_judge_newest_held" + sel(fm, pool))
+    median = "fleetcanary_judge_median" + sel(fm, pool)
+    value = gap_of(s, median, "peers", name, prefer=f"{newest} or {held_newest}")
+    gate = gap_of(s, median, "peers", name, prefer=held_newest, after=newest)
+    expr += hold(s, name, worse(f, value + peer), s.fast_floor / 2,
+                 "the gap of its median (of its newest runs while it has no fresh run, or no median)",
+                 gate=worse(f, gate + peer))
     word = "far slower than" if lower else "far below"
     desc = (f"{what(f)}: the best of its newest 3 runs, {query('fleetcanary_judge_newest', f.key)}, is "
             f"{{{{ $value | humanizePercentage }}}} {'slower than' if lower else 'below'} its peers' median "

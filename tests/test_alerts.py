@@ -500,6 +500,50 @@ def test_a_fault_at_the_fast_paths_threshold_pages_once_through_noise_and_a_gap(
     assert r.returncode != 0 and "time: 12m" in out and "time: 5m," not in out, out[-3000:]  # no hold: resolved at 14%
 
 
+@pytest.mark.parametrize("warming", [False, True], ids=["median", "new-driver"])
+def test_a_fast_path_page_holds_while_its_gpu_is_busy_on_the_runs_that_paged(tmp_path, warming):
+    """Issue 38, fourth pass: a GPU paged on its newest three runs, 20% under its peers, and went busy at once while
+    its median still had four good runs in it. Held (no fresh run), the exporter publishes those runs as
+    fleetcanary_judge_newest_held, not fleetcanary_judge_newest; the hold read the median, resolved, and the page
+    fired again at the GPU's next runs (node-080 on both 49%-busy fleets). It now holds on the runs that paged
+    until the GPU runs again, then on its median, and resolves once that recovers. The same on a new driver with no
+    median yet, whose newest runs are all it has (node-048: 5 minutes between two runs past its freshness)."""
+    series = []
+    peers = [1.0, 1.01, 0.99, 1.02, 0.98]
+    # 5-minute steps: paging 0-20m (its median still good), busy 25-120m (its runs held), runs again 125-140m
+    # (the median as bad now), recovered 145-175m
+    gap = ["_"] * 20
+    newest = " ".join(["0.8"] * 5 + gap + ["0.8"] * 4 + ["0.99"] * 7)
+    held = " ".join(["_"] * 5 + ["0.8"] * 20 + ["_"] * 11)
+    median = " ".join(["0.97"] * 25 + ["0.8"] * 4 + ["0.99"] * 7) if not warming else ""
+    for i in range(1, 7):
+        labels = (f'node="n{i}", figure="gpu_memory_bandwidth", series="d2d", gpu="0", pool="a", model="H100", '
+                  'driver_version="570.124.06"')
+        level = f"{peers[i - 1] * 3e12:g}x35" if i < 6 else ""
+        series += [{"series": f"fleetcanary_judge_median{{{labels}}}",
+                    "values": " ".join(str(float(v) * 3e12) if v != "_" else v for v in median.split())
+                    if i == 6 else level},
+                   {"series": f"fleetcanary_judge_newest{{{labels}}}",
+                    "values": " ".join(str(float(v) * 3e12) if v != "_" else v for v in newest.split())
+                    if i == 6 else level}]
+    series.append({"series": 'fleetcanary_judge_newest_held{node="n6", figure="gpu_memory_bandwidth", series="d2d", '
+                             'gpu="0", pool="a", model="H100", driver_version="570.124.06"}',
+                   "values": " ".join(str(float(v) * 3e12) if v != "_" else v for v in held.split())})
+    far = 'ALERTS{alertname="FleetCanaryGPUMemoryBandwidthFarBelowPeers", alertstate="firing", node="n6"}'
+
+    def at(t: int, n: int) -> dict:
+        return {"expr": f"count({far}) or vector(0)", "eval_time": f"{t}m", "exp_samples": [{"labels": "{}", "value": n}]}
+
+    doc = {"rule_files": [str(ALERTS / "fleetcanary.alerts.yml")], "evaluation_interval": "1m",
+           "tests": [{"interval": "5m", "input_series": series,
+                      "promql_expr_test": [at(t, 1) for t in range(5, 145, 5)] + [at(160, 0)]}]}
+    test = tmp_path / "fast-busy.test.yml"
+    test.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = subprocess.run([require_binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
 def test_the_peers_mad_is_raised_by_its_own_standard_error(tmp_path):
     """Issue 38: a MAD of a few members' ratios is itself noisy (+-52% of it at 5 members), and a gate of K such MADs
     sat under a 4%-noise series' own spread often enough to fire on a normal node. The recorded MAD is the median of

@@ -13,7 +13,7 @@ their arithmetic:
   publish at that moment (``fleetcanary_judge_median``, ``_newest``, ``_change{baseline,
   baseline_driver}``, ``_drift``), with the exporter's hold (``freshness.hold_for``: a series' statistics stay
   published for a day after its newest run, so a GPU that is busy keeps them) and its freshness
-  (``freshness.fresh_for``: ``_newest`` only while the newest run is fresh); the scrape adds
+  (``freshness.fresh_for``: ``_newest`` only while the newest run is fresh, ``_newest_held`` after); the scrape adds
   ``job`` and ``node`` (``instance`` is left out, as for the other series, to keep the backfill small);
 * during an exporter outage nothing is published; the exporter restarts by building a new
   FigureStore over the same state directory, as the daemon does (statistics persist: the store is
@@ -39,8 +39,8 @@ from fleetcanary.core.record import RunRecord
 from fleetcanary.judge import exposition, freshness
 from fleetcanary.judge.store import FigureStore
 
-STAT_FAMILIES = ("fleetcanary_judge_median", "fleetcanary_judge_newest", "fleetcanary_judge_change",
-                 "fleetcanary_judge_drift")
+STAT_FAMILIES = ("fleetcanary_judge_median", "fleetcanary_judge_newest", "fleetcanary_judge_newest_held",
+                 "fleetcanary_judge_change", "fleetcanary_judge_drift")
 COLL_SAMPLE_LABELS = {"collective": "all_reduce", "size_bytes": "1073741824", "ranks": "8", "backend": "nccl"}
 DURATION = {"gpu_bandwidth": 30.0, "collectives": 60.0}   # the fleet's run lengths (fleet.py)
 CPU_MODEL = "Xeon 8480"

@@ -32,10 +32,15 @@ HELP = {
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
               "on it, and the change path asks it to confirm a drop. Published while the series is fresh only "
-              "(once held, no run for 1.5 intervals and a timeout, its newest runs are not new, so a held figure "
-              "keeps a page that fired but starts none), and only where a rule could act on it: no baseline yet, "
+              "(once held, no run for 1.5 intervals and a timeout, its newest runs are not new: they move to "
+              "fleetcanary_judge_newest_held, which keeps a page that fired but starts none), and only where a rule could act on it: no baseline yet, "
               f"no better than the median, or a change past {publish.NEWEST_SHARE:g} of the figure's change floor "
               "(about one series in eight on a steady node).",
+    "newest_held": f"The best of a held series' newest {statsmod.NEWEST_RUNS} runs (no fresh run: the GPU is busy or "
+                   "the probe skips), where fleetcanary_judge_newest would publish them were they fresh; for the "
+                   "hold's day. No rule starts on it: the fast path's hold reads it, so a page that fired on the newest "
+                   "runs stays firing while nothing has measured the GPU since, instead of resolving on a median "
+                   "that still holds older, better runs and paging again at the next run.",
     "change": f"The series' level ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
               "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
@@ -59,6 +64,7 @@ HELP = {
 METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_judge_median", "gauge", HELP["median"], tuple(LABELS)),
     ("fleetcanary_judge_newest", "gauge", HELP["newest"], tuple(LABELS)),
+    ("fleetcanary_judge_newest_held", "gauge", HELP["newest_held"], tuple(LABELS)),
     ("fleetcanary_judge_change", "gauge", HELP["change"], (*LABELS, "baseline", "baseline_driver")),
     ("fleetcanary_judge_drift", "gauge", HELP["drift"], tuple(LABELS)),
     ("fleetcanary_judge_runs", "gauge", HELP["runs"], tuple(LABELS)),
@@ -83,6 +89,7 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
     pool = node_labels.get("pool", "")
     med = GaugeMetricFamily("fleetcanary_judge_median", HELP["median"], labels=LABELS)
     new = GaugeMetricFamily("fleetcanary_judge_newest", HELP["newest"], labels=LABELS)
+    held_new = GaugeMetricFamily("fleetcanary_judge_newest_held", HELP["newest_held"], labels=LABELS)
     chg = GaugeMetricFamily("fleetcanary_judge_change", HELP["change"], labels=[*LABELS, "baseline", "baseline_driver"])
     dft = GaugeMetricFamily("fleetcanary_judge_drift", HELP["drift"], labels=LABELS)
     runs = GaugeMetricFamily("fleetcanary_judge_runs", HELP["runs"], labels=LABELS)
@@ -99,8 +106,9 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
             runs.add_metric(labels, st.runs)
         if st.median is not None:
             med.add_metric(labels, st.median)
-        if state != "held" and publish.show_newest(store.figures.get(figure, fig), st):
-            new.add_metric(labels, st.newest)
+        if publish.show_newest(store.figures.get(figure, fig), st):
+            # held, the newest runs are not new: a held figure keeps a page that fired but starts none
+            (held_new if state == "held" else new).add_metric(labels, st.newest)
         if st.change is not None:
             chg.add_metric([*labels, "current_driver", st.driver], st.change)
         if st.previous_change is not None:
@@ -115,7 +123,7 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
                 chg.add_metric([*before, "current_driver", b.driver], b.change)
             if b.previous_change is not None:
                 chg.add_metric([*before, "previous_driver", b.previous_driver], b.previous_change)
-    yield from (med, new, chg, dft, runs)
+    yield from (med, new, held_new, chg, dft, runs)
     count = GaugeMetricFamily("fleetcanary_judge_series", HELP["series"], labels=["pool", "figure", "state"])
     for (figure, state), n in sorted(states.items()):
         count.add_metric([pool, figure, state], n)

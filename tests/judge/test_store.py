@@ -179,7 +179,8 @@ def test_a_held_series_publishes_no_newest_runs_so_a_held_figure_starts_no_page(
     """Issue 38: a GPU that went busy straight after a run that moved its median kept that median published for a
     day, and the change path, whose confirmation reads the newest runs, paged on it hours later (a 1 MiB all-reduce
     for 14 hours on the 49%-busy H200 fleet). Held, the series keeps its median and change (a page that fired holds
-    on them) but not the best of its newest runs, which are no longer new."""
+    on them) but not the best of its newest runs, which are no longer new: those move to newest_held, which no rule
+    starts on and the fast path's hold reads (a page on them holds while nothing has measured the GPU since)."""
     store = FigureStore(str(tmp_path))
     end = node_days(store, 3, probes={"gpu_bandwidth"})
 
@@ -191,7 +192,8 @@ def test_a_held_series_publishes_no_newest_runs_so_a_held_figure_starts_no_page(
     # judge/publish.py), so some of the 24 and not all
     shown = sum(publish.show_newest(figmod.BY_KEY[k[0]], st) for k, st, _ in store.snapshot())
     assert 0 < fresh["fleetcanary_judge_newest"] == shown < 24 == held["fleetcanary_judge_median"]
-    assert held["fleetcanary_judge_newest"] == 0
+    assert held["fleetcanary_judge_newest"] == fresh["fleetcanary_judge_newest_held"] == 0
+    assert held["fleetcanary_judge_newest_held"] == shown
     assert held["fleetcanary_judge_change"] == fresh["fleetcanary_judge_change"] == 24
 
 
