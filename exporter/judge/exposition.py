@@ -46,8 +46,9 @@ HELP = {
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
     "drift": f"Median of the series' runs in the 24 h before its newest run, hour for hour, over its baseline "
              f"({BEST_DAY}, current driver); needs the day's runs to span {statsmod.DAY_MIN_SPAN / 3600:.0f} h and "
-             f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.2%} (where "
-             "that day falls short, the newest day that did not, for a day after it). "
+             f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.2%}, or, from "
+             f"{statsmod.NOISE_MIN_RUNS} runs, the drift to be past the rules' drift floor by "
+             f"{statsmod.DRIFT_FAR_ERRORS:g} of its standard errors (where that day falls short, the newest day that did not, for a day after it). "
              f"Published while it is worse than 1 by more than {publish.DRIFT_SHARE:g} of the rules' drift floor, "
              "and for their hold gap after (so the drift alert's hold never reads a stale value); every drift for "
              "that gap after the exporter starts.",

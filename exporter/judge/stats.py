@@ -76,7 +76,9 @@ previous driver's baseline, which judges the first two weeks on the new one.
   needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN, and enough runs that its standard error
   (1.2533 x the series' run noise / sqrt(runs)) is at most DRIFT_MAX_ERROR: a busy node's day of
   a few runs of a 4%-noise series is not a figure to hold against a 4% drift floor (20 false drift
-  warnings on the 1 MiB all-reduce at 49% busy before issue 38). The daily swing is taken out of
+  warnings on the 1 MiB all-reduce at 49% busy before issue 38); or, from NOISE_MIN_RUNS runs, a day whose drift
+  is past the rules' drift floor by DRIFT_FAR_ERRORS of its standard error (a busy GPU's day is too short for the
+  0.5%, but not for telling a 15% drift from a 4% floor). The daily swing is taken out of
   the baseline's days the same way (``lean``), so the two sides are alike. Where the 24 h before the newest run
   fall short of those runs (a busy GPU whose window just lost its oldest run), the newest day that had them stands,
   for a day at most and on the same driver, as a held figure's statistics do: the drift of a busy GPU came and went
@@ -111,7 +113,12 @@ ROUGH_MIN_RUNS = 3  # from bins of 3 runs a day at least: a bin of one junk run 
 # to 14, about 1.7 standard errors of a day's median above a typical day (more with the error of the daily swing
 # it is corrected by), so a normal day already reads that far under it; at a quarter of the floor two 4%-noise
 # series of 48 runs a day drifted "4%" for a day and more on the detection fleet, at a sixth one did for 9 hours.
-DRIFT_MAX_ERROR = 0.04 / 8
+DRIFT_FLOOR = 0.04  # the rules' default drift floor (the exporter passes the configured one: Series(drift_floor=))
+DRIFT_MAX_ERROR = DRIFT_FLOOR / 8
+# ... or a day of NOISE_MIN_RUNS runs or more whose drift is past the floor by this many of its standard errors: a
+# busy GPU's day too short for a 0.5% error still tells a 15% drift from a 4% floor (its drift alert resolved for
+# 10 hours and fired again while the median said 14% all along: issue 38, fourth pass)
+DRIFT_FAR_ERRORS = 4.0
 
 
 def median_runs(fig: Figure) -> int:
@@ -241,8 +248,9 @@ class Series:
     """One judged series' runs, kept incrementally: ``add`` is O(1) but for the day's median, so a
     benchmark can drive a fleet of them for a simulated week."""
 
-    def __init__(self, fig: Figure) -> None:
+    def __init__(self, fig: Figure, drift_floor: float = DRIFT_FLOOR) -> None:
         self.fig = fig
+        self.drift_floor = drift_floor
         self.driver = ""
         self.previous = ""
         self.runs = 0                 # runs on the current driver
@@ -450,4 +458,16 @@ class Series:
         if len(runs) < DAY_MIN_RUNS or runs[-1][0] - runs[0][0] < DAY_MIN_SPAN:
             return False
         noise = self.noise()  # None until a complete day on this driver measured it (the day after an upgrade)
-        return noise is not None and 1.2533 * noise / math.sqrt(len(runs)) <= DRIFT_MAX_ERROR
+        if noise is None:
+            return False
+        error = 1.2533 * noise / math.sqrt(len(runs))
+        if error <= DRIFT_MAX_ERROR:
+            return True
+        # fewer runs: a day whose drift is far past the floor, by DRIFT_FAR_ERRORS of its error (never one near it,
+        # nor a good one: those need the whole 0.5%)
+        baseline = self.best_day(self.driver) if len(runs) >= NOISE_MIN_RUNS else None
+        if baseline is None:
+            return False
+        drift = statistics.median(self.hour_for_hour(runs)) / baseline
+        gap = 1.0 - drift if self.fig.higher_is_better else drift - 1.0
+        return gap - self.drift_floor >= DRIFT_FAR_ERRORS * error

@@ -222,7 +222,7 @@ class FigureStore:
         if s is None:
             if len(key) != 3 or len(self.series) >= MAX_SERIES:
                 return
-            s = self.series[key] = Series(fig)
+            s = self.series[key] = Series(fig, drift_floor=self.publish.drift_floor)
         # Only GPU figures are per driver: a GPU driver upgrade does not restart a host memory baseline.
         s.add(t, value, str(line.get("d", "")) if fig.model_field == "gpu_model" else "")
         field = {"gpu_model": "m", "cpu_model": "c"}.get(fig.model_field)
