@@ -532,7 +532,8 @@ def test_a_fast_path_page_holds_while_its_gpu_is_busy_on_the_runs_that_paged(tmp
     far = 'ALERTS{alertname="FleetCanaryGPUMemoryBandwidthFarBelowPeers", alertstate="firing", node="n6"}'
 
     def at(t: int, n: int) -> dict:
-        return {"expr": f"count({far}) or vector(0)", "eval_time": f"{t}m", "exp_samples": [{"labels": "{}", "value": n}]}
+        return {"expr": f"count({far}) or vector(0)", "eval_time": f"{t}m",
+                "exp_samples": [{"labels": "{}", "value": n}]}
 
     doc = {"rule_files": [str(ALERTS / "fleetcanary.alerts.yml")], "evaluation_interval": "1m",
            "tests": [{"interval": "5m", "input_series": series,

@@ -33,14 +33,15 @@ HELP = {
               "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
               "on it, and the change path asks it to confirm a drop. Published while the series is fresh only "
               "(once held, no run for 1.5 intervals and a timeout, its newest runs are not new: they move to "
-              "fleetcanary_judge_newest_held, which keeps a page that fired but starts none), and only where a rule could act on it: no baseline yet, "
+              "fleetcanary_judge_newest_held, which keeps a page that fired but starts none), and only where a "
+              "rule could act on it: no baseline yet, "
               f"no better than the median, or a change past {publish.NEWEST_SHARE:g} of the figure's change floor "
               "(about one series in eight on a steady node).",
     "newest_held": f"The best of a held series' newest {statsmod.NEWEST_RUNS} runs (no fresh run: the GPU is busy or "
                    "the probe skips), where fleetcanary_judge_newest would publish them were they fresh; for the "
-                   "hold's day. No rule starts on it: the fast path's hold reads it, so a page that fired on the newest "
-                   "runs stays firing while nothing has measured the GPU since, instead of resolving on a median "
-                   "that still holds older, better runs and paging again at the next run.",
+                   "hold's day. No rule starts on it: the fast path's hold reads it, so a page that fired on the "
+                   "newest runs stays firing while nothing has measured the GPU since, instead of resolving on a "
+                   "median that still holds older, better runs and paging again at the next run.",
     "change": f"The series' level ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
               "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
@@ -48,7 +49,8 @@ HELP = {
              f"({BEST_DAY}, current driver); needs the day's runs to span {statsmod.DAY_MIN_SPAN / 3600:.0f} h and "
              f"its standard error (from the series' run noise) to be at most {statsmod.DRIFT_MAX_ERROR:.2%}, or, from "
              f"{statsmod.NOISE_MIN_RUNS} runs, the drift to be past the rules' drift floor by "
-             f"{statsmod.DRIFT_FAR_ERRORS:g} of its standard errors (where that day falls short, the newest day that did not, for a day after it). "
+             f"{statsmod.DRIFT_FAR_ERRORS:g} of its standard errors (where that day falls short, the newest day "
+             "that did not, for a day after it). "
              f"Published while it is worse than 1 by more than {publish.DRIFT_SHARE:g} of the rules' drift floor, "
              "and for their hold gap after (so the drift alert's hold never reads a stale value); every drift for "
              "that gap after the exporter starts.",
