@@ -163,8 +163,7 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
                     checks["previous_driver_without_upgrade"] += 1
             for (figure, _, _), st, _ in store.snapshot():
                 probe = "gpu_bandwidth" if figure == "gpu_memory_bandwidth" else "collectives"
-                ends = (st.before.last + hold(probe),) if st.before is not None else ()  # the old driver's verdict
-                for exp in (st.last + fresh(probe), st.last + hold(probe), *ends):  # turns held, turns stale
+                for exp in (st.last + fresh(probe), st.last + hold(probe)):  # turns held, turns stale
                     if exp >= t:
                         next_expiry = min(next_expiry, exp)
             dirty = False

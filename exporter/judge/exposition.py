@@ -27,8 +27,8 @@ HELP = {
               "with fewer runs. Once published it stands in for the figure's own gauge, which the exporter then "
               "leaves out (but the P2P matrix of gpu_p2p's pairs and the daily burn; each run stays in /results). "
               "After a driver change, until the new driver has a median, the previous driver's median and change as "
-              "of its last run stay published under that driver_version, as a held figure's (a day at most), so a "
-              "page that fired holds across the upgrade.",
+              "of its last run stay published under that driver_version, as a held figure's (until a day after the "
+              "series' newest run, on either driver), so a page that fired holds across the upgrade.",
     "newest": f"Best of the series' newest {statsmod.NEWEST_RUNS} runs (highest; lowest for a lower-is-better "
               "figure), in the figure's unit: low only when all three newest runs are. The fleet's fast path fires "
               "on it, and the change path asks it to confirm a drop. Published while the series is fresh only "
@@ -118,8 +118,9 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
             chg.add_metric([*labels, "previous_driver", st.previous_driver], st.previous_change)
         if store.publish.show_drift((figure, series, gpu), fig, st.drift, now):
             dft.add_metric(labels, st.drift)
-        if (b := st.before) is not None and now - b.last <= hold(fig.probe):
-            # the previous driver's verdict, held, until this driver has a median (stats.py "before")
+        if (b := st.before) is not None:
+            # the previous driver's verdict, held, until this driver has a median (stats.py "before"), while the
+            # series is not stale: its runs on the new driver keep it, as any held figure's newest run does
             before = [figure, series, gpu, pool, model, b.driver]
             med.add_metric(before, b.median)
             if b.change is not None:

@@ -71,6 +71,9 @@ previous driver's baseline, which judges the first two weeks on the new one.
   it under the previous driver's label as a held figure, so a page on a GPU that was slow before its upgrade
   holds until the new driver has a verdict of its own, instead of resolving when the old driver's statistics
   stop and paging again hours later (issue 38: 8-12 faults per fleet paged twice across the rolling upgrade).
+  Held as the series is: until a day after its newest run on either driver (a busy GPU's first run on the new
+  driver keeps it; a day after the old driver's last run, it went 80 minutes before the new median came and the
+  page fired again: issue 38, fifth pass).
 - drift: the median of the runs of the 24 h before the newest run, each taken hour for hour as in
   the level, over the baseline: a slow ramp that the 5-run figure's noise hides. The day's median
   needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN, and enough runs that its standard error
