@@ -73,7 +73,8 @@ previous driver's baseline, which judges the first two weeks on the new one.
   stop and paging again hours later (issue 38: 8-12 faults per fleet paged twice across the rolling upgrade).
   Held as the series is: until a day after its newest run on either driver (a busy GPU's first run on the new
   driver keeps it; a day after the old driver's last run, it went 80 minutes before the new median came and the
-  page fired again: issue 38, fifth pass).
+  page fired again: issue 38, fifth pass), and never again once the series has gone a day without a run (a stale
+  verdict that came back with the new driver's next runs paged the regression path a second time).
 - drift: the median of the runs of the 24 h before the newest run, each taken hour for hour as in
   the level, over the baseline: a slow ramp that the 5-run figure's noise hides. The day's median
   needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN, and enough runs that its standard error
@@ -98,6 +99,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetcanary.judge.figures import Figure
+from fleetcanary.judge.freshness import HOLD_SECONDS
 
 DAY = 86400.0
 MEDIAN_RUNS = 7
@@ -295,6 +297,8 @@ class Series:
             self.tail.clear()
             self.recent.clear()
             self.smooth = self._smooth()
+        if self.before is not None and t - self.last > HOLD_SECONDS:
+            self.before = None  # the series went stale in between: the old driver's verdict does not come back
         self.runs += 1
         self.last = t
         self.tail.append((t, value))

@@ -227,6 +227,13 @@ def test_after_an_upgrade_the_old_drivers_verdict_is_published_held_until_the_ne
     now = drivers(end + 6 * 900 + 60)
     assert now["fleetcanary_judge_median"] == {("580.1", "")} and now["fleetcanary_judge_runs"] == set()
     assert now["fleetcanary_judge_change"] == {("580.1", "previous_driver")}
+    # a series that went a day without a run does not get the old verdict back with the new driver's next run
+    stale = FigureStore(str(tmp_path / "stale"))
+    end = node_days(stale, 3, probes={"gpu_bandwidth"})
+    for k in range(3):
+        stale.observe(record("gpu_bandwidth", end + k * 900, rng, driver="580.1"))
+    stale.observe(record("gpu_bandwidth", end + 1800 + DAY + 600, rng, driver="580.1"))
+    assert exposition(stale, end + 1800 + DAY + 660)["fleetcanary_judge_median"] == []
 
 
 def test_a_held_drift_reloads_as_it_was_published(tmp_path):
