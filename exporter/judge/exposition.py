@@ -118,9 +118,10 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
             chg.add_metric([*labels, "previous_driver", st.previous_driver], st.previous_change)
         if store.publish.show_drift((figure, series, gpu), fig, st.drift, now):
             dft.add_metric(labels, st.drift)
-        if (b := st.before) is not None:
+        if (b := st.before) is not None and st.before_wait <= hold(fig.probe):
             # the previous driver's verdict, held, until this driver has a median (stats.py "before"), while the
-            # series is not stale: its runs on the new driver keep it, as any held figure's newest run does
+            # series has not been stale since: its runs on the new driver keep it, as any held figure's newest run
+            # does, and it does not come back once the series went stale
             before = [figure, series, gpu, pool, model, b.driver]
             med.add_metric(before, b.median)
             if b.change is not None:

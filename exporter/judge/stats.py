@@ -73,8 +73,9 @@ previous driver's baseline, which judges the first two weeks on the new one.
   stop and paging again hours later (issue 38: 8-12 faults per fleet paged twice across the rolling upgrade).
   Held as the series is: until a day after its newest run on either driver (a busy GPU's first run on the new
   driver keeps it; a day after the old driver's last run, it went 80 minutes before the new median came and the
-  page fired again: issue 38, fifth pass), and never again once the series has gone a day without a run (a stale
-  verdict that came back with the new driver's next runs paged the regression path a second time).
+  page fired again: issue 38, fifth pass), and never again once the series has waited longer than that between
+  two runs (``Stats.before_wait``, against the probe's hold: a stale verdict that came back with the new driver's
+  next runs paged the regression path a second time).
 - drift: the median of the runs of the 24 h before the newest run, each taken hour for hour as in
   the level, over the baseline: a slow ramp that the 5-run figure's noise hides. The day's median
   needs DAY_MIN_RUNS runs spread over DAY_MIN_SPAN, and enough runs that its standard error
@@ -99,7 +100,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetcanary.judge.figures import Figure
-from fleetcanary.judge.freshness import HOLD_SECONDS
 
 DAY = 86400.0
 MEDIAN_RUNS = 7
@@ -153,6 +153,7 @@ class Stats:
     previous_change: float | None = None
     drift: float | None = None
     before: Stats | None = None     # the previous driver's verdict while this one has no median (module docstring)
+    before_wait: float = 0.0        # the longest wait between runs since that verdict's last run
 
     @property
     def state(self) -> str:
@@ -261,6 +262,7 @@ class Series:
         self.runs = 0                 # runs on the current driver
         self.last = 0.0
         self.before: Stats | None = None  # the previous driver's verdict until this one has a median
+        self._before_wait = 0.0  # the longest wait between runs since its last run (the exposition's bound)
         self._drift_runs: list[tuple[float, float]] | None = None  # the newest trailing day enough for a drift
         self.today = -1
         self.median_runs = median_runs(fig)
@@ -289,7 +291,7 @@ class Series:
             if self.driver:
                 before = self.stats()  # the old driver's runs, before they stop counting
                 if before is not None and before.median is not None:
-                    self.before = before
+                    self.before, self._before_wait = before, 0.0
                 self.previous = self.driver
             self.driver = driver
             self.runs = 0
@@ -297,8 +299,8 @@ class Series:
             self.tail.clear()
             self.recent.clear()
             self.smooth = self._smooth()
-        if self.before is not None and t - self.last > HOLD_SECONDS:
-            self.before = None  # the series went stale in between: the old driver's verdict does not come back
+        if self.before is not None:
+            self._before_wait = max(self._before_wait, t - self.last)
         self.runs += 1
         self.last = t
         self.tail.append((t, value))
@@ -424,7 +426,7 @@ class Series:
         if median is not None:
             out["median"] = median
         elif self.before is not None:
-            out["before"] = self.before
+            out["before"], out["before_wait"] = self.before, self._before_wait
         if newest is not None:
             out["newest"] = newest
         if not fig.history:

@@ -234,6 +234,10 @@ def test_after_an_upgrade_the_old_drivers_verdict_is_published_held_until_the_ne
         stale.observe(record("gpu_bandwidth", end + k * 900, rng, driver="580.1"))
     stale.observe(record("gpu_bandwidth", end + 1800 + DAY + 600, rng, driver="580.1"))
     assert exposition(stale, end + 1800 + DAY + 660)["fleetcanary_judge_median"] == []
+    # the bound is the probe's own hold: a probe held for two days (a daily one) keeps it across that wait
+    held2 = {f.name: len(f.samples) for f in families(stale, {"pool": "a"}, end + 1800 + DAY + 660,
+                                                      lambda _probe: 2 * DAY)}
+    assert held2["fleetcanary_judge_median"] == 24
 
 
 def test_a_held_drift_reloads_as_it_was_published(tmp_path):
