@@ -458,25 +458,35 @@ class Series:
 
     def _drift(self) -> float | None:
         """The last 24 h's median, hour for hour, when its runs are enough to stand for the day (``_drift_day_ok``)."""
-        return statistics.median(self.hour_for_hour(self.recent)) if self._drift_day_ok(self.recent) else None
+        return self._drift_level(self.recent)
 
     def _drift_day_ok(self, runs) -> bool:
-        """A day of runs stands for a drift: DAY_MIN_RUNS over DAY_MIN_SPAN, and a standard error (1.2533 x the run
-        noise / sqrt(runs)) of at most DRIFT_MAX_ERROR, the noise known (a 4%-noise all-reduce drifted "4%" for 31
+        """A day of runs stands for a drift (``_drift_level``); the median is taken only where the error alone
+        does not decide (``add`` asks at every run)."""
+        error = self._drift_error(runs)
+        return error is not None and (error <= DRIFT_MAX_ERROR or self._drift_level(runs, error) is not None)
+
+    def _drift_level(self, runs, error: float | None = None) -> float | None:
+        """The day's median, hour for hour, where the day stands for a drift: its standard error at most
+        DRIFT_MAX_ERROR, or, from NOISE_MIN_RUNS runs, its drift past the floor by DRIFT_FAR_ERRORS of that error
+        (never one near the floor, nor a good one: those need the whole 0.5%)."""
+        error = self._drift_error(runs) if error is None else error
+        if error is None or (error > DRIFT_MAX_ERROR and len(runs) < NOISE_MIN_RUNS):
+            return None
+        level = statistics.median(self.hour_for_hour(runs))
+        if error <= DRIFT_MAX_ERROR:
+            return level
+        baseline = self.best_day(self.driver)
+        if baseline is None:
+            return None
+        gap = 1.0 - level / baseline if self.fig.higher_is_better else level / baseline - 1.0
+        return level if gap - self.drift_floor >= DRIFT_FAR_ERRORS * error else None
+
+    def _drift_error(self, runs) -> float | None:
+        """The standard error of a day's median (1.2533 x the run noise / sqrt(runs)), where the day can stand for
+        a drift at all: DAY_MIN_RUNS over DAY_MIN_SPAN, the noise known (a 4%-noise all-reduce drifted "4%" for 31
         hours the day after its driver's upgrade, when its noise on the new driver was not measured yet)."""
         if len(runs) < DAY_MIN_RUNS or runs[-1][0] - runs[0][0] < DAY_MIN_SPAN:
-            return False
+            return None
         noise = self.noise()  # None until a complete day on this driver measured it (the day after an upgrade)
-        if noise is None:
-            return False
-        error = 1.2533 * noise / math.sqrt(len(runs))
-        if error <= DRIFT_MAX_ERROR:
-            return True
-        # fewer runs: a day whose drift is far past the floor, by DRIFT_FAR_ERRORS of its error (never one near it,
-        # nor a good one: those need the whole 0.5%)
-        baseline = self.best_day(self.driver) if len(runs) >= NOISE_MIN_RUNS else None
-        if baseline is None:
-            return False
-        drift = statistics.median(self.hour_for_hour(runs)) / baseline
-        gap = 1.0 - drift if self.fig.higher_is_better else drift - 1.0
-        return gap - self.drift_floor >= DRIFT_FAR_ERRORS * error
+        return None if noise is None else 1.2533 * noise / math.sqrt(len(runs))
