@@ -202,10 +202,10 @@ def gap_of(s: RuleSettings, selector: str, area: str, name: str, prefer: str = "
     with ALERTS) read every series of the figure once more (issue 42, docs/alerting-scale.md)."""
     held = held_selector(selector, area)
     read = f"last_over_time({held}[{s.hold_gap}])"
-    # a sharded group's records carry its shard label (alerts/build.py finish), the statistics do not
-    ignoring = " ignoring(shard)" if s.pools else ""
-    if prefer or after:
-        read = f"({prefer + f' or{ignoring} ' if prefer else ''}{read}{f' or{ignoring} ' + after if after else ''})"
+    parts = [p for p in (prefer, read, after) if p]
+    if len(parts) > 1:
+        # a sharded group's records carry its shard label (alerts/build.py finish), the statistics do not
+        read = "(" + f" or{' ignoring(shard)' if s.pools else ''} ".join(parts) + ")"
     return f"({read} and {firing(s, name)})"
 
 
