@@ -11,6 +11,7 @@ does any of that itself, so none can do it differently.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from fleetcanary.core.rulesettings import RuleSettings, seconds
@@ -123,12 +124,13 @@ def firing(s: RuleSettings, name: str) -> str:
 
 
 def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless: str = "", gate: str = "",
-         settle: str = "") -> str:
+         settle: str = "", busy: str = "") -> str:
     """The hold branch of a judged alert: while the alert fires, it stays firing as long as `value`, the same gap
     the alert fires on (read through ``gap_of``: through a gap of up to `hold_gap` in the figure, the value recorded
     while the alert fired), is past `floor`, half the alert's own; `gate`, where given, is what must be past it
     instead (the fast path: its median; a warning: its worst gap over `settle`, ``settle``), and `value` is then
-    only its value. So `$value` means one thing, fired or held: the gap now.
+    only its value. So `$value` means one thing, fired or held: the gap now. `busy` (a warning's, ``busy_of``): the
+    series that hold whatever their gate reads, as nothing has measured them since (held: the GPU is busy).
     Without it a steady fault near a threshold resolves and fires again whenever noise, the peers' MAD gate or
     a gap in the figure moves it across (docs/detection.md, issue 38).
 
@@ -143,14 +145,20 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
         if part and firing(s, name) not in part:
             raise ValueError(f"{name}: a hold must read its statistic through gap_of(..., {name!r}): {part}")
     node = ", ".join((*s.peer_labels, "node", "gpu", "series", *(("baseline",) if settle else ())))
+    if busy and (not settle or unless):
+        raise ValueError(f"{name}: only a warning's settled hold holds while its series is busy")
     cond = (f"or {value} > {floor:g}" if not gate else
-            f"or {value}\n  and on({node}) {gate} > {floor:g}")
+            f"or {value}\n  and on({node}) {gate} > {floor:g}" if not busy else
+            f"or {value}\n  and on({node}) (\n    {gate} > {floor:g}\n    or {busy}\n  )")
     if settle:  # the warnings: the worst gap over the median's runs must be past half the floor (``settle``)
         through = (f", or its newest\n# through a gap in the figure (up to {s.hold_gap} before)"
                    if settle != s.hold_gap else ",\n# through a gap in the figure too")
         recorded = (f"the worst value\n# the group recorded of its firing series over the last {settle} (the "
                     f"median's runs){through}")
         value_note = "\n# (the value is the gap at this evaluation)"
+        if busy:
+            value_note += ("; and while nothing has measured the series since (held: its GPU\n# is busy), whatever "
+                           "its worst reads: its statistics are frozen, not recovered")
     else:
         recorded = (f"the value\n# the group recorded of its firing series at this evaluation (through a gap in the "
                     f"figure, up to\n# {s.hold_gap} before)")
@@ -216,6 +224,21 @@ def worst_of(s: RuleSettings, selector: str, area: str, worst: tuple[str, str]) 
     held = held_selector(selector, area)
     read = f"{worst[0]}({held}[{worst[1]}])"
     return read if worst[1] == s.hold_gap else f"({read} or last_over_time({held}[{s.hold_gap}]))"
+
+
+def busy_of(s: RuleSettings, selector: str, area: str) -> str:
+    """A warning's series that nothing has measured since its alert fired (``hold``'s `busy`): the record of its
+    statistic `selector` (``fleetcanary_judge_<stat>{...}``, its labels, baseline included, for the hold's join) where
+    its group records the series held (``fleetcanary_judge_held_seconds``, recorded as the statistics are:
+    ``held_records``). A median a few lucky runs lifted under half the floor just before the GPU went busy stayed
+    frozen there for the busy spell (9.6 hours), longer than the settle window, and the warning resolved and paged
+    again at the GPU's next runs (issue 38, fifth pass); a window counted in time cannot tell a frozen figure from
+    a recovered one, the judge can."""
+    matchers = re.split(r',\s*(?=[a-zA-Z_]\w*\s*(?:=~|!~|!=|=)")', selector.split("{", 1)[1].removesuffix("}"))
+    braces = ", ".join(m for m in matchers if not m.startswith("baseline=")) + "}"  # the held record has no baseline
+    keys = ", ".join((*s.peer_labels, "node", "gpu", "series"))
+    return (f"{held_selector(selector, area)} and on({keys})\n      "
+            f"{held_selector('fleetcanary_judge_held_seconds{' + braces, area)}")
 
 
 def held_selector(selector: str, area: str) -> str:

@@ -15,6 +15,7 @@ from fleetcanary.rules.common import (
     Group,
     Shard,
     alert,
+    busy_of,
     dur,
     figures,
     gap_of,
@@ -35,7 +36,7 @@ from fleetcanary.rules.common import (
 def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
     return [Group("alerts", f"fleetcanary-own-history{suffix}", "interval",
                   held_records(s, "own_history", pool, ("change", "own_fast|regression|driver_change", True),
-                               ("drift", "drift", False))
+                               ("drift", "drift", False), ("held_seconds", "regression|driver_change|drift", False))
                   + [a for f in figures(s) if f.history for a in alerts(s, f, pool)], suffix[1:])
             for suffix, pool in shards]
 
@@ -114,4 +115,5 @@ def settled(s: RuleSettings, f: judged.Figure, name: str, stat: str, floor: floa
     (``settle``)."""
     worst = settle(s, f)
     return hold(s, name, worse(f, gap_of(s, stat, "own_history", name)), floor, "the gap",
-                gate=worse(f, worst_of(s, stat, "own_history", worst)), settle=worst[1])
+                gate=worse(f, worst_of(s, stat, "own_history", worst)), settle=worst[1],
+                busy=busy_of(s, stat, "own_history"))

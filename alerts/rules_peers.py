@@ -19,6 +19,7 @@ from fleetcanary.rules.common import (
     Group,
     Shard,
     alert,
+    busy_of,
     by,
     figures,
     gap_of,
@@ -46,7 +47,8 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
         out.append(Group("alerts", f"fleetcanary-peer-spread{suffix}", "spread_interval", spread_records(s, pool),
                          suffix[1:]))
         rules = recording(s, pool)
-        rules += held_records(s, "peers", pool, ("change", "change", True), ("median", "level|fast", False))
+        rules += held_records(s, "peers", pool, ("change", "change", True), ("median", "level|fast", False),
+                              ("held_seconds", "change|level", False))
         for f in figures(s):
             if f.history:
                 rules.append(peer_alert(s, f, "change", pool))
@@ -145,7 +147,8 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
     # previous driver's (baseline=previous_driver) carries the new driver's own effect for two weeks.
     worst = settle(s, f)
     expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=name)), floor / 2, "the gap",
-                 gate=worse(f, _ratio(s, f, stat, pool, g, worst=worst)), settle=worst[1])
+                 gate=worse(f, _ratio(s, f, stat, pool, g, worst=worst)), settle=worst[1],
+                 busy=busy_of(s, f"fleetcanary_judge_{stat}{sel(fm, pool)}", "peers"))
     word = "slower than" if lower else "below"
     if path == "change":
         desc = (f"{what(f)}: its change against its best day ({{{{ $labels.baseline }}}} "

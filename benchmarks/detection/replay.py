@@ -56,7 +56,7 @@ GROUPS = ("fleetcanary-peer-spread", "fleetcanary-peers", "fleetcanary-own-histo
 # held record is the statistic at the evaluations where the alert fired or was pending (recorded before the group's
 # alerts, from ALERTS, which the replay does not write); while the alert fires, it is the statistic's newest sample
 # of the window, so the replay reads it as `last_over_time(stat{m}[6h])`.
-HELD = re.compile(r"\bnode:(fleetcanary_judge_[a-z]+):held_[a-z_]+\b")
+HELD = re.compile(r"\bnode:(fleetcanary_judge_[a-z_]+):held_[a-z_]+\b")
 RECORD_NAME = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
 SELECTOR = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+|fleetcanary_[a-z0-9_]+|up)\b(\{[^}]*\})?"
                       r"(?!\s*\()")
