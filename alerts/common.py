@@ -157,8 +157,8 @@ def hold(s: RuleSettings, name: str, value: str, floor: float, what: str, unless
                     f"median's runs){through}")
         value_note = "\n# (the value is the gap at this evaluation)"
         if busy:
-            value_note += ("; and while nothing has measured the series since (held: its GPU\n# is busy), whatever "
-                           "its worst reads: its statistics are frozen, not recovered")
+            value_note += (f"; and, whatever its worst reads, while its series is held (no\n# fresh run: its GPU is "
+                           f"busy) and for {settle} after: frozen statistics are not recovered ones")
     else:
         recorded = (f"the value\n# the group recorded of its firing series at this evaluation (through a gap in the "
                     f"figure, up to\n# {s.hold_gap} before)")
@@ -226,19 +226,21 @@ def worst_of(s: RuleSettings, selector: str, area: str, worst: tuple[str, str]) 
     return read if worst[1] == s.hold_gap else f"({read} or last_over_time({held}[{s.hold_gap}]))"
 
 
-def busy_of(s: RuleSettings, selector: str, area: str) -> str:
-    """A warning's series that nothing has measured since its alert fired (``hold``'s `busy`): the record of its
-    statistic `selector` (``fleetcanary_judge_<stat>{...}``, its labels, baseline included, for the hold's join) where
-    its group records the series held (``fleetcanary_judge_held_seconds``, recorded as the statistics are:
-    ``held_records``). A median a few lucky runs lifted under half the floor just before the GPU went busy stayed
-    frozen there for the busy spell (9.6 hours), longer than the settle window, and the warning resolved and paged
-    again at the GPU's next runs (issue 38, fifth pass); a window counted in time cannot tell a frozen figure from
-    a recovered one, the judge can."""
+def busy_of(s: RuleSettings, selector: str, area: str, window: str) -> str:
+    """A warning's series that nothing has measured for a while (``hold``'s `busy`): the record of its statistic
+    `selector` (``fleetcanary_judge_<stat>{...}``, its labels, baseline included, for the hold's join) where its
+    group recorded the series held (``fleetcanary_judge_held_seconds``, recorded as the statistics are:
+    ``held_records``) within `window`, the settle's (``settle``). A median a few lucky runs lifted under half the
+    floor just before the GPU went busy stayed frozen there for the busy spell (9.6 hours), longer than the settle
+    window, and the warning resolved and paged again at the GPU's next runs (issue 38, sixth pass): a window
+    counted in time cannot tell a frozen figure from a recovered one, the judge can. Held within the window, not
+    held now: the GPU's first run back need not move its median, and the settle must then read a whole window of
+    fresh runs, not the frozen value the busy spell left in it."""
     matchers = re.split(r',\s*(?=[a-zA-Z_]\w*\s*(?:=~|!~|!=|=)")', selector.split("{", 1)[1].removesuffix("}"))
     braces = ", ".join(m for m in matchers if not m.startswith("baseline=")) + "}"  # the held record has no baseline
     keys = ", ".join((*s.peer_labels, "node", "gpu", "series"))
     return (f"{held_selector(selector, area)} and on({keys})\n      "
-            f"{held_selector('fleetcanary_judge_held_seconds{' + braces, area)}")
+            f"last_over_time({held_selector('fleetcanary_judge_held_seconds{' + braces, area)}[{window}])")
 
 
 def held_selector(selector: str, area: str) -> str:

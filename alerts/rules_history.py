@@ -116,4 +116,4 @@ def settled(s: RuleSettings, f: judged.Figure, name: str, stat: str, floor: floa
     worst = settle(s, f)
     return hold(s, name, worse(f, gap_of(s, stat, "own_history", name)), floor, "the gap",
                 gate=worse(f, worst_of(s, stat, "own_history", worst)), settle=worst[1],
-                busy=busy_of(s, stat, "own_history"))
+                busy=busy_of(s, stat, "own_history", worst[1]))

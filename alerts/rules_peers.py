@@ -148,7 +148,7 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
     worst = settle(s, f)
     expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=name)), floor / 2, "the gap",
                  gate=worse(f, _ratio(s, f, stat, pool, g, worst=worst)), settle=worst[1],
-                 busy=busy_of(s, f"fleetcanary_judge_{stat}{sel(fm, pool)}", "peers"))
+                 busy=busy_of(s, f"fleetcanary_judge_{stat}{sel(fm, pool)}", "peers", worst[1]))
     word = "slower than" if lower else "below"
     if path == "change":
         desc = (f"{what(f)}: its change against its best day ({{{{ $labels.baseline }}}} "
