@@ -36,7 +36,8 @@ from fleetcanary.rules.common import (
 def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
     return [Group("alerts", f"fleetcanary-own-history{suffix}", "interval",
                   held_records(s, "own_history", pool, ("change", "own_fast|regression|driver_change", True),
-                               ("drift", "drift", False), ("held_seconds", "regression|driver_change|drift", False))
+                               ("drift", "drift", False),
+                               ("held_last_run_timestamp_seconds", "regression|driver_change|drift", False))
                   + [a for f in figures(s) if f.history for a in alerts(s, f, pool)], suffix[1:])
             for suffix, pool in shards]
 

@@ -48,7 +48,7 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
                          suffix[1:]))
         rules = recording(s, pool)
         rules += held_records(s, "peers", pool, ("change", "change", True), ("median", "level|fast", False),
-                              ("held_seconds", "change|level", False))
+                              ("held_last_run_timestamp_seconds", "change|level", False))
         for f in figures(s):
             if f.history:
                 rules.append(peer_alert(s, f, "change", pool))

@@ -264,7 +264,7 @@ def peer_text(title: str, key: str, lower: bool, k_mad: float, history: bool) ->
               "exporter restart; across a driver change the old driver's figures stay published until the new one "
               "has a median), so a steady fault stays one episode; it resolves once the node has been back within "
               "half the floor of its peers for the span of its median's runs (7 probe intervals) of fresh runs: "
-              "while the GPU is busy it holds. " if history else "")
+              "while the GPU is busy, and for that span after, it holds. " if history else "")
     return (f"The {title} of this GPU or node is {WORSE[lower]} its peers. {change}**path=level**: its median of "
             f"{runs} is 10% or more {WORSE[lower]} the peers' median figure and by more than 5 MADs (a new member "
             "without a baseline, or a GPU that was always slow); once firing it holds while the figure is still 5% "
@@ -380,8 +380,9 @@ READING = [
     "(`node:fleetcanary_judge_<statistic>:held_<group>`): a steady fault at a threshold is one episode, not many. "
     "A warning's hold reads the worst value recorded over the span of its median's runs (7 probe intervals, at "
     "most 6 h), so it resolves once the gap has stayed under half the floor that long, not at the first lucky "
-    "median, and it holds whatever that reads while its GPU has had no fresh run (`fleetcanary_judge_held_seconds`: "
-    "the statistics are frozen, not recovered; a day at most). "
+    "median, and it holds whatever that reads while its GPU has had no fresh run "
+    "(`fleetcanary_judge_held_last_run_timestamp_seconds`: the statistics are frozen, not recovered; a day at most) "
+    "and for that span after. "
     "The hold is the expression's last lines, after `# hold:`.", ""]
 NAMESPACE, PORT, CONFIG = "fleetcanary", 9835, "/etc/fleetcanary/config.yaml"  # as deploy/ ships them
 IN_POD = re.compile(r"`(fleetcanary once|nvidia-smi)([^`]*)`( on the node)?")

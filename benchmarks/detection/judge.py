@@ -40,7 +40,8 @@ from fleetcanary.judge import exposition, freshness
 from fleetcanary.judge.store import FigureStore
 
 STAT_FAMILIES = ("fleetcanary_judge_median", "fleetcanary_judge_newest", "fleetcanary_judge_newest_held",
-                 "fleetcanary_judge_held_seconds", "fleetcanary_judge_change", "fleetcanary_judge_drift")
+                 "fleetcanary_judge_held_last_run_timestamp_seconds", "fleetcanary_judge_change",
+                 "fleetcanary_judge_drift")
 COLL_SAMPLE_LABELS = {"collective": "all_reduce", "size_bytes": "1073741824", "ranks": "8", "backend": "nccl"}
 DURATION = {"gpu_bandwidth": 30.0, "collectives": 60.0}   # the fleet's run lengths (fleet.py)
 CPU_MODEL = "Xeon 8480"

@@ -65,7 +65,7 @@ EMITTED = {"up", "fleetcanary_gpus_healthy", "fleetcanary_gpus_expected", "fleet
            "fleetcanary_gpu_pcie_link_width", "fleetcanary_gpu_pcie_link_width_max", "fleetcanary_probe_runs_total",
            "fleetcanary_probe_last_success_timestamp_seconds", "fleetcanary_probe_interval_seconds",
            "fleetcanary_judge_median", "fleetcanary_judge_newest", "fleetcanary_judge_newest_held",
-           "fleetcanary_judge_held_seconds", "fleetcanary_judge_change", "fleetcanary_judge_drift"}
+           "fleetcanary_judge_held_last_run_timestamp_seconds", "fleetcanary_judge_change", "fleetcanary_judge_drift"}
 FAMILIES = {"gpu_memory_bandwidth", "collective_bus_bandwidth"}
 START_UTC_S = 10 * 3600  # the fleet's first second, in its UTC day
 SHORT = {"gpu_memory_bandwidth": "GPU membw", "collective_bus_bandwidth": "collective"}

@@ -42,11 +42,11 @@ HELP = {
                    "hold's day. No rule starts on it: the fast path's hold reads it, so a page that fired on the "
                    "newest runs stays firing while nothing has measured the GPU since, instead of resolving on a "
                    "median that still holds older, better runs and paging again at the next run.",
-    "held_seconds": "Seconds since a held series' newest run (no fresh run for 1.5 intervals and a timeout: the GPU "
-                    "is busy or the probe skips), published while it is held and for no other series. The warnings' "
-                    "holds read it: a warning that fired stays firing while nothing has measured the GPU since, "
-                    "instead of resolving on statistics frozen by the busy spell (a median that a few lucky runs "
-                    "lifted under half the floor just before the GPU went busy) and paging again at the next runs.",
+    "held": "The time (Unix seconds) of a held series' newest run (no fresh run for 1.5 intervals and a timeout: "
+            "the GPU is busy or the probe skips), published while it is held and for no other series. The warnings' "
+            "holds read it: a warning that fired stays firing while nothing has measured the GPU since (and for its "
+            "median's span after), instead of resolving on statistics frozen by the busy spell (a median that a few "
+            "lucky runs lifted under half the floor just before the GPU went busy) and paging again at the next runs.",
     "change": f"The series' level ({RUNS}) over its baseline, {BEST_DAY}, on the driver named by "
               "baseline_driver: baseline=current_driver, or baseline=previous_driver for the "
               f"{statsmod.BASELINE_DAYS} days after a driver change.",
@@ -73,7 +73,7 @@ METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("fleetcanary_judge_median", "gauge", HELP["median"], tuple(LABELS)),
     ("fleetcanary_judge_newest", "gauge", HELP["newest"], tuple(LABELS)),
     ("fleetcanary_judge_newest_held", "gauge", HELP["newest_held"], tuple(LABELS)),
-    ("fleetcanary_judge_held_seconds", "gauge", HELP["held_seconds"], tuple(LABELS)),
+    ("fleetcanary_judge_held_last_run_timestamp_seconds", "gauge", HELP["held"], tuple(LABELS)),
     ("fleetcanary_judge_change", "gauge", HELP["change"], (*LABELS, "baseline", "baseline_driver")),
     ("fleetcanary_judge_drift", "gauge", HELP["drift"], tuple(LABELS)),
     ("fleetcanary_judge_runs", "gauge", HELP["runs"], tuple(LABELS)),
@@ -99,7 +99,7 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
     med = GaugeMetricFamily("fleetcanary_judge_median", HELP["median"], labels=LABELS)
     new = GaugeMetricFamily("fleetcanary_judge_newest", HELP["newest"], labels=LABELS)
     held_new = GaugeMetricFamily("fleetcanary_judge_newest_held", HELP["newest_held"], labels=LABELS)
-    held_s = GaugeMetricFamily("fleetcanary_judge_held_seconds", HELP["held_seconds"], labels=LABELS)
+    held = GaugeMetricFamily("fleetcanary_judge_held_last_run_timestamp_seconds", HELP["held"], labels=LABELS)
     chg = GaugeMetricFamily("fleetcanary_judge_change", HELP["change"], labels=[*LABELS, "baseline", "baseline_driver"])
     dft = GaugeMetricFamily("fleetcanary_judge_drift", HELP["drift"], labels=LABELS)
     runs = GaugeMetricFamily("fleetcanary_judge_runs", HELP["runs"], labels=LABELS)
@@ -115,7 +115,7 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
         if st.median is None:
             runs.add_metric(labels, st.runs)
         if state == "held":
-            held_s.add_metric(labels, now - st.last)
+            held.add_metric(labels, st.last)
         if st.median is not None:
             med.add_metric(labels, st.median)
         if publish.show_newest(store.figures.get(figure, fig), st):
@@ -137,7 +137,7 @@ def families(store: FigureStore, node_labels: dict[str, str], now: float,
                 chg.add_metric([*before, "current_driver", b.driver], b.change)
             if b.previous_change is not None:
                 chg.add_metric([*before, "previous_driver", b.previous_driver], b.previous_change)
-    yield from (med, new, held_new, held_s, chg, dft, runs)
+    yield from (med, new, held_new, held, chg, dft, runs)
     count = GaugeMetricFamily("fleetcanary_judge_series", HELP["series"], labels=["pool", "figure", "state"])
     for (figure, state), n in sorted(states.items()):
         count.add_metric([pool, figure, state], n)

@@ -197,21 +197,22 @@ def test_a_held_series_publishes_no_newest_runs_so_a_held_figure_starts_no_page(
     assert held["fleetcanary_judge_change"] == fresh["fleetcanary_judge_change"] == 24
 
 
-def test_a_held_series_says_how_long_it_has_gone_without_a_run_and_no_other_does(tmp_path):
-    """Issue 38, fifth pass: the warnings' holds keep a page while nothing has measured its series since (a frozen
-    median is not a recovered one), so the judge says which series are held: fleetcanary_judge_held_seconds, the
-    seconds since the newest run, on every held series, on no fresh one, and on no stale one (nothing of those is
-    published)."""
+def test_a_held_series_says_when_it_last_ran_and_no_other_does(tmp_path):
+    """Issue 38, sixth pass: the warnings' holds keep a page while nothing has measured its series (a frozen median is
+    not a recovered one), so the judge says which series are held: fleetcanary_judge_held_last_run_timestamp_seconds,
+    the time of the newest run (a timestamp, not an age: the same value for the whole spell), on every held series,
+    on no fresh one, and on no stale one (nothing of those is published)."""
     store = FigureStore(str(tmp_path))
     end = node_days(store, 1, probes={"gpu_bandwidth"})
 
     def held_at(now: float) -> list[float]:
         fam = {f.name: f for f in families(store, {"pool": "a"}, now, lambda _p: 86400.0, lambda _p: 1800.0)}
-        return [s.value for s in fam["fleetcanary_judge_held_seconds"].samples]
-    assert held_at(end + 600) == []
+        return [s.value for s in fam["fleetcanary_judge_held_last_run_timestamp_seconds"].samples]
     last = {st.last for _, st, _ in store.snapshot()}
-    assert len(last) == 1 and held_at(end + 3 * 3600) == [end + 3 * 3600 - last.pop()] * 24
-    assert held_at(end + 86400 + 1) == []
+    assert len(last) == 1 and end - 1800 < (newest := last.pop()) <= end
+    assert held_at(end + 600) == []
+    assert held_at(end + 3 * 3600) == held_at(end + 20 * 3600) == [newest] * 24
+    assert held_at(newest + 86400 + 1) == []
 
 
 def test_after_an_upgrade_the_old_drivers_verdict_is_published_held_until_the_new_one_has_a_median(tmp_path):
