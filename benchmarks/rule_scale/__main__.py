@@ -57,6 +57,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=0, help="seconds of evaluation after all targets are up "
                     "before measuring (the head's chunks fill)")
     ap.add_argument("--max-wait", type=float, default=3600, help="seconds to wait for the cycles")
+    ap.add_argument("--held-share", type=float, default=0.0,
+                    help="share of the judged series held, as on a busy fleet (0: the steady node, every GPU free)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--out", help="default: benchmarks/results/rule_scale-v3-<nodes>-<state>[-sharded<N>].json")
     ap.add_argument("--table", action="store_true", help="print the tables from the results on disk and exit")
@@ -97,7 +99,7 @@ def main() -> int:
               f"from the specs (a probe that failed here): {result['template']['fitted_from_specs'] or 'none'}",
               flush=True)
         t = time.monotonic()
-        result["published_shares"] = shares = published_shares()
+        result["published_shares"] = shares = published_shares() | {"held": args.held_share}
         from fleetcanary.probes import PROBES
 
         k = args.inference_probers

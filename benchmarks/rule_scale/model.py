@@ -354,7 +354,8 @@ def judge_series(node: int, model: str, pool: str, driver: str, previous: str,
     """(family, labels, value) of the judge's statistics on one node: a series per judged figure that
     fleetcanary.judge.figures.extract finds in the node's raw exposition (the training step on each GPU),
     labelled as fleetcanary.judge.exposition labels them; the newest runs and the drift of a share of them
-    (`shares`, from published_shares())."""
+    (`shares`, from published_shares()). shares["held"] (0 on the model's steady node) of the series are held, as a
+    busy GPU's: they carry the held gauge, and their newest runs (where published) as fleetcanary_judge_newest_held."""
     from fleetcanary.judge import figures as figmod
 
 
@@ -375,8 +376,12 @@ def judge_series(node: int, model: str, pool: str, driver: str, previous: str,
         sign = 1.0 if fig.higher_is_better else -1.0
         median = level(figure, series, model) * _near(rng, 1.0, 0.005) * _near(rng, 1.0, 0.002)
         out.append(("fleetcanary_judge_median", lab, median))
+        held = shares.get("held", 0.0) > 0 and rng.random() < shares["held"]
+        if held:
+            out.append(("fleetcanary_judge_held_last_run_timestamp_seconds", lab, 1.7e9))
         if fig.fast and rng.random() < shares["newest"]:  # published where no better than the median
-            out.append(("fleetcanary_judge_newest", lab, median * (1 - sign * abs(_near(rng, 0.0, 0.003)))))
+            out.append(("fleetcanary_judge_newest_held" if held else "fleetcanary_judge_newest", lab,
+                        median * (1 - sign * abs(_near(rng, 0.0, 0.003)))))
         if fig.history:
             out.append(("fleetcanary_judge_change", {**lab, "baseline": "current_driver", "baseline_driver": driver},
                         _near(rng, 1 - sign * 0.005, 0.01)))
@@ -419,6 +424,7 @@ def metric_kinds() -> tuple[dict[str, float], dict[str, str]]:
         for s in cls.metrics:
             interval[s.name], kind[s.name] = cls.default_interval_seconds, s.type
     for name in ("fleetcanary_judge_change", "fleetcanary_judge_median", "fleetcanary_judge_newest",
+                 "fleetcanary_judge_newest_held", "fleetcanary_judge_held_last_run_timestamp_seconds",
                  "fleetcanary_judge_drift", "fleetcanary_judge_series", "fleetcanary_judge_store_bytes"):
         kind[name] = "gauge"
     kind["fleetcanary_judge_store_errors_total"] = "counter"
