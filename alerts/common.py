@@ -11,7 +11,6 @@ does any of that itself, so none can do it differently.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from fleetcanary.core.rulesettings import RuleSettings, seconds
@@ -114,7 +113,8 @@ def worse(f: judged.Figure, ratio: str) -> str:
     return f"(1 - {ratio})" if f.higher_is_better else f"({ratio} - 1)"
 
 
-HELD_GAUGE = "fleetcanary_judge_held_last_run_timestamp_seconds"  # on each held series only (the judge's exposition)
+# the judge's fleetcanary_judge_<HELD_STAT>, on each held series only: its groups record it as they record statistics
+HELD_STAT = "held_last_run_timestamp_seconds"
 HOLD_MARK = "# hold:"  # the comment that opens a hold branch (the detection replay splits an alert there)
 
 
@@ -227,21 +227,20 @@ def worst_of(s: RuleSettings, selector: str, area: str, worst: tuple[str, str]) 
     return read if worst[1] == s.hold_gap else f"({read} or last_over_time({held}[{s.hold_gap}]))"
 
 
-def busy_of(s: RuleSettings, selector: str, area: str, window: str) -> str:
+def busy_of(s: RuleSettings, selector: str, area: str, window: str, matchers: str) -> str:
     """A warning's series that nothing has measured for a while (``hold``'s `busy`): the record of its statistic
     `selector` (``fleetcanary_judge_<stat>{...}``, its labels, baseline included, for the hold's join) where its
     group recorded the series held (``fleetcanary_judge_held_last_run_timestamp_seconds``, recorded as the
-    statistics are: ``held_records``) within `window`, the settle's (``settle``). A median a few lucky runs
-    lifted under half the floor just before the GPU went busy stayed frozen there for the busy spell (9.6
-    hours), longer than the settle window, and the warning resolved and paged again at the GPU's next runs
-    (issue 38, sixth pass): a window counted in time cannot tell a frozen figure from a recovered one, the judge
-    can. Held within the window, not held now: the GPU's first run back need not move its median, and the settle
-    must then read a whole window of fresh runs, not the frozen value the busy spell left in it."""
-    matchers = re.split(r',\s*(?=[a-zA-Z_]\w*\s*(?:=~|!~|!=|=)")', selector.split("{", 1)[1].removesuffix("}"))
-    braces = ", ".join(m for m in matchers if not m.startswith("baseline=")) + "}"  # the held record has no baseline
+    statistics are: ``held_records``; `matchers`, the figure's and pool's, as ``sel`` writes them: it has no
+    baseline) within `window`, the settle's (``settle``). A median a few lucky runs lifted under half the floor
+    just before the GPU went busy stayed frozen there for the busy spell (9.6 hours), longer than the settle
+    window, and the warning resolved and paged again at the GPU's next runs (issue 38, sixth pass): a window
+    counted in time cannot tell a frozen figure from a recovered one, the judge can. Held within the window, not
+    held now: the GPU's first run back need not move its median, and the settle must then read a whole window of
+    fresh runs, not the frozen value the busy spell left in it."""
     keys = ", ".join((*s.peer_labels, "node", "gpu", "series"))
     return (f"{held_selector(selector, area)} and on({keys})\n      "
-            f"last_over_time({held_selector(HELD_GAUGE + '{' + braces, area)}[{window}])")
+            f"last_over_time({held_name(HELD_STAT, area)}{matchers}[{window}])")
 
 
 def held_selector(selector: str, area: str) -> str:

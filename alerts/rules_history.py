@@ -11,6 +11,7 @@ from fleetcanary.core.rulesettings import RuleSettings
 from fleetcanary.judge import figures as judged
 from fleetcanary.rules.common import (
     CURRENT,
+    HELD_STAT,
     RATIO,
     Group,
     Shard,
@@ -37,7 +38,7 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
     return [Group("alerts", f"fleetcanary-own-history{suffix}", "interval",
                   held_records(s, "own_history", pool, ("change", "own_fast|regression|driver_change", True),
                                ("drift", "drift", False),
-                               ("held_last_run_timestamp_seconds", "regression|driver_change|drift", False))
+                               (HELD_STAT, "regression|driver_change|drift", False))
                   + [a for f in figures(s) if f.history for a in alerts(s, f, pool)], suffix[1:])
             for suffix, pool in shards]
 
@@ -78,7 +79,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path regression: the gap, how far its change against its own best day on this driver is\n"
         f"# worse than 1\n"
         f"{worse(f, cur)} > {f.history_floor:g}"
-        + settled(s, f, name, cur, f.history_floor / 2),
+        + settled(s, f, name, cur, sel(fm, pool), f.history_floor / 2),
         dur(max(2 * interval_minutes(s, f), 30) * 60), {"severity": "warning", "figure": f.key, "path": "regression"},
         f"{f.title} {'rose' if lower else 'fell'} against its own history",
         f"{what(f)} is {{{{ $value | humanizePercentage }}}} {worse_word} its best day of the last 14 on driver "
@@ -90,7 +91,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
             f"# {f.title}, path driver_change: the gap, how far its change on the new driver against its best day\n"
             f"# on the previous one is worse than 1\n"
             f"{worse(f, prev)} > {f.history_floor:g}"
-            + settled(s, f, name, prev, f.history_floor / 2),
+            + settled(s, f, name, prev, sel(fm, pool), f.history_floor / 2),
             dur(max(interval_minutes(s, f), 15) * 60),
             {"severity": "warning", "figure": f.key, "path": "driver_change"},
             f"{f.title} {'rose' if lower else 'dropped'} after a driver change",
@@ -103,7 +104,7 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
         f"# {f.title}, path drift: the gap, how far the median of its last day of runs against its best day on\n"
         f"# this driver is worse than 1\n"
         f"{worse(f, drift)} > {s.drift_floor:g}"
-        + settled(s, f, name, drift, s.drift_floor / 2),
+        + settled(s, f, name, drift, sel(fm, pool), s.drift_floor / 2),
         dur(60 * 60), {"severity": "warning", "figure": f.key, "path": "drift"},
         f"{f.title} drifted from its best day",
         f"{what(f)}: its last day of runs is {{{{ $value | humanizePercentage }}}} {worse_word} its best day on "
@@ -111,10 +112,10 @@ def alerts(s: RuleSettings, f: judged.Figure, pool: str) -> list[dict]:
     return out
 
 
-def settled(s: RuleSettings, f: judged.Figure, name: str, stat: str, floor: float) -> str:
+def settled(s: RuleSettings, f: judged.Figure, name: str, stat: str, matchers: str, floor: float) -> str:
     """The hold of an own-history warning: its gap now, held while its worst over the median's runs is past `floor`
-    (``settle``)."""
+    (``settle``) or its series is held (``busy_of``; `matchers`: the figure's and pool's)."""
     worst = settle(s, f)
     return hold(s, name, worse(f, gap_of(s, stat, "own_history", name)), floor, "the gap",
                 gate=worse(f, worst_of(s, stat, "own_history", worst)), settle=worst[1],
-                busy=busy_of(s, stat, "own_history", worst[1]))
+                busy=busy_of(s, stat, "own_history", worst[1], matchers))

@@ -14,6 +14,7 @@ from fleetcanary.judge import figures as judged
 from fleetcanary.rules.common import (
     CHANGE_GROUP,
     CURRENT,
+    HELD_STAT,
     MAD_SE,
     RATIO,
     Group,
@@ -48,7 +49,7 @@ def groups(s: RuleSettings, shards: list[Shard]) -> list[Group]:
                          suffix[1:]))
         rules = recording(s, pool)
         rules += held_records(s, "peers", pool, ("change", "change", True), ("median", "level|fast", False),
-                              ("held_last_run_timestamp_seconds", "change|level", False))
+                              (HELD_STAT, "change|level", False))
         for f in figures(s):
             if f.history:
                 rules.append(peer_alert(s, f, "change", pool))
@@ -148,7 +149,7 @@ def peer_alert(s: RuleSettings, f: judged.Figure, path: str, pool: str) -> dict:
     worst = settle(s, f)
     expr += hold(s, name, worse(f, _ratio(s, f, stat, pool, g, held=name)), floor / 2, "the gap",
                  gate=worse(f, _ratio(s, f, stat, pool, g, worst=worst)), settle=worst[1],
-                 busy=busy_of(s, f"fleetcanary_judge_{stat}{sel(fm, pool)}", "peers", worst[1]))
+                 busy=busy_of(s, f"fleetcanary_judge_{stat}{sel(fm, pool)}", "peers", worst[1], sel(fm, pool)))
     word = "slower than" if lower else "below"
     if path == "change":
         desc = (f"{what(f)}: its change against its best day ({{{{ $labels.baseline }}}} "
