@@ -48,6 +48,7 @@ from benchmarks.common import write_result
 from benchmarks.detection import gates as gt
 from benchmarks.detection import replay as rp
 from benchmarks.detection.fleet import DAY, DRIVER_OLD, Fleet, Profile
+from benchmarks.detection.judge import STAT_FAMILIES
 from benchmarks.detection.score import (
     INTERVAL_MIN,
     Why,
@@ -64,8 +65,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EMITTED = {"up", "fleetcanary_gpus_healthy", "fleetcanary_gpus_expected", "fleetcanary_gpu_lost",
            "fleetcanary_gpu_pcie_link_width", "fleetcanary_gpu_pcie_link_width_max", "fleetcanary_probe_runs_total",
            "fleetcanary_probe_last_success_timestamp_seconds", "fleetcanary_probe_interval_seconds",
-           "fleetcanary_judge_median", "fleetcanary_judge_newest", "fleetcanary_judge_newest_held",
-           "fleetcanary_judge_held_last_run_timestamp_seconds", "fleetcanary_judge_change", "fleetcanary_judge_drift"}
+           *STAT_FAMILIES}  # and what the exporter's judge publishes (judge.py)
 FAMILIES = {"gpu_memory_bandwidth", "collective_bus_bandwidth"}
 START_UTC_S = 10 * 3600  # the fleet's first second, in its UTC day
 SHORT = {"gpu_memory_bandwidth": "GPU membw", "collective_bus_bandwidth": "collective"}
