@@ -123,7 +123,7 @@ DRIFT_MAX_ERROR = DRIFT_FLOOR / 8
 # ... or a day of NOISE_MIN_RUNS runs or more whose drift is past the floor by this many standard errors of the
 # drift: a busy GPU's day too short for a 0.5% error still tells a 15% drift from a 4% floor (its drift alert
 # resolved for 10 hours and fired again while the median said 14% all along: issue 38, fourth pass). The error is
-# the gap's, the day's and its best day's together (``_drift_gap_error``): a best day of 4 runs is as uncertain as
+# the gap's, the day's and its best day's together (``DriftEvidence``): a best day of 4 runs is as uncertain as
 # a short day held against it. Two errors of the gap, not four of the day alone (issue 38, seventh pass): on the
 # six detection fleets no healthy series' short day came within 0.9 of them (the worst 1.11, a 1 MiB all-reduce
 # held against a best day of 4 runs, which read 2.2 of the day's errors alone), and a 5% collective step measured
@@ -142,6 +142,17 @@ def median_words(fig: Figure) -> str:
     if fig.quiet_noise > 0 and runs > QUIET_MEDIAN_RUNS:
         return f"{runs} runs, or {QUIET_MEDIAN_RUNS} for a quiet series"
     return f"{runs} runs"
+
+
+@dataclass(frozen=True)
+class DriftEvidence:
+    """A day's drift against its best day: how far worse than 1 (0.05: 5% worse), the day's median's standard error,
+    the drift's (the day's and its best day's together: both medians of the same run noise), and their runs."""
+    gap: float
+    day_error: float
+    error: float
+    runs: int
+    best_runs: int
 
 
 @dataclass(frozen=True)
@@ -484,17 +495,26 @@ class Series:
         level = statistics.median(self.hour_for_hour(runs))
         if error <= DRIFT_MAX_ERROR:
             return level
+        ev = self._evidence(runs, level, error)
+        return level if ev is not None and ev.gap - self.drift_floor >= DRIFT_FAR_ERRORS * ev.error else None
+
+    def drift_evidence(self) -> DriftEvidence | None:
+        """The trailing day's drift against the best day on this driver with its errors, whether or not the day
+        stands for a drift; None where it cannot (too few runs, too short a span, the noise or the best day not
+        known). What the short-day rule reads (benchmarks/detection/drift_far.py measures it on the fleets)."""
+        error = self._drift_error(self.recent)
+        if error is None:
+            return None
+        return self._evidence(self.recent, statistics.median(self.hour_for_hour(self.recent)), error)
+
+    def _evidence(self, runs, level: float, error: float) -> DriftEvidence | None:
         baseline = self.best_day(self.driver)
         if baseline is None:
             return None
         gap = 1.0 - level / baseline if self.fig.higher_is_better else level / baseline - 1.0
-        return level if gap - self.drift_floor >= DRIFT_FAR_ERRORS * self._drift_gap_error(error, len(runs)) else None
-
-    def _drift_gap_error(self, error: float, runs: int) -> float:
-        """The standard error of a drift: its day's (``error``, of ``runs`` runs) and its best day's together, both
-        medians of the same run noise (the best day's bias is taken out by its lead; its error stays)."""
-        best_runs = self._best_runs.get(self.driver) or runs
-        return error * math.sqrt(1.0 + runs / best_runs)
+        # the best day is a median of the same run noise: its lead is taken out, its error stays
+        best_runs = self._best_runs.get(self.driver) or len(runs)
+        return DriftEvidence(gap, error, error * math.sqrt(1.0 + len(runs) / best_runs), len(runs), best_runs)
 
     def _drift_error(self, runs) -> float | None:
         """The standard error of a day's median (1.2533 x the run noise / sqrt(runs)), where the day can stand for

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import statistics
 
 import pytest
 
@@ -308,11 +307,11 @@ def test_a_busy_nodes_short_day_well_past_the_floor_stands_for_a_drift():
     assert s.noise() == pytest.approx(0.02, rel=0.25)
     rng = random.Random(11)
     feed(s, t + DAY, 8 * 3600.0 / 15, [0.935 * (1 + rng.gauss(0, 0.003)) for _ in range(16)])
-    st = s.stats()
+    st, ev = s.stats(), s.drift_evidence()
     assert st.drift == pytest.approx(0.935 / st.baseline, abs=0.005)
-    gap, error = 1 - st.drift, s._drift_error(s.recent)
-    assert 2.0 <= (gap - 0.04) / error < 4.0         # short of the old rule's 4 of the day's errors
-    assert (gap - 0.04) / s._drift_gap_error(error, 16) >= 2.0
+    assert ev.gap == pytest.approx(1 - st.drift) and (ev.runs, ev.best_runs) == (16, 24)
+    assert 2.0 <= (ev.gap - 0.04) / ev.day_error < 4.0         # short of the old rule's 4 of the day's errors
+    assert (ev.gap - 0.04) / ev.error >= 2.0
 
 
 def test_a_best_day_of_few_runs_counts_its_error_in_the_drift():
@@ -326,12 +325,10 @@ def test_a_best_day_of_few_runs_counts_its_error_in_the_drift():
     t = feed(s, t + 2 * 3600.0, 2 * 3600.0, [1.09] * 4)       # a part day of 4 runs over 6 h that read high
     rng = random.Random(13)
     t = feed(s, (t // DAY + 1) * DAY + 3600.0, 3600.0, [1 + rng.gauss(0, 0.002) for _ in range(12)])
-    st = s.stats()
-    assert s._best_runs[DRIVER] == 4 and st.baseline > 1.05
-    gap = 1 - statistics.median(s.hour_for_hour(s.recent)) / st.baseline
-    error = s._drift_error(s.recent)
-    assert (gap - 0.04) / error >= 2.0                # two of the day's errors alone would stand for a drift
-    assert st.drift is None
+    st, ev = s.stats(), s.drift_evidence()
+    assert ev.best_runs == 4 and st.baseline > 1.05
+    assert (ev.gap - 0.04) / ev.day_error >= 2.0           # two of the day's errors alone would stand for a drift
+    assert (ev.gap - 0.04) / ev.error < 2.0 and st.drift is None
 
 
 def test_where_the_trailing_day_falls_short_the_newest_day_that_did_not_stands_for_a_day():
