@@ -3,9 +3,9 @@
 
 A day too short for the drift's 0.5% error stands for a drift from NOISE_MIN_RUNS runs where its drift is past the
 rules' floor by DRIFT_FAR_ERRORS standard errors. This script measures that margin on the detection fleets' own
-runs, with no rules and no Prometheus: every node's runs go through the exporter's judge (FigureStore, as
-judge.py drives it), and after each run from the fleet's evaluation day on, each series the run updated whose
-trailing day has the runs but not the error (``Series.drift_evidence``) gives
+runs, with no rules and no Prometheus: every node's runs go through the exporter's judge (FigureStore, fed as
+judge.py feeds it: ``node_runs``, ``run_record``), and after each run from the fleet's evaluation day on, each
+series the run updated whose trailing day has the runs but not the error (``Series.drift_evidence``) gives
 
     z_day = (gap - floor) / the day's standard error          (the rule before the seventh pass, at 4)
     z     = (gap - floor) / the drift's standard error         (the day's and its best day's together, at 2)
@@ -26,10 +26,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from alerts.build import SETTINGS
-from benchmarks.detection.fleet import DRIVER_NEW, DRIVER_OLD, Fleet, Profile
-from benchmarks.detection.judge import CPU_MODEL, DURATION, _samples
+from benchmarks.detection.fleet import Fleet, Profile
+from benchmarks.detection.judge import node_runs, run_record
 from benchmarks.detection.run import START_UTC_S
-from fleetcanary.core.record import RunRecord
 from fleetcanary.judge import stats as statsmod
 from fleetcanary.judge.store import FigureStore
 
@@ -65,18 +64,12 @@ def node_margins(i: int) -> tuple[str, dict]:
     f = _WORKER["fleet"]
     n = f.nodes[i]
     store = FigureStore(None)
-    runs = []
-    for probe in ("gpu_bandwidth", "collectives"):
-        r = n.runs[probe]
-        runs += [(float(r["fin"][k]), probe, r["vals"][k]) for k in range(len(r["fin"])) if int(r["out"][k]) == 0]
-    runs.sort(key=lambda x: (x[0], x[1]))
     eval_from = f.start + f.p.eval_from_day * DAY
     out: dict[str, list] = {}
-    for fin, probe, row in runs:
-        drv = DRIVER_NEW if n.upgrade_at is not None and fin >= n.upgrade_at else DRIVER_OLD
-        store.observe(RunRecord(probe, "success", started_at=fin - DURATION[probe], wall_seconds=DURATION[probe],
-                                samples=_samples(probe, row, f.p.coll_small_bytes),
-                                environment={"driver_version": drv, "gpu_model": n.model, "cpu_model": CPU_MODEL}))
+    for fin, probe, outcome, row in node_runs(n):
+        if outcome != 0:  # a success: failed and skipped runs keep nothing
+            continue
+        store.observe(run_record(f.p, n, fin, probe, "success", row))
         if fin < eval_from:
             continue
         for (_, series, gpu), s in store.series.items():

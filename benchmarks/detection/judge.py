@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.detection.fleet import BW, COLL, DRIVER_NEW, DRIVER_OLD, Fleet, Node
+from benchmarks.detection.fleet import BW, COLL, DRIVER_NEW, DRIVER_OLD, Fleet, Node, Profile
 from fleetcanary.core.environment import UNKNOWN
 from fleetcanary.core.record import RunRecord
 from fleetcanary.judge import exposition, freshness
@@ -72,6 +72,28 @@ def _samples(probe: str, row: np.ndarray, small_bytes: int = 0) -> list[dict]:
     return out
 
 
+def node_runs(n: Node) -> list[tuple[float, str, int, np.ndarray]]:
+    """The node's runs of both probes in time order: (finish, probe, outcome index, figures)."""
+    runs = []
+    for probe in ("gpu_bandwidth", "collectives"):
+        r = n.runs[probe]
+        for i in range(len(r["fin"])):
+            runs.append((float(r["fin"][i]), probe, int(r["out"][i]), r["vals"][i]))
+    runs.sort(key=lambda x: (x[0], x[1]))
+    return runs
+
+
+def run_record(p: Profile, n: Node, fin: float, probe: str, outcome: str, row: np.ndarray,
+               unknown: bool = False) -> RunRecord:
+    """The exporter's record of one run: the driver the node ran then (or, `unknown`, none it could read)."""
+    drv = DRIVER_NEW if n.upgrade_at is not None and fin >= n.upgrade_at else DRIVER_OLD
+    env = {"driver_version": UNKNOWN if unknown else drv, "gpu_model": UNKNOWN if unknown else n.model,
+           "cpu_model": CPU_MODEL}
+    return RunRecord(probe, outcome, started_at=fin - DURATION[probe], wall_seconds=DURATION[probe],
+                     samples=_samples(probe, row, p.coll_small_bytes) if outcome == "success" else [],
+                     environment=env)
+
+
 def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, state_dir: Path,
                unknown_after_restart: bool = True) -> NodeJudge:
     """Drive one node's exporter judge through the fleet's week; see the module docstring."""
@@ -87,13 +109,7 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
     def fresh(probe: str) -> float:
         return freshness.fresh_for(*intervals[probe])
 
-    # the node's runs of both probes, in time order: (finish, probe, outcome, figures)
-    runs = []
-    for probe in ("gpu_bandwidth", "collectives"):
-        r = n.runs[probe]
-        for i in range(len(r["fin"])):
-            runs.append((float(r["fin"][i]), probe, int(r["out"][i]), r["vals"][i]))
-    runs.sort(key=lambda x: (x[0], x[1]))
+    runs = node_runs(n)
     restarts = [(b, n.upgrade_at is not None and a == n.upgrade_at) for a, b in n.outages]  # (time, is upgrade)
 
     store = FigureStore(str(state_dir))
@@ -135,15 +151,10 @@ def judge_node(fleet: Fleet, n: Node, t_scrape: np.ndarray, up: np.ndarray, stat
             fin, probe, out, row = runs[ri]
             ri += 1
             outcome = ("success", "failure", "skipped")[out]
-            drv = DRIVER_NEW if n.upgrade_at is not None and fin >= n.upgrade_at else DRIVER_OLD
-            env = {"driver_version": drv, "gpu_model": n.model, "cpu_model": CPU_MODEL}
-            if probe in unknown_next and outcome == "success":
-                env = {"driver_version": UNKNOWN, "gpu_model": UNKNOWN, "cpu_model": CPU_MODEL}
+            unknown = probe in unknown_next and outcome == "success"
+            if unknown:
                 unknown_next.discard(probe)
-            rec = RunRecord(probe, outcome, started_at=fin - DURATION[probe], wall_seconds=DURATION[probe],
-                            samples=_samples(probe, row, p.coll_small_bytes) if outcome == "success" else [],
-                            environment=env)
-            if store.observe(rec):
+            if store.observe(run_record(p, n, fin, probe, outcome, row, unknown)):
                 dirty = True
         if not up[i]:
             current = []

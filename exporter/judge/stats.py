@@ -289,8 +289,7 @@ class Series:
         self.day_bins: dict[tuple[int, str], tuple] = {}               # and their bins' medians and counts
         self.day_noise: dict[tuple[int, str], float] = {}              # and their run-to-run noise
         self.smooth = self.median_runs  # runs in the median now (QUIET_MEDIAN_RUNS for a quiet series)
-        self._best: dict[str, float | None] = {}  # best_day per driver, until a day ends
-        self._best_runs: dict[str, int] = {}      # and the runs of the day it is
+        self._best: dict[str, tuple[float | None, int]] = {}  # best_day per driver and its day's runs, until a day ends
         self._profile: list[float | None] | None = None  # the node's daily swing, until a day ends
         self._profile_day = -1
         self._rough: list[float | None] | None = None
@@ -342,7 +341,6 @@ class Series:
                 self.day_bins.pop(key, None)
                 self.day_noise.pop(key, None)
             self._best.clear()
-            self._best_runs.clear()
             self.smooth = self._smooth()
             self.today = today
         self.days.setdefault((today, driver), []).append((t, value))
@@ -419,7 +417,7 @@ class Series:
         """The best day's level on `driver`, days compared hour for hour, each at the bound of what it showed (see
         the module docstring)."""
         if driver in self._best:
-            return self._best[driver]
+            return self._best[driver][0]
         days = {k: m for k, m in self.day_medians.items() if k[1] == driver and m is not None}
         profile = self.swing()
         noise = self.noise_on(driver) or self.noise_on(None)
@@ -433,7 +431,7 @@ class Series:
                 m *= (1 - shrink) if self.fig.higher_is_better else (1 + shrink)
             if best is None or (m > best if self.fig.higher_is_better else m < best):
                 best, best_runs = m, runs
-        self._best[driver], self._best_runs[driver] = best, best_runs
+        self._best[driver] = (best, best_runs)
         return best
 
     def stats(self) -> Stats | None:
@@ -513,7 +511,7 @@ class Series:
             return None
         gap = 1.0 - level / baseline if self.fig.higher_is_better else level / baseline - 1.0
         # the best day is a median of the same run noise: its lead is taken out, its error stays
-        best_runs = self._best_runs.get(self.driver) or len(runs)
+        best_runs = self._best[self.driver][1]
         return DriftEvidence(gap, error, error * math.sqrt(1.0 + len(runs) / best_runs), len(runs), best_runs)
 
     def _drift_error(self, runs) -> float | None:
